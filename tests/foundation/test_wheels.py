@@ -1,0 +1,119 @@
+"""Each distribution builds a wheel whose name, version and dependencies match DESIGN.md.
+
+The dependency table is checked on the built metadata, so a package can never silently start
+depending on a sibling (or on torch, for the scheduler) that DESIGN.md forbids.
+"""
+
+from __future__ import annotations
+
+import email.parser
+import subprocess
+import sys
+import tomllib
+import zipfile
+from pathlib import Path
+
+import pytest
+from packaging.requirements import Requirement
+
+ROOT = Path(__file__).resolve().parents[2]
+
+SIBLINGS = {"deepinfer-kernels", "deepinfer-cache", "deepinfer-sched", "deepinfer-spec", "deepinfer"}
+
+# DESIGN.md's table: the runtime (non-extra) requirements each distribution may declare.
+ALLOWED_RUNTIME = {
+    "deepinfer-kernels": {"torch", "triton", "numpy"},
+    "deepinfer-cache": {"torch", "numpy"},
+    "deepinfer-sched": {"numpy"},
+    "deepinfer-spec": {"torch", "numpy", "safetensors", "tqdm", "deepinfer-kernels"},
+    "deepinfer": {
+        "deepinfer-kernels",
+        "deepinfer-cache",
+        "deepinfer-sched",
+        "deepinfer-spec",
+        "torch",
+        "numpy",
+        "safetensors",
+        "gguf",
+        "tokenizers",
+        "jinja2",
+        "tqdm",
+        "matplotlib",
+    },
+}
+
+PROJECT_DIRS = {
+    "deepinfer-kernels": ROOT / "deepinfer_kernels",
+    "deepinfer-cache": ROOT / "deepinfer_cache",
+    "deepinfer-sched": ROOT / "deepinfer_sched",
+    "deepinfer-spec": ROOT / "deepinfer_spec",
+    "deepinfer": ROOT,
+}
+
+
+def _declared_version(project_dir: Path) -> str:
+    with open(project_dir / "pyproject.toml", "rb") as f:
+        return str(tomllib.load(f)["project"]["version"])
+
+
+def _build_wheel(project_dir: Path, out: Path) -> Path:
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(out),
+            str(project_dir),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    (wheel,) = out.glob("*.whl")
+    return wheel
+
+
+def _metadata(wheel: Path) -> email.message.Message:
+    with zipfile.ZipFile(wheel) as zf:
+        (name,) = [n for n in zf.namelist() if n.endswith(".dist-info/METADATA")]
+        return email.parser.Parser().parsestr(zf.read(name).decode())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dist", sorted(PROJECT_DIRS))
+def test_wheel_metadata_follows_design(dist: str, tmp_path: Path) -> None:
+    project_dir = PROJECT_DIRS[dist]
+    wheel = _build_wheel(project_dir, tmp_path)
+    meta = _metadata(wheel)
+
+    assert meta["Name"] == dist
+    assert meta["Version"] == _declared_version(project_dir)
+
+    requirements = [Requirement(r) for r in meta.get_all("Requires-Dist") or []]
+    runtime = [r for r in requirements if "extra" not in str(r.marker or "")]
+    runtime_names = {r.name.lower() for r in runtime}
+    assert runtime_names <= ALLOWED_RUNTIME[dist], runtime_names - ALLOWED_RUNTIME[dist]
+
+    for req in requirements:
+        if req.name.lower() in SIBLINGS:
+            # Siblings are depended on by range: an exact pin would freeze independent releases.
+            assert req.name.lower() != dist
+            assert not any(spec.operator in ("==", "===") for spec in req.specifier), req
+            assert req.specifier, f"{req} needs a version range"
+
+    packaged = {n.split("/")[0] for n in zipfile.ZipFile(wheel).namelist()}
+    import_name = dist.replace("-", "_")
+    assert import_name in packaged
+    assert f"{import_name}/py.typed" in zipfile.ZipFile(wheel).namelist()
+
+
+def test_allowed_table_keeps_scheduler_free_of_torch() -> None:
+    # Guards the table itself against an edit that would let the scheduler pull in torch.
+    assert not ALLOWED_RUNTIME["deepinfer-sched"] & {"torch", "triton"}
+    for dist in ("deepinfer-kernels", "deepinfer-cache", "deepinfer-sched"):
+        assert not ALLOWED_RUNTIME[dist] & SIBLINGS
+    assert ALLOWED_RUNTIME["deepinfer-spec"] & SIBLINGS == {"deepinfer-kernels"}
