@@ -1,0 +1,31 @@
+"""Roofline cost models and the hardware/model data files they read.
+
+Example::
+
+    from deepinfer_sched.costmodel import RooflineCostModel, load_hardware, load_model
+
+    cm = RooflineCostModel(load_hardware("h800"), load_model("dense-8b"))
+    print(cm.prefill_time(4096, cached_tokens=60_000), cm.decode_step_time(64, 64 * 8000))
+"""
+
+from deepinfer_sched.costmodel.base import CostModel
+from deepinfer_sched.costmodel.roofline import RooflineCostModel
+from deepinfer_sched.costmodel.specs import (
+    HardwareSpec,
+    ModelSpec,
+    available_hardware,
+    available_models,
+    load_hardware,
+    load_model,
+)
+
+__all__ = [
+    "CostModel",
+    "HardwareSpec",
+    "ModelSpec",
+    "RooflineCostModel",
+    "available_hardware",
+    "available_models",
+    "load_hardware",
+    "load_model",
+]

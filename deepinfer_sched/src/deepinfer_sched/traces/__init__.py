@@ -1,0 +1,25 @@
+"""Request traces: a synthetic chat/agent generator, loaders for public traces, a writer.
+
+Example::
+
+    from deepinfer_sched.traces import SyntheticTraceConfig, synthetic_trace
+
+    trace = synthetic_trace(SyntheticTraceConfig(num_requests=2000, seed=0))
+    stats = trace.stats()
+    print(len(trace), stats.mean_input_len, stats.reusable_fraction)
+"""
+
+from deepinfer_sched.traces.arrivals import ARRIVAL_PROCESSES, arrival_times
+from deepinfer_sched.traces.synthetic import SyntheticTraceConfig, synthetic_trace
+from deepinfer_sched.traces.types import Trace, TraceRequest, TraceStats, reusable_prefix_blocks
+
+__all__ = [
+    "ARRIVAL_PROCESSES",
+    "SyntheticTraceConfig",
+    "Trace",
+    "TraceRequest",
+    "TraceStats",
+    "arrival_times",
+    "reusable_prefix_blocks",
+    "synthetic_trace",
+]
