@@ -8,4 +8,28 @@ Example::
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__"]
+from deepinfer_kernels.attention import (
+    merge_attention_states,
+    paged_attention,
+    paged_decode_attention,
+)
+from deepinfer_kernels.kv import gather_blocks, scatter_blocks, write_kv
+from deepinfer_kernels.sampling import sample, sampling_probs
+from deepinfer_kernels.verify import VerifyResult, greedy_verify, speculative_verify
+
+__all__ = [
+    "__version__",
+    # paged attention
+    "merge_attention_states",
+    "paged_attention",
+    "paged_decode_attention",
+    # verification, sampling and KV movement
+    "VerifyResult",
+    "gather_blocks",
+    "greedy_verify",
+    "sample",
+    "sampling_probs",
+    "scatter_blocks",
+    "speculative_verify",
+    "write_kv",
+]

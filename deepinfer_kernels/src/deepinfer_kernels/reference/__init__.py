@@ -1,3 +1,34 @@
 """Readable torch implementations of every public op: the specification the kernels meet."""
 
-__all__: list[str] = []
+from deepinfer_kernels.reference.attention import (
+    merge_attention_states as merge_attention_states_reference,
+)
+from deepinfer_kernels.reference.attention import paged_attention as paged_attention_reference
+from deepinfer_kernels.reference.attention import (
+    paged_decode_attention as paged_decode_attention_reference,
+)
+from deepinfer_kernels.reference.kv import (
+    gather_blocks_reference,
+    scatter_blocks_reference,
+    write_kv_reference,
+)
+from deepinfer_kernels.reference.sampling import sample_reference, sampling_probs_reference
+from deepinfer_kernels.reference.verify import (
+    greedy_verify_reference,
+    speculative_verify_reference,
+)
+
+__all__: list[str] = [
+    # paged attention
+    "merge_attention_states_reference",
+    "paged_attention_reference",
+    "paged_decode_attention_reference",
+    # verification, sampling and KV movement
+    "gather_blocks_reference",
+    "greedy_verify_reference",
+    "sample_reference",
+    "sampling_probs_reference",
+    "scatter_blocks_reference",
+    "speculative_verify_reference",
+    "write_kv_reference",
+]

@@ -1,0 +1,6 @@
+"""KV page movement: writing new tokens into the paged cache, gathering and scattering pages."""
+
+from deepinfer_kernels.kv.blocks import gather_blocks, scatter_blocks
+from deepinfer_kernels.kv.write import write_kv
+
+__all__ = ["gather_blocks", "scatter_blocks", "write_kv"]

@@ -1,0 +1,88 @@
+"""``write_kv``: store new keys and values into the paged cache (public op)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from deepinfer_kernels._dispatch import should_use_triton
+from deepinfer_kernels._interop import to_torch
+from deepinfer_kernels.kv.validate import check_slot_values, check_write_kv
+from deepinfer_kernels.verify.validate import want_value_checks
+
+
+def write_kv_torch(
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
+    block_size = k_cache.shape[1]
+    s = slot_mapping.to(torch.int64)
+    # Out-of-range slots are skipped like -1, so an unchecked call can never write out of bounds.
+    valid = (s >= 0) & (s < k_cache.shape[0] * block_size)
+    slots = s[valid]
+    blocks, offsets = slots // block_size, slots % block_size
+    k_cache[blocks, offsets] = k[valid].to(k_cache.dtype)
+    v_cache[blocks, offsets] = v[valid].to(v_cache.dtype)
+
+
+@torch.library.custom_op("deepinfer::write_kv", mutates_args=("k_cache", "v_cache"))
+def _write_kv_op(
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    use_triton: bool,
+) -> None:
+    if use_triton:
+        from deepinfer_kernels.kv.triton_kv import write_kv_triton
+
+        write_kv_triton(k, v, k_cache, v_cache, slot_mapping)
+        return
+    write_kv_torch(k, v, k_cache, v_cache, slot_mapping)
+
+
+@_write_kv_op.register_fake
+def _(
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    use_triton: bool,
+) -> None:
+    return None
+
+
+def write_kv(
+    k: Any,
+    v: Any,
+    k_cache: Any,
+    v_cache: Any,
+    slot_mapping: Any,
+    *,
+    use_triton: bool | None = None,
+    check_values: bool = True,
+) -> None:
+    """In place: for each token ``t`` with ``s = slot_mapping[t] >= 0``,
+    ``k_cache[s // block_size, s % block_size] = k[t]`` and the same for ``v``.
+
+    ``k``, ``v``: ``[T, ...]`` (usually ``[T, num_kv_heads, head_dim]``); ``k_cache``,
+    ``v_cache``: ``[num_blocks, block_size, ...]`` with matching trailing dims (``v`` may have a
+    different head dim from ``k``); ``slot_mapping``: ``[T]`` int (``block * block_size +
+    offset``, -1 = skip). Values are cast to the cache dtype. With ``check_values`` a slot
+    outside ``[-1, num_blocks * block_size)`` or a repeated slot raises ``ValueError``; without
+    it, out-of-range slots are skipped (never written out of bounds) and which of two writes to
+    one slot wins is undefined. DLPack arrays are written in place through shared memory.
+    """
+    k_t, v_t = to_torch(k, "k"), to_torch(v, "v")
+    kc, vc = to_torch(k_cache, "k_cache"), to_torch(v_cache, "v_cache")
+    slots = to_torch(slot_mapping, "slot_mapping")
+    check_write_kv(k_t, v_t, kc, vc, slots)
+    if want_value_checks(check_values):
+        check_slot_values(slots, kc.shape[0] * kc.shape[1])
+    _write_kv_op(k_t, v_t, kc, vc, slots, should_use_triton(kc.device, use_triton))

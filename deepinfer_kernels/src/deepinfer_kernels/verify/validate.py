@@ -1,0 +1,111 @@
+"""Argument checks for the verification ops.
+
+Structure (rank, shape, dtype, device) is always checked. Value checks (NaN, negative
+probabilities, out-of-range ids and counts) read the data and, on CUDA, synchronise; they run
+unless the caller passes ``check_values=False`` and are skipped while ``torch.compile`` traces.
+"""
+
+from __future__ import annotations
+
+import torch
+
+_INT_DTYPES = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
+
+
+def want_value_checks(check_values: bool) -> bool:
+    return check_values and not torch.compiler.is_compiling()
+
+
+def check_int_tensor(t: torch.Tensor, name: str, ndim: int) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name}: expected a tensor, got {type(t)!r}")
+    if t.dtype not in _INT_DTYPES:
+        raise TypeError(f"{name}: expected an integer dtype, got {t.dtype}")
+    if t.dim() != ndim:
+        raise ValueError(f"{name}: expected {ndim} dims, got shape {tuple(t.shape)}")
+
+
+def check_float_tensor(t: torch.Tensor, name: str, shape: tuple[int, ...]) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name}: expected a tensor, got {type(t)!r}")
+    if not t.is_floating_point():
+        raise TypeError(f"{name}: expected a floating dtype, got {t.dtype}")
+    if tuple(t.shape) != shape:
+        raise ValueError(f"{name}: expected shape {shape}, got {tuple(t.shape)}")
+
+
+def check_same_device(device: torch.device, **tensors: torch.Tensor | None) -> None:
+    for name, t in tensors.items():
+        if t is not None and t.device != device:
+            raise ValueError(f"{name}: expected device {device}, got {t.device}")
+
+
+def check_verify_structure(
+    draft_token_ids: torch.Tensor,
+    draft_probs: torch.Tensor | None,
+    target: torch.Tensor,
+    num_draft_tokens: torch.Tensor,
+    target_name: str,
+) -> tuple[int, int, int]:
+    """Validate shapes and dtypes; returns ``(B, G, V)``."""
+    check_int_tensor(draft_token_ids, "draft_token_ids", 2)
+    batch, gamma = draft_token_ids.shape
+    if not isinstance(target, torch.Tensor) or target.dim() != 3:
+        raise ValueError(f"{target_name}: expected a 3-d tensor [B, G+1, V]")
+    vocab = target.shape[-1]
+    if vocab < 1:
+        raise ValueError(f"{target_name}: vocabulary size must be >= 1")
+    check_float_tensor(target, target_name, (batch, gamma + 1, vocab))
+    if draft_probs is not None:
+        check_float_tensor(draft_probs, "draft_probs", (batch, gamma, vocab))
+    check_int_tensor(num_draft_tokens, "num_draft_tokens", 1)
+    if num_draft_tokens.shape[0] != batch:
+        raise ValueError(
+            f"num_draft_tokens: expected shape ({batch},), got {tuple(num_draft_tokens.shape)}"
+        )
+    check_same_device(
+        target.device,
+        draft_token_ids=draft_token_ids,
+        draft_probs=draft_probs,
+        num_draft_tokens=num_draft_tokens,
+    )
+    return batch, gamma, vocab
+
+
+def check_counts_and_ids(
+    draft_token_ids: torch.Tensor, num_draft_tokens: torch.Tensor, vocab: int
+) -> None:
+    """``num_draft_tokens`` in ``[0, G]``; verified draft ids in ``[0, V)``. Ids at positions
+    ``>= num_draft_tokens[b]`` are padding and may hold anything (typically -1)."""
+    gamma = draft_token_ids.shape[1]
+    if num_draft_tokens.numel() and bool(
+        ((num_draft_tokens < 0) | (num_draft_tokens > gamma)).any()
+    ):
+        raise ValueError(f"num_draft_tokens: every entry must lie in [0, {gamma}]")
+    positions = torch.arange(gamma, device=draft_token_ids.device)
+    verified = positions[None, :] < num_draft_tokens[:, None].to(torch.int64)
+    ids = draft_token_ids.to(torch.int64)
+    bad = verified & ((ids < 0) | (ids >= vocab))
+    if bool(bad.any()):
+        raise ValueError(
+            f"draft_token_ids: verified draft ids must lie in [0, {vocab}) "
+            "(padding beyond num_draft_tokens may be -1)"
+        )
+
+
+def check_probabilities(t: torch.Tensor, name: str) -> None:
+    """Finite and non-negative; each row need not sum to one (draws normalise)."""
+    if not bool(torch.isfinite(t).all()):
+        raise ValueError(f"{name}: contains NaN or infinite probabilities")
+    if bool((t < 0).any()):
+        raise ValueError(f"{name}: contains negative probabilities")
+
+
+def check_sampled_rows_positive(target_probs: torch.Tensor, num_draft_tokens: torch.Tensor) -> None:
+    """Every target row a token may be drawn from (positions ``0..n``) needs positive mass."""
+    gamma_plus_1 = target_probs.shape[1]
+    positions = torch.arange(gamma_plus_1, device=target_probs.device)
+    used = positions[None, :] <= num_draft_tokens[:, None].to(torch.int64)
+    empty = used & (target_probs.sum(dim=-1) <= 0)
+    if bool(empty.any()):
+        raise ValueError("target_probs: a row that may be sampled has zero total probability")
