@@ -1,0 +1,84 @@
+"""CPU benchmark: the torch path of ``paged_attention`` against a naive gather + SDPA baseline.
+
+Decode, batch 8, 4k context, GQA 4 (32 query heads over 8 KV heads), head_dim 128, block 16,
+fp32, shuffled block tables. Run::
+
+    .venv/bin/pytest benchmarks/bench_kernels_attention.py --benchmark-only
+
+The ratio (baseline time / ours) is the figure of merit; it is printed by the last test and
+must be >= 1 (ours not slower).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import deepinfer_kernels
+
+BATCH, CONTEXT, HQ, HKV, D, BS = 8, 4096, 32, 8, 128, 16
+
+
+def _inputs() -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    per_seq = CONTEXT // BS
+    num_blocks = BATCH * per_seq + 7
+    k_cache = torch.randn(num_blocks, BS, HKV, D, generator=g)
+    v_cache = torch.randn(num_blocks, BS, HKV, D, generator=g)
+    table = torch.randperm(num_blocks, generator=g)[: BATCH * per_seq].view(BATCH, per_seq)
+    return {
+        "q": torch.randn(BATCH, HQ, D, generator=g),
+        "k_cache": k_cache,
+        "v_cache": v_cache,
+        "block_table": table.to(torch.int32),
+        "seq_lens": torch.full((BATCH,), CONTEXT, dtype=torch.int32),
+        "cu_seqlens_q": torch.arange(BATCH + 1, dtype=torch.int32),
+    }
+
+
+def naive_gather_sdpa(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+) -> torch.Tensor:
+    """Per sequence: gather its pages, expand the KV heads, call SDPA."""
+    outs = []
+    cu = cu_seqlens_q.tolist()
+    group = q.shape[1] // k_cache.shape[2]
+    for b, n in enumerate(seq_lens.tolist()):
+        nblk = -(-n // k_cache.shape[1])
+        idx = block_table[b, :nblk].long()
+        k = k_cache[idx].flatten(0, 1)[:n].repeat_interleave(group, dim=1)
+        v = v_cache[idx].flatten(0, 1)[:n].repeat_interleave(group, dim=1)
+        qb = q[cu[b] : cu[b + 1]]
+        o = F.scaled_dot_product_attention(qb.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1))
+        outs.append(o.transpose(0, 1))
+    return torch.cat(outs)
+
+
+@pytest.fixture(scope="module")
+def inputs() -> dict[str, torch.Tensor]:
+    return _inputs()
+
+
+_TIMES: dict[str, float] = {}
+
+
+def test_decode_naive_gather_sdpa(benchmark, inputs):  # type: ignore[no-untyped-def]
+    out = benchmark(naive_gather_sdpa, **inputs)
+    _TIMES["baseline"] = benchmark.stats.stats.median
+    assert out.shape == inputs["q"].shape
+
+
+def test_decode_paged_attention_cpu(benchmark, inputs):  # type: ignore[no-untyped-def]
+    out = benchmark(deepinfer_kernels.paged_attention, **inputs, use_triton=False)
+    _TIMES["ours"] = benchmark.stats.stats.median
+    expected = naive_gather_sdpa(**inputs)
+    torch.testing.assert_close(out, expected, atol=1e-4, rtol=1e-4)
+    if "baseline" in _TIMES:
+        ratio = _TIMES["baseline"] / _TIMES["ours"]
+        print(f"\npaged_attention CPU decode speed-up over naive gather + SDPA: {ratio:.2f}x")
