@@ -1,0 +1,28 @@
+"""Verification scheduling: how many draft tokens of each request the target verifies per step.
+
+Example::
+
+    import torch
+    from deepinfer_spec.scheduling import PrefixScheduler, SPSCurve
+
+    sps = SPSCurve.roofline(weight_read_s=4.8e-3, per_token_s=40e-6)
+    plan = PrefixScheduler(sps).plan(torch.full((64, 5), 0.8))
+    print(plan.num_draft_tokens, plan.expected_tau, plan.batch_size)
+"""
+
+from deepinfer_spec.scheduling.base import SchedulePlan, VerifyScheduler, evaluate_schedule
+from deepinfer_spec.scheduling.fixed import FixedGammaScheduler
+from deepinfer_spec.scheduling.prefix import PrefixScheduler
+from deepinfer_spec.scheduling.sps import SPSCurve, profile_sps
+from deepinfer_spec.scheduling.threshold import ThresholdScheduler
+
+__all__ = [
+    "FixedGammaScheduler",
+    "PrefixScheduler",
+    "SPSCurve",
+    "SchedulePlan",
+    "ThresholdScheduler",
+    "VerifyScheduler",
+    "evaluate_schedule",
+    "profile_sps",
+]

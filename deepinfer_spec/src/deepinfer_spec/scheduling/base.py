@@ -1,0 +1,73 @@
+"""The verification-scheduler seam: confidences in, per-request number of drafts to verify out."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+import torch
+from torch import Tensor
+
+if TYPE_CHECKING:
+    from deepinfer_spec.scheduling.sps import SPSCurve
+
+
+@runtime_checkable
+class VerifyScheduler(Protocol):
+    """Chooses how many draft tokens of each request the target verifies this step.
+
+    ``schedule(confidence [R, G]) -> num_draft_tokens [R]`` (int64, on ``confidence``'s device,
+    each in ``[0, G]``); request ``r`` verifies its drafts ``1..num_draft_tokens[r]``. The anchor
+    token of every request is always verified on top of these.
+    """
+
+    def schedule(self, confidence: Tensor) -> Tensor: ...
+
+
+@dataclass(frozen=True)
+class SchedulePlan:
+    """A schedule and its expected value under the model ``throughput = tau * SPS(B)``.
+
+    Attributes:
+        num_draft_tokens: [R] int64, drafts verified per request.
+        expected_tau: ``R + sum_r sum_{j <= n_r} prod_{i <= j} c_{r,i}``, the expected number of
+            tokens emitted this step (each request emits at least its correction/bonus token).
+        expected_throughput: ``expected_tau * SPS(batch_size)`` in tokens per second.
+        batch_size: ``B = R + sum_r n_r``, tokens in the verify forward (anchors included).
+    """
+
+    num_draft_tokens: Tensor
+    expected_tau: float
+    expected_throughput: float
+    batch_size: int
+
+
+def check_confidence_matrix(confidence: Tensor) -> None:
+    """Raise unless ``confidence`` is a floating [R, G] tensor of probabilities in [0, 1]."""
+    if not isinstance(confidence, Tensor):
+        raise TypeError(f"confidence must be a torch.Tensor, got {type(confidence).__name__}")
+    if not confidence.is_floating_point():
+        raise TypeError(f"confidence must be a floating tensor, got {confidence.dtype}")
+    if confidence.dim() != 2:
+        raise ValueError(f"confidence must be [R, G], got shape {tuple(confidence.shape)}")
+    if torch.isnan(confidence).any() or (confidence < 0).any() or (confidence > 1).any():
+        raise ValueError("confidence must hold probabilities in [0, 1] (no NaN)")
+
+
+def survival(confidence: Tensor) -> Tensor:
+    """``a[r, j] = prod_{i <= j} c[r, i]`` in float64 (non-increasing in ``j``)."""
+    return torch.cumprod(confidence.to(torch.float64), dim=1)
+
+
+def evaluate_schedule(confidence: Tensor, num_draft_tokens: Tensor, sps: SPSCurve) -> SchedulePlan:
+    """Expected tau, batch size and throughput of any schedule (used to compare schedulers)."""
+    check_confidence_matrix(confidence)
+    r, g = confidence.shape
+    n = num_draft_tokens.to(device=confidence.device, dtype=torch.int64)
+    if n.shape != (r,) or (n < 0).any() or (n > g).any():
+        raise ValueError(f"num_draft_tokens must be [{r}] with values in [0, {g}]")
+    a = survival(confidence)
+    take = torch.arange(g, device=confidence.device).unsqueeze(0) < n.unsqueeze(1)
+    tau = float(r + (a * take).sum())
+    batch = int(r + int(n.sum()))
+    return SchedulePlan(n, tau, tau * sps.at(batch), batch)

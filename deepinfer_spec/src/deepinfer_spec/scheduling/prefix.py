@@ -1,0 +1,67 @@
+"""Hardware-aware prefix scheduler (DSpark Algorithm 1) with early stop."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from deepinfer_spec.scheduling.base import SchedulePlan, check_confidence_matrix, survival
+from deepinfer_spec.scheduling.sps import SPSCurve
+
+
+class PrefixScheduler:
+    """Admit draft positions greedily by survival while expected throughput rises.
+
+    With survival ``a[r, j] = prod_{i <= j} c[r, i]``, all ``R * G`` candidates are sorted by
+    ``a`` descending (ties by ``j`` ascending, then ``r``), and admitted one at a time. After
+    ``m`` admissions ``B_m = R + m`` and ``tau_m = R + sum of the first m survivals``; the
+    expected throughput is ``F_m = tau_m * SPS(B_m)``. The scheduler stops at the first ``m``
+    with ``F_{m+1} <= F_m`` (the early stop) and verifies the first ``m`` candidates.
+
+    Because ``a`` is non-increasing in ``j`` for each request and ties go to the smaller ``j``,
+    every admitted set is prefix-closed: position ``j`` is never verified without ``j - 1``.
+    Vectorised: one sort, one cumulative sum, one curve evaluation over all ``R G + 1`` prefixes.
+
+    Args:
+        sps: the profiled steps-per-second curve of the target's verify forward.
+        max_batch_size: optional cap on ``B`` (for example the largest captured CUDA graph).
+    """
+
+    def __init__(self, sps: SPSCurve, *, max_batch_size: int | None = None) -> None:
+        if not isinstance(sps, SPSCurve):
+            raise TypeError(f"sps must be an SPSCurve, got {type(sps).__name__}")
+        if max_batch_size is not None and max_batch_size < 1:
+            raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
+        self.sps = sps
+        self.max_batch_size = max_batch_size
+
+    def plan(self, confidence: Tensor) -> SchedulePlan:
+        """Schedule ``confidence`` [R, G] and report expected tau, throughput and batch size."""
+        check_confidence_matrix(confidence)
+        r, g = confidence.shape
+        device = confidence.device
+        if r == 0:
+            empty = torch.zeros(0, dtype=torch.int64, device=device)
+            return SchedulePlan(empty, 0.0, 0.0, 0)
+        a = survival(confidence).reshape(-1)
+        # Stable descending sort over the row-major flattening: equal survivals keep (r, j)
+        # order, so within a request position j precedes j + 1 (prefix closure under ties).
+        order = torch.sort(a, descending=True, stable=True).indices
+        gains = torch.cat([a.new_zeros(1), torch.cumsum(a[order], dim=0)])  # m = 0..RG
+        batch = r + torch.arange(gains.numel(), device=device, dtype=torch.float64)
+        throughput = (r + gains) * self.sps(batch)
+        not_better = throughput[1:] <= throughput[:-1]
+        # First admission that does not raise throughput; all admissions if none.
+        stop = torch.where(
+            not_better.any(), torch.argmax(not_better.to(torch.int8)), not_better.numel()
+        )
+        if self.max_batch_size is not None:
+            stop = stop.clamp(max=max(self.max_batch_size - r, 0))
+        m = int(stop)
+        rows = order[:m] // g
+        counts = torch.bincount(rows, minlength=r).to(torch.int64)
+        return SchedulePlan(counts, float(r + gains[m]), float(throughput[m]), r + m)
+
+    def schedule(self, confidence: Tensor) -> Tensor:
+        """``num_draft_tokens`` [R] int64 in ``[0, G]`` (see :meth:`plan`)."""
+        return self.plan(confidence).num_draft_tokens
