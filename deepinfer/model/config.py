@@ -1,0 +1,281 @@
+"""`LlamaConfig`: the shape of a Llama-family model (Llama, SmolLM2, Qwen2-style dense models)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+ROPE_SCALING_TYPES = ("llama3",)
+
+
+@dataclass(frozen=True)
+class RopeScaling:
+    """Llama-3 style frequency-dependent RoPE scaling.
+
+    For each inverse frequency ``f`` with wavelength ``w = 2*pi/f``:
+    ``w < L/high`` keeps ``f``; ``w > L/low`` uses ``f/factor``; in between
+    ``f' = (1-s) f/factor + s f`` with ``s = (L/w - low)/(high - low)``,
+    where ``L`` is ``original_max_position_embeddings``.
+    """
+
+    rope_type: str = "llama3"
+    factor: float = 8.0
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_position_embeddings: int = 8192
+
+    def __post_init__(self) -> None:
+        if self.rope_type not in ROPE_SCALING_TYPES:
+            raise ValueError(
+                f"rope_scaling.rope_type must be one of {ROPE_SCALING_TYPES}, got {self.rope_type!r}"
+            )
+        if not self.factor >= 1.0:
+            raise ValueError(f"rope_scaling.factor must be >= 1, got {self.factor}")
+        if not 0 < self.low_freq_factor < self.high_freq_factor:
+            raise ValueError(
+                "rope_scaling needs 0 < low_freq_factor < high_freq_factor, got "
+                f"{self.low_freq_factor} and {self.high_freq_factor}"
+            )
+        if self.original_max_position_embeddings <= 0:
+            raise ValueError("rope_scaling.original_max_position_embeddings must be positive")
+
+    def to_hf(self) -> dict[str, Any]:
+        return {
+            "rope_type": self.rope_type,
+            "factor": self.factor,
+            "low_freq_factor": self.low_freq_factor,
+            "high_freq_factor": self.high_freq_factor,
+            "original_max_position_embeddings": self.original_max_position_embeddings,
+        }
+
+
+def _positive(name: str, value: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
+
+
+@dataclass(frozen=True)
+class LlamaConfig:
+    """Hyper-parameters of a Llama-family decoder.
+
+    Example::
+
+        cfg = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128,
+                          num_layers=2, num_heads=4, num_kv_heads=2)
+        assert cfg.head_dim == 16
+    """
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int = 0  # 0 means hidden_size // num_heads
+    rms_norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    rope_scaling: RopeScaling | None = None
+    max_position_embeddings: int = 2048
+    tie_word_embeddings: bool = True
+    bos_token_id: int | None = None
+    eos_token_ids: tuple[int, ...] = field(default_factory=tuple)
+    attention_bias: bool = False  # Qwen2 has biases on q/k/v
+
+    def __post_init__(self) -> None:
+        for name in (
+            "vocab_size",
+            "hidden_size",
+            "intermediate_size",
+            "num_layers",
+            "num_heads",
+            "num_kv_heads",
+            "max_position_embeddings",
+        ):
+            _positive(name, getattr(self, name))
+        if self.head_dim == 0:
+            if self.hidden_size % self.num_heads:
+                raise ValueError(
+                    f"hidden_size ({self.hidden_size}) must be divisible by num_heads "
+                    f"({self.num_heads}) when head_dim is not given"
+                )
+            object.__setattr__(self, "head_dim", self.hidden_size // self.num_heads)
+        _positive("head_dim", self.head_dim)
+        if self.head_dim % 2:
+            raise ValueError(f"head_dim must be even for rotary embeddings, got {self.head_dim}")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(
+                f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads "
+                f"({self.num_kv_heads})"
+            )
+        if not (self.rms_norm_eps > 0 and math.isfinite(self.rms_norm_eps)):
+            raise ValueError(f"rms_norm_eps must be positive, got {self.rms_norm_eps}")
+        if not (self.rope_theta > 0 and math.isfinite(self.rope_theta)):
+            raise ValueError(f"rope_theta must be positive, got {self.rope_theta}")
+        if isinstance(self.rope_scaling, Mapping):
+            object.__setattr__(self, "rope_scaling", _rope_scaling_from_dict(self.rope_scaling))
+        eos = self.eos_token_ids
+        if isinstance(eos, int):
+            eos = (eos,)
+        object.__setattr__(self, "eos_token_ids", tuple(int(e) for e in eos))
+        for tid in (
+            *self.eos_token_ids,
+            *(() if self.bos_token_id is None else (self.bos_token_id,)),
+        ):
+            if not 0 <= tid < self.vocab_size:
+                raise ValueError(f"special token id {tid} is outside [0, vocab_size)")
+
+    @property
+    def q_size(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def kv_size(self) -> int:
+        return self.num_kv_heads * self.head_dim
+
+    # ------------------------------------------------------------------ HF config.json
+    @classmethod
+    def from_hf_config(cls, cfg: Mapping[str, Any]) -> LlamaConfig:
+        """Build from a Hugging Face ``config.json`` dict (LlamaForCausalLM / Qwen2ForCausalLM)."""
+        try:
+            hidden = int(cfg["hidden_size"])
+            heads = int(cfg["num_attention_heads"])
+            eos = cfg.get("eos_token_id")
+            eos_ids: tuple[int, ...] = (
+                () if eos is None else (int(eos),) if isinstance(eos, int) else tuple(eos)
+            )
+            archs = cfg.get("architectures") or []
+            is_qwen2 = cfg.get("model_type") == "qwen2" or any("Qwen2" in a for a in archs)
+            return cls(
+                vocab_size=int(cfg["vocab_size"]),
+                hidden_size=hidden,
+                intermediate_size=int(cfg["intermediate_size"]),
+                num_layers=int(cfg["num_hidden_layers"]),
+                num_heads=heads,
+                num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
+                head_dim=int(cfg.get("head_dim") or hidden // heads),
+                rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-5)),
+                rope_theta=float(cfg.get("rope_theta", 10000.0)),
+                rope_scaling=_rope_scaling_from_dict(cfg.get("rope_scaling")),
+                max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
+                tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+                bos_token_id=cfg.get("bos_token_id"),
+                eos_token_ids=eos_ids,
+                attention_bias=bool(cfg.get("attention_bias", is_qwen2)),
+            )
+        except KeyError as exc:
+            raise ValueError(f"config.json is missing required key {exc.args[0]!r}") from exc
+
+    def to_hf_config(self) -> dict[str, Any]:
+        """The ``config.json`` dict a Hugging Face ``LlamaForCausalLM`` would load."""
+        eos: int | list[int] | None
+        eos = (
+            None
+            if not self.eos_token_ids
+            else self.eos_token_ids[0]
+            if len(self.eos_token_ids) == 1
+            else list(self.eos_token_ids)
+        )
+        return {
+            "architectures": ["LlamaForCausalLM"],
+            "model_type": "llama",
+            "vocab_size": self.vocab_size,
+            "hidden_size": self.hidden_size,
+            "intermediate_size": self.intermediate_size,
+            "num_hidden_layers": self.num_layers,
+            "num_attention_heads": self.num_heads,
+            "num_key_value_heads": self.num_kv_heads,
+            "head_dim": self.head_dim,
+            "hidden_act": "silu",
+            "rms_norm_eps": self.rms_norm_eps,
+            "rope_theta": self.rope_theta,
+            "rope_scaling": None if self.rope_scaling is None else self.rope_scaling.to_hf(),
+            "max_position_embeddings": self.max_position_embeddings,
+            "tie_word_embeddings": self.tie_word_embeddings,
+            "bos_token_id": self.bos_token_id,
+            "eos_token_id": eos,
+            "attention_bias": self.attention_bias,
+            "mlp_bias": False,
+            "torch_dtype": "bfloat16",
+        }
+
+    # ------------------------------------------------------------------ GGUF metadata
+    @classmethod
+    def from_gguf_metadata(cls, reader: Any) -> LlamaConfig:
+        """Build from the key/value metadata of a ``gguf.GGUFReader`` (llama architecture)."""
+        meta = gguf_metadata(reader)
+        arch = meta.get("general.architecture", "llama")
+        if arch not in ("llama", "qwen2"):
+            raise ValueError(f"GGUF architecture must be llama or qwen2, got {arch!r}")
+
+        def get(key: str, default: Any = None) -> Any:
+            value = meta.get(f"{arch}.{key}", default)
+            if value is None:
+                raise ValueError(f"GGUF metadata is missing {arch}.{key}")
+            return value
+
+        heads = int(get("attention.head_count"))
+        hidden = int(get("embedding_length"))
+        names = {t.name for t in reader.tensors}
+        vocab = meta.get(f"{arch}.vocab_size")
+        if vocab is None and "tokenizer.ggml.tokens" in reader.fields:
+            vocab = len(reader.fields["tokenizer.ggml.tokens"].data)
+        if vocab is None:
+            raise ValueError("GGUF metadata has neither a vocab_size nor tokenizer tokens")
+        eos = meta.get("tokenizer.ggml.eos_token_id")
+        scaling = None
+        if meta.get(f"{arch}.rope.scaling.type") not in (None, "none"):
+            raise ValueError("GGUF rope scaling types other than none are not supported")
+        return cls(
+            vocab_size=int(vocab),
+            hidden_size=hidden,
+            intermediate_size=int(get("feed_forward_length")),
+            num_layers=int(get("block_count")),
+            num_heads=heads,
+            num_kv_heads=int(get("attention.head_count_kv", heads)),
+            head_dim=int(meta.get(f"{arch}.attention.key_length", hidden // heads)),
+            rms_norm_eps=float(get("attention.layer_norm_rms_epsilon", 1e-5)),
+            rope_theta=float(get("rope.freq_base", 10000.0)),
+            rope_scaling=scaling,
+            max_position_embeddings=int(get("context_length", 2048)),
+            tie_word_embeddings="output.weight" not in names,
+            bos_token_id=meta.get("tokenizer.ggml.bos_token_id"),
+            eos_token_ids=() if eos is None else (int(eos),),
+            attention_bias="blk.0.attn_q.bias" in names,
+        )
+
+    def replace(self, **changes: Any) -> LlamaConfig:
+        return dataclasses.replace(self, **changes)
+
+
+def _rope_scaling_from_dict(raw: Any) -> RopeScaling | None:
+    if raw is None or isinstance(raw, RopeScaling):
+        return raw
+    if not isinstance(raw, Mapping):
+        raise TypeError(f"rope_scaling must be a dict or None, got {type(raw).__name__}")
+    kind = raw.get("rope_type", raw.get("type"))
+    if kind in (None, "default", "none"):
+        return None
+    return RopeScaling(
+        rope_type=str(kind),
+        factor=float(raw.get("factor", 8.0)),
+        low_freq_factor=float(raw.get("low_freq_factor", 1.0)),
+        high_freq_factor=float(raw.get("high_freq_factor", 4.0)),
+        original_max_position_embeddings=int(raw.get("original_max_position_embeddings", 8192)),
+    )
+
+
+def gguf_metadata(reader: Any, *, max_array_len: int = 256) -> dict[str, Any]:
+    """GGUF key/value metadata as plain Python values.
+
+    Arrays longer than ``max_array_len`` (the tokenizer's vocabulary and merges) are left out:
+    converting them costs time and only the tokenizer needs them.
+    """
+    out: dict[str, Any] = {}
+    for key, fld in reader.fields.items():
+        if key.startswith("GGUF.") or len(fld.data) > max_array_len:
+            continue
+        out[key] = fld.contents()
+    return out

@@ -1,0 +1,119 @@
+"""Convert a GGUF file once into a cached Hugging Face directory (bf16 safetensors).
+
+Dequantising a GGUF file takes seconds; loading bf16 safetensors takes well under one. The
+converted directory is a normal HF model directory (``config.json``, ``model.safetensors``,
+``tokenizer.json``, ``tokenizer_config.json`` with the chat template) plus ``deepinfer.json``,
+which records the source file's size and modification time so a changed source is reconverted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from deepinfer.model.gguf_loader import load_gguf
+from deepinfer.model.safetensors_loader import save_hf_dir
+from deepinfer.model.tokenizer import Tokenizer
+
+FORMAT_VERSION = 1
+MARKER = "deepinfer.json"
+
+
+def cache_root(cache_dir: str | os.PathLike[str] | None = None) -> Path:
+    """Directory holding converted models: ``cache_dir``, else ``$DEEPINFER_CACHE_DIR/models``,
+    else ``~/.cache/deepinfer/models``."""
+    if cache_dir is not None:
+        return Path(cache_dir)
+    env = os.environ.get("DEEPINFER_CACHE_DIR")
+    base = Path(env) if env else Path.home() / ".cache" / "deepinfer"
+    return base / "models"
+
+
+def _fingerprint(source: Path, dtype: torch.dtype) -> dict[str, Any]:
+    stat = source.stat()
+    return {
+        "format_version": FORMAT_VERSION,
+        "source": os.fspath(source.resolve()),
+        "source_size": stat.st_size,
+        "source_mtime_ns": stat.st_mtime_ns,
+        "dtype": str(dtype).removeprefix("torch."),
+    }
+
+
+def is_converted(directory: Path, fingerprint: dict[str, Any]) -> bool:
+    marker = directory / MARKER
+    if not marker.is_file():
+        return False
+    try:
+        recorded = json.loads(marker.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return False
+    return bool(recorded == fingerprint)
+
+
+def _fsync_tree(directory: Path) -> None:
+    for path in directory.iterdir():
+        with open(path, "rb") as fh:
+            os.fsync(fh.fileno())
+    with contextlib.suppress(OSError):  # directory fsync is not supported everywhere
+        fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def convert_gguf(
+    gguf_path: str | os.PathLike[str],
+    cache_dir: str | os.PathLike[str] | None = None,
+    *,
+    name: str | None = None,
+    dtype: torch.dtype = torch.bfloat16,
+    force: bool = False,
+) -> Path:
+    """Return the converted directory for ``gguf_path``, converting first if needed.
+
+    The conversion is written into a temporary sibling directory, fsynced, and renamed into
+    place, so a crash never leaves a half-written model that a later start would trust
+    (``deepinfer.json`` is written last and is what marks a directory complete).
+    """
+    source = Path(gguf_path)
+    if not source.is_file():
+        raise ValueError(f"gguf_path {os.fspath(source)!r} is not a file")
+    root = cache_root(cache_dir)
+    target = root / (name or source.stem)
+    fingerprint = _fingerprint(source, dtype)
+    if not force and is_converted(target, fingerprint):
+        return target
+
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=root))
+    try:
+        config, state, reader = load_gguf(source)
+        chat_template = None
+        if "tokenizer.chat_template" in reader.fields:
+            chat_template = str(reader.fields["tokenizer.chat_template"].contents())
+        save_hf_dir(tmp, config, state, dtype=dtype)
+        Tokenizer.from_gguf(reader).save(tmp, chat_template=chat_template)
+        (tmp / MARKER).write_text(json.dumps(fingerprint, indent=2), encoding="utf-8")
+        _fsync_tree(tmp)
+        if target.exists():
+            trash = Path(tempfile.mkdtemp(prefix=f".{target.name}.old-", dir=root))
+            os.replace(target, trash / "old")
+            shutil.rmtree(trash, ignore_errors=True)
+        try:
+            os.replace(tmp, target)
+        except OSError:
+            # Another process finished the same conversion first; keep its result.
+            if not is_converted(target, fingerprint):
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target

@@ -1,0 +1,360 @@
+"""`LlamaModel`: a Llama-family decoder that runs over a flat ragged batch against a paged KV pool.
+
+Each projection is one matmul over all ``T`` tokens of the batch (Q, K and V fused into one,
+gate and up fused into one), so a step costs the same number of kernel launches whether it
+holds one decode token or a mix of prefill chunks and decodes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import cast
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import deepinfer_kernels
+from deepinfer.model.attention_metadata import AttentionMetadata
+from deepinfer.model.config import LlamaConfig
+from deepinfer.model.kv_pool import KVPool
+from deepinfer.model.rope import RotaryEmbedding
+
+
+class RMSNorm(nn.Module):
+    """``y = x / sqrt(mean(x^2) + eps) * weight``, the mean taken in fp32."""
+
+    def __init__(self, size: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * xf.to(x.dtype)
+
+
+class LlamaAttention(nn.Module):
+    """GQA self-attention: ``softmax(q k^T / sqrt(D) + causal mask) v`` over the paged cache."""
+
+    def __init__(self, config: LlamaConfig) -> None:
+        super().__init__()
+        self.num_heads = config.num_heads
+        self.num_kv_heads = config.num_kv_heads
+        self.head_dim = config.head_dim
+        self.q_size = config.q_size
+        self.kv_size = config.kv_size
+        self.scale = config.head_dim**-0.5
+        self.qkv_proj = nn.Linear(
+            config.hidden_size, self.q_size + 2 * self.kv_size, bias=config.attention_bias
+        )
+        self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=False)
+
+    def project_qkv(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rope: RotaryEmbedding
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        qkv = F.linear(x, self.qkv_proj.weight, self.qkv_proj.bias)
+        q, k, v = torch.split(qkv, [self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = rope.apply(q.view(*q.shape[:-1], self.num_heads, self.head_dim), cos, sin)
+        k = rope.apply(k.view(*k.shape[:-1], self.num_kv_heads, self.head_dim), cos, sin)
+        return q, k, v.reshape(*v.shape[:-1], self.num_kv_heads, self.head_dim)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        rope: RotaryEmbedding,
+        attn: AttentionMetadata,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+    ) -> torch.Tensor:
+        q, k, v = self.project_qkv(x, cos, sin, rope)
+        deepinfer_kernels.write_kv(k, v, k_cache, v_cache, attn.slot_mapping)
+        out: torch.Tensor = deepinfer_kernels.paged_attention(
+            q,
+            k_cache,
+            v_cache,
+            attn.block_table,
+            attn.seq_lens,
+            attn.cu_seqlens_q,
+            scale=self.scale,
+            causal=True,
+        )
+        return F.linear(out.flatten(-2), self.o_proj.weight)
+
+    def forward_dense(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rope: RotaryEmbedding
+    ) -> torch.Tensor:
+        """Plain causal attention over ``x`` ``[B, S, H]`` with no cache (training, reference)."""
+        q, k, v = self.project_qkv(x, cos, sin, rope)
+        out = F.scaled_dot_product_attention(
+            q.transpose(1, 2),
+            k.transpose(1, 2),
+            v.transpose(1, 2),
+            is_causal=True,
+            scale=self.scale,
+            enable_gqa=self.num_heads != self.num_kv_heads,
+        )
+        return F.linear(out.transpose(1, 2).flatten(-2), self.o_proj.weight)
+
+
+class LlamaMLP(nn.Module):
+    """SwiGLU: ``down(silu(gate(x)) * up(x))``."""
+
+    def __init__(self, config: LlamaConfig) -> None:
+        super().__init__()
+        self.intermediate_size = config.intermediate_size
+        self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = torch.split(
+            F.linear(x, self.gate_up_proj.weight), self.intermediate_size, dim=-1
+        )
+        return F.linear(F.silu(gate) * up, self.down_proj.weight)
+
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(self, config: LlamaConfig) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.self_attn = LlamaAttention(config)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = LlamaMLP(config)
+
+
+class LlamaModel(nn.Module):
+    """Llama-family causal LM (RMSNorm, RoPE, GQA, SwiGLU, optionally tied embeddings).
+
+    Example::
+
+        model = LlamaModel(cfg)
+        pool = KVPool.for_model(cfg, num_blocks=8, block_size=16)
+        attn = AttentionMetadata.build([pool.allocate(1)], seq_lens=[3], query_lens=[3],
+                                       block_size=16)
+        hidden = model(torch.tensor([5, 6, 7]), attn.positions(), attn, pool)
+        next_id = model.compute_logits(hidden[-1:]).argmax(-1)
+    """
+
+    def __init__(self, config: LlamaConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(LlamaDecoderLayer(config) for _ in range(config.num_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.lm_head: nn.Linear | None = (
+            None
+            if config.tie_word_embeddings
+            else nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        )
+        self.rope = RotaryEmbedding(
+            config.head_dim, config.rope_theta, config.rope_scaling, config.max_position_embeddings
+        )
+
+    # ------------------------------------------------------------------ paged forward
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        attn: AttentionMetadata,
+        kv_pool: KVPool,
+    ) -> torch.Tensor:
+        """Final-norm hidden states ``[T, H]`` of a flat ragged batch; writes its K/V to the pool."""
+        hidden, _ = self.forward_with_layers(input_ids, positions, attn, kv_pool, ())
+        return hidden
+
+    def forward_with_layers(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        attn: AttentionMetadata,
+        kv_pool: KVPool,
+        layer_ids: Sequence[int],
+    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """Like :meth:`forward`, also returning the output ``[T, H]`` of each decoder layer in
+        ``layer_ids`` (0-based; Hugging Face's ``hidden_states[i + 1]``)."""
+        self._check_inputs(input_ids, positions, attn.num_tokens)
+        if kv_pool.num_layers != len(self.layers):
+            raise ValueError(
+                f"kv_pool has {kv_pool.num_layers} layers, the model has {len(self.layers)}"
+            )
+        wanted = self._check_layer_ids(layer_ids)
+        cos, sin = self.rope.cos_sin(positions, self.embed_tokens.weight.dtype)
+        x = F.embedding(input_ids, self.embed_tokens.weight)
+        captured: dict[int, torch.Tensor] = {}
+        residual = x
+        for i, layer in enumerate(self.decoder_layers()):
+            h = layer.self_attn.forward(
+                layer.input_layernorm.forward(residual),
+                cos,
+                sin,
+                self.rope,
+                attn,
+                kv_pool.k_cache(i),
+                kv_pool.v_cache(i),
+            )
+            residual = residual + h
+            residual = residual + layer.mlp.forward(
+                layer.post_attention_layernorm.forward(residual)
+            )
+            if i in wanted:
+                captured[i] = residual
+        return self.norm.forward(residual), [captured[i] for i in layer_ids]
+
+    # ------------------------------------------------------------------ dense forward
+    def forward_dense(
+        self, input_ids: torch.Tensor, layer_ids: Sequence[int] = ()
+    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """Causal forward over full sequences ``[B, S]`` with no KV cache (positions ``0..S-1``).
+
+        Returns final-norm hidden ``[B, S, H]`` and the outputs of the layers in ``layer_ids``.
+        Used for training a drafter over a frozen target and as a reference in tests.
+        """
+        if input_ids.dim() != 2:
+            raise ValueError(f"input_ids must be [B, S], got shape {tuple(input_ids.shape)}")
+        wanted = self._check_layer_ids(layer_ids)
+        self._check_ids(input_ids)
+        positions = torch.arange(input_ids.shape[1], device=input_ids.device)
+        cos, sin = self.rope.cos_sin(positions, self.embed_tokens.weight.dtype)
+        residual = F.embedding(input_ids, self.embed_tokens.weight)
+        captured: dict[int, torch.Tensor] = {}
+        for i, layer in enumerate(self.decoder_layers()):
+            h = layer.self_attn.forward_dense(
+                layer.input_layernorm.forward(residual), cos, sin, self.rope
+            )
+            residual = residual + h
+            residual = residual + layer.mlp.forward(
+                layer.post_attention_layernorm.forward(residual)
+            )
+            if i in wanted:
+                captured[i] = residual
+        return self.norm.forward(residual), [captured[i] for i in layer_ids]
+
+    # ------------------------------------------------------------------ heads
+    def decoder_layers(self) -> list[LlamaDecoderLayer]:
+        return [cast(LlamaDecoderLayer, layer) for layer in self.layers]
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        self._check_ids(input_ids)
+        return F.embedding(input_ids, self.embed_tokens.weight)
+
+    @property
+    def lm_head_weight(self) -> torch.Tensor:
+        return self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Logits ``[..., vocab]`` in fp32 from final-norm hidden states."""
+        return F.linear(hidden, self.lm_head_weight).float()
+
+    # ------------------------------------------------------------------ weights (HF names)
+    def load_hf_state_dict(self, state: Mapping[str, torch.Tensor]) -> None:
+        """Load weights named as in a Hugging Face ``LlamaForCausalLM`` checkpoint.
+
+        Q/K/V and gate/up are concatenated into the fused projections. Raises ``ValueError``
+        naming any missing, unexpected or mis-shaped tensor.
+        """
+        fused = hf_to_fused(state, self.config)
+        own = self.state_dict()
+        missing = sorted(set(own) - set(fused))
+        unexpected = sorted(set(fused) - set(own))
+        if missing or unexpected:
+            raise ValueError(
+                f"checkpoint does not match the config: missing {missing[:5]}, "
+                f"unexpected {unexpected[:5]}"
+            )
+        for name, tensor in fused.items():
+            if tuple(tensor.shape) != tuple(own[name].shape):
+                raise ValueError(
+                    f"weight {name} has shape {tuple(tensor.shape)}, expected "
+                    f"{tuple(own[name].shape)}"
+                )
+        # A model built on the meta device (no random init) takes the tensors as they are.
+        self.load_state_dict(fused, strict=True, assign=self.embed_tokens.weight.is_meta)
+
+    def hf_state_dict(self) -> dict[str, torch.Tensor]:
+        """Weights under Hugging Face ``LlamaForCausalLM`` names (the inverse of loading)."""
+        return fused_to_hf(self.state_dict(), self.config)
+
+    # ------------------------------------------------------------------ checks
+    def _check_layer_ids(self, layer_ids: Iterable[int]) -> set[int]:
+        wanted = set(layer_ids)
+        bad = [i for i in wanted if not 0 <= i < len(self.layers)]
+        if bad:
+            raise ValueError(f"layer_ids must be in [0, {len(self.layers)}), got {sorted(bad)}")
+        return wanted
+
+    def _check_ids(self, input_ids: torch.Tensor) -> None:
+        if input_ids.dtype not in (torch.int32, torch.int64):
+            raise TypeError(f"input_ids must be an integer tensor, got {input_ids.dtype}")
+        if input_ids.numel() and (
+            int(input_ids.min()) < 0 or int(input_ids.max()) >= self.config.vocab_size
+        ):
+            raise ValueError(f"input_ids must be in [0, {self.config.vocab_size})")
+
+    def _check_inputs(self, input_ids: torch.Tensor, positions: torch.Tensor, tokens: int) -> None:
+        if input_ids.dim() != 1 or positions.shape != input_ids.shape:
+            raise ValueError(
+                "input_ids and positions must both be [T], got "
+                f"{tuple(input_ids.shape)} and {tuple(positions.shape)}"
+            )
+        if input_ids.shape[0] != tokens:
+            raise ValueError(
+                f"attn.slot_mapping covers {tokens} tokens, input_ids has {input_ids.shape[0]}"
+            )
+        self._check_ids(input_ids)
+
+
+def hf_to_fused(state: Mapping[str, torch.Tensor], config: LlamaConfig) -> dict[str, torch.Tensor]:
+    """Rename HF ``LlamaForCausalLM`` weights to this module's names, fusing Q/K/V and gate/up."""
+    out: dict[str, torch.Tensor] = {}
+    for name, tensor in state.items():
+        key = name.removeprefix("model.")
+        if key == "lm_head.weight" and config.tie_word_embeddings:
+            continue  # tied: the embedding is the head
+        if (
+            ".self_attn.q_proj." in key
+            or ".self_attn.k_proj." in key
+            or ".self_attn.v_proj." in key
+        ):
+            continue
+        if ".mlp.gate_proj." in key or ".mlp.up_proj." in key:
+            continue
+        if key.endswith("rotary_emb.inv_freq"):
+            continue
+        out[key] = tensor
+    for i in range(config.num_layers):
+        prefix = f"model.layers.{i}."
+        for suffix in ("weight", "bias"):
+            parts = [state.get(f"{prefix}self_attn.{p}_proj.{suffix}") for p in "qkv"]
+            if all(p is not None for p in parts):
+                out[f"layers.{i}.self_attn.qkv_proj.{suffix}"] = torch.cat(parts, dim=0)  # type: ignore[arg-type]
+        gate, up = (
+            state.get(f"{prefix}mlp.gate_proj.weight"),
+            state.get(f"{prefix}mlp.up_proj.weight"),
+        )
+        if gate is not None and up is not None:
+            out[f"layers.{i}.mlp.gate_up_proj.weight"] = torch.cat([gate, up], dim=0)
+    return out
+
+
+def fused_to_hf(state: Mapping[str, torch.Tensor], config: LlamaConfig) -> dict[str, torch.Tensor]:
+    """Inverse of :func:`hf_to_fused` (``lm_head.weight`` omitted when embeddings are tied)."""
+    out: dict[str, torch.Tensor] = {}
+    sizes = (config.q_size, config.kv_size, config.kv_size)
+    for key, tensor in state.items():
+        if ".qkv_proj." in key:
+            layer, suffix = key.split(".self_attn.qkv_proj.")
+            for p, part in zip("qkv", torch.split(tensor, list(sizes), dim=0)):
+                out[f"model.{layer}.self_attn.{p}_proj.{suffix}"] = part.contiguous()
+        elif ".gate_up_proj." in key:
+            layer = key.split(".mlp.")[0]
+            gate, up = torch.split(tensor, config.intermediate_size, dim=0)
+            out[f"model.{layer}.mlp.gate_proj.weight"] = gate.contiguous()
+            out[f"model.{layer}.mlp.up_proj.weight"] = up.contiguous()
+        elif key == "lm_head.weight":
+            out[key] = tensor
+        else:
+            out[f"model.{key}"] = tensor
+    return out

@@ -1,0 +1,96 @@
+"""`load_model`: one entry point for GGUF files, HF directories and the embedded default."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from deepinfer.model.chat_template import ChatTemplate
+from deepinfer.model.config import LlamaConfig
+from deepinfer.model.convert import convert_gguf
+from deepinfer.model.llama import LlamaModel
+from deepinfer.model.registry import default_model_path
+from deepinfer.model.safetensors_loader import load_hf_dir
+from deepinfer.model.tokenizer import Tokenizer
+
+
+@dataclass
+class LoadedModel:
+    """A model ready to run, with what is needed to talk to it."""
+
+    model: LlamaModel
+    tokenizer: Tokenizer
+    chat_template: ChatTemplate
+    config: LlamaConfig
+    path: Path
+
+
+def build_model(
+    config: LlamaConfig,
+    state: dict[str, torch.Tensor],
+    *,
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str = "cpu",
+) -> LlamaModel:
+    """A `LlamaModel` holding ``state`` (HF names), skipping random initialisation."""
+    with torch.device("meta"):
+        model = LlamaModel(config)
+    model.load_hf_state_dict({k: v.to(device=device, dtype=dtype) for k, v in state.items()})
+    return model.eval().requires_grad_(False)
+
+
+def _read_chat_template(model_dir: Path, tokenizer: Tokenizer) -> ChatTemplate:
+    source = None
+    jinja_file = model_dir / "chat_template.jinja"
+    meta_file = model_dir / "tokenizer_config.json"
+    if jinja_file.is_file():
+        source = jinja_file.read_text(encoding="utf-8")
+    elif meta_file.is_file():
+        raw = json.loads(meta_file.read_text(encoding="utf-8")).get("chat_template")
+        source = raw if isinstance(raw, str) else None
+    eos = tokenizer.eos_token_ids[0] if tokenizer.eos_token_ids else None
+    return ChatTemplate(
+        source,
+        bos_token=tokenizer.id_to_token(tokenizer.bos_token_id),
+        eos_token=tokenizer.id_to_token(eos),
+    )
+
+
+def load_model(
+    path: str | os.PathLike[str] | None = None,
+    *,
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str = "cpu",
+    cache_dir: str | os.PathLike[str] | None = None,
+) -> LoadedModel:
+    """Load a Llama-family model.
+
+    ``path`` is a ``.gguf`` file (converted once into the cache, see
+    :func:`deepinfer.model.convert.convert_gguf`), a Hugging Face model directory, or None for
+    the embedded SmolLM2-135M-Instruct.
+    """
+    source = default_model_path() if path is None else Path(path)
+    if source.is_file() and source.suffix == ".gguf":
+        model_dir = convert_gguf(source, cache_dir)
+    elif source.is_dir():
+        model_dir = source
+    else:
+        raise ValueError(
+            f"model path {os.fspath(source)!r} must be a .gguf file or a model directory"
+        )
+    config, state = load_hf_dir(model_dir)
+    tokenizer = Tokenizer.from_file(model_dir / "tokenizer.json")
+    if not tokenizer.eos_token_ids and config.eos_token_ids:
+        tokenizer.eos_token_ids = config.eos_token_ids
+    model = build_model(config, state, dtype=dtype, device=device)
+    return LoadedModel(
+        model=model,
+        tokenizer=tokenizer,
+        chat_template=_read_chat_template(model_dir, tokenizer),
+        config=config,
+        path=model_dir,
+    )

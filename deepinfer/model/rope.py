@@ -1,0 +1,70 @@
+"""Rotary position embeddings in the Hugging Face (half-split, ``rotate_half``) layout."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from deepinfer.model.config import RopeScaling
+
+
+def inverse_frequencies(
+    head_dim: int, theta: float, scaling: RopeScaling | None = None
+) -> torch.Tensor:
+    """``inv_freq[i] = theta^(-2i/D)`` for ``i < D/2`` (fp32), with optional Llama-3 scaling."""
+    # Explicit CPU device: models are built under ``torch.device("meta")`` to skip init.
+    exponents = torch.arange(0, head_dim, 2, dtype=torch.int64, device="cpu").float() / head_dim
+    inv = 1.0 / (theta**exponents)
+    if scaling is None:
+        return inv
+    old_len = scaling.original_max_position_embeddings
+    low_wavelen = old_len / scaling.low_freq_factor
+    high_wavelen = old_len / scaling.high_freq_factor
+    wavelen = 2 * math.pi / inv
+    smooth = (old_len / wavelen - scaling.low_freq_factor) / (
+        scaling.high_freq_factor - scaling.low_freq_factor
+    )
+    mid = (1 - smooth) * inv / scaling.factor + smooth * inv
+    out = torch.where(wavelen > low_wavelen, inv / scaling.factor, inv)
+    is_mid = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+    return torch.where(is_mid, mid, out)
+
+
+class RotaryEmbedding:
+    """Rotates the two halves of each head: for ``x = [x1, x2]`` and angle ``a = pos * inv_freq``,
+    ``rope(x) = [x1 cos a - x2 sin a, x2 cos a + x1 sin a]``.
+
+    Angles are computed in fp32 from the positions on every call (no table bounded by a maximum
+    length); ``inv_freq`` is a plain fp32 tensor, not a module buffer, so casting the model to
+    bf16 never degrades it.
+    """
+
+    def __init__(
+        self,
+        head_dim: int,
+        theta: float,
+        scaling: RopeScaling | None = None,
+        max_position_embeddings: int | None = None,
+    ) -> None:
+        self.head_dim = head_dim
+        self.max_position_embeddings = max_position_embeddings
+        self.inv_freq = inverse_frequencies(head_dim, theta, scaling)
+
+    def cos_sin(
+        self, positions: torch.Tensor, dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``cos``, ``sin`` shaped ``[*positions.shape, 1, D/2]`` (broadcast over heads)."""
+        if positions.dtype not in (torch.int32, torch.int64):
+            raise TypeError(f"positions must be an integer tensor, got {positions.dtype}")
+        if positions.numel() and int(positions.min()) < 0:
+            raise ValueError("positions must be >= 0")
+        inv = self.inv_freq.to(positions.device)
+        angles = positions.float().unsqueeze(-1) * inv
+        return angles.cos().to(dtype).unsqueeze(-2), angles.sin().to(dtype).unsqueeze(-2)
+
+    @staticmethod
+    def apply(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """Rotate ``x`` ``[..., heads, D]`` by angles whose ``cos``/``sin`` are ``[..., 1, D/2]``."""
+        x1, x2 = x.chunk(2, dim=-1)
+        return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
