@@ -10,16 +10,26 @@ Example::
 """
 
 from deepinfer_sched.traces.arrivals import ARRIVAL_PROCESSES, arrival_times
+from deepinfer_sched.traces.azure import load_azure
+from deepinfer_sched.traces.burstgpt import load_burstgpt
+from deepinfer_sched.traces.load import TRACE_FORMATS, load_trace
+from deepinfer_sched.traces.mooncake import load_mooncake, save_jsonl
 from deepinfer_sched.traces.synthetic import SyntheticTraceConfig, synthetic_trace
 from deepinfer_sched.traces.types import Trace, TraceRequest, TraceStats, reusable_prefix_blocks
 
 __all__ = [
     "ARRIVAL_PROCESSES",
+    "TRACE_FORMATS",
     "SyntheticTraceConfig",
     "Trace",
     "TraceRequest",
     "TraceStats",
     "arrival_times",
+    "load_azure",
+    "load_burstgpt",
+    "load_mooncake",
+    "load_trace",
     "reusable_prefix_blocks",
+    "save_jsonl",
     "synthetic_trace",
 ]

@@ -15,6 +15,10 @@ Model (all draws from one ``numpy.random.Generator`` seeded by ``config.seed``):
   as the production cache would have expired the conversation by then.
 - Conversation starts follow the arrival process (Poisson, gamma or MMPP) at the rate that
   makes the request rate ``request_rate``; the trace is the first ``num_requests`` requests.
+  A trace starts with no conversation in flight, so start times are compressed by the
+  largest factor ``s <= 1`` that still fits ``num_requests`` requests into
+  ``num_requests / request_rate`` seconds: the realised mean rate is ``request_rate``
+  (for MMPP the dwell times shrink by the same ``s``).
 
 Block ids: a prompt's full blocks get ids shared by every conversation using it; every later
 block of a conversation gets an id unique to the conversation (chained: equal prefixes share
@@ -25,7 +29,7 @@ tokens are reusable (``Trace.stats().reusable_fraction``).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import numpy.typing as npt
@@ -145,7 +149,9 @@ def _group_exclusive_cumsum(
 class _Conversations:
     conv: _IntArray  # conversation of each kept turn
     turn: _IntArray
-    arrival: _FloatArray
+    start: _FloatArray  # conversation start of each kept turn (before time fitting)
+    offset: _FloatArray  # turn time after its conversation start
+    arrival: _FloatArray  # start * scale + offset, set by _fit_scale
     input_len: _IntArray
     output_len: _IntArray
     prompt: _IntArray  # per conversation
@@ -167,6 +173,8 @@ def _generate(
     for flag in (False, True):
         pool = np.flatnonzero(prompt_agent == flag)
         sel = is_agent == flag
+        if not sel.any():
+            continue
         w = 1.0 / np.arange(1, pool.size + 1, dtype=np.float64) ** cfg.prompt_zipf
         prompt[sel] = pool[rng.choice(pool.size, size=int(sel.sum()), p=w / w.sum())]
     mean_turns = np.where(is_agent, cfg.agent_mean_turns, cfg.chat_mean_turns)
@@ -205,6 +213,8 @@ def _generate(
     return _Conversations(
         conv=conv[keep],
         turn=turn[keep],
+        start=conv_starts[conv][keep],
+        offset=offset[keep],
         arrival=arrival[keep],
         input_len=inp[keep],
         output_len=out[keep],
@@ -212,6 +222,29 @@ def _generate(
         is_agent=is_agent,
         last_start=float(conv_starts[-1]) if c else 0.0,
     )
+
+
+def _fit_scale(convs: _Conversations, horizon: float, n: int) -> float:
+    """Largest factor ``s <= 1`` on conversation start times with at least ``n`` requests by
+    ``horizon = n / request_rate``.
+
+    Conversations last a while, so a trace that starts empty ramps up; compressing the start
+    times by ``s`` makes the realised mean rate ``request_rate`` even for short traces.
+    """
+
+    def count(s: float) -> int:
+        return int(np.count_nonzero(convs.start * s + convs.offset <= horizon))
+
+    if count(1.0) >= n:
+        return 1.0
+    lo, hi = 0.0, 1.0  # count(lo) >= n is checked by the caller's validity test
+    for _ in range(50):
+        mid = 0.5 * (lo + hi)
+        if count(mid) >= n:
+            lo = mid
+        else:
+            hi = mid
+    return lo
 
 
 def synthetic_trace(config: SyntheticTraceConfig | None = None) -> Trace:
@@ -251,7 +284,12 @@ def synthetic_trace(config: SyntheticTraceConfig | None = None) -> Trace:
         convs = _generate(
             cfg, num_convs, prompt_len, prompt_agent, np.random.default_rng([cfg.seed, 1, attempt])
         )
-        if int(np.count_nonzero(convs.arrival <= convs.last_start)) >= n:
+        horizon = n / cfg.request_rate
+        scale = _fit_scale(convs, horizon, n)
+        # Valid once some conversation starts after the horizon: none that could send a
+        # request before it is missing.
+        if scale * convs.last_start > horizon:
+            convs = replace(convs, arrival=convs.start * scale + convs.offset)
             break
         num_convs = int(num_convs * 1.5) + 64
         attempt += 1
