@@ -6,6 +6,67 @@ Example::
     print(deepinfer_spec.__version__)
 """
 
+from deepinfer_spec.adapter import (
+    ScoringTarget,
+    SupportsLayerWeights,
+    TargetAdapter,
+    TargetOutput,
+)
+from deepinfer_spec.calibration import (
+    apply_temperatures,
+    auc,
+    calibrate_sts,
+    calibration_report,
+    expected_calibration_error,
+    reliability_diagram,
+)
+from deepinfer_spec.config import DSparkConfig
+from deepinfer_spec.decoder import SpecDecoder, StepOutput
+from deepinfer_spec.drafter import DSparkDrafter
+from deepinfer_spec.propose import Draft, propose
+from deepinfer_spec.recompute_target import RecomputeTarget
+from deepinfer_spec.scheduling import (
+    FixedGammaScheduler,
+    PrefixScheduler,
+    SchedulePlan,
+    SPSCurve,
+    ThresholdScheduler,
+    VerifyScheduler,
+    evaluate_schedule,
+    profile_sps,
+)
+from deepinfer_spec.state import ContextRing
+
 __version__ = "0.1.0"
 
-__all__ = ["__version__"]
+__all__ = [
+    "__version__",
+    # drafter, state, decoding (spec-A)
+    "ContextRing",
+    "DSparkConfig",
+    "DSparkDrafter",
+    "Draft",
+    "RecomputeTarget",
+    "ScoringTarget",
+    "SpecDecoder",
+    "StepOutput",
+    "SupportsLayerWeights",
+    "TargetAdapter",
+    "TargetOutput",
+    "propose",
+    # calibration and verification scheduling (spec-B)
+    "FixedGammaScheduler",
+    "PrefixScheduler",
+    "SPSCurve",
+    "SchedulePlan",
+    "ThresholdScheduler",
+    "VerifyScheduler",
+    "apply_temperatures",
+    "auc",
+    "calibrate_sts",
+    "calibration_report",
+    "evaluate_schedule",
+    "expected_calibration_error",
+    "profile_sps",
+    "reliability_diagram",
+]

@@ -1,0 +1,97 @@
+"""Building blocks of the drafter backbone: RMSNorm, rotary embeddings, one draft layer."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class RMSNorm(nn.Module):
+    """``y = x / sqrt(mean(x^2) + eps) * weight`` over the last dimension."""
+
+    def __init__(self, dim: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (y * self.weight.float()).to(x.dtype)
+
+
+def rotary(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
+    """Rotate pairs ``(x_i, x_{i+d/2})`` of ``x [B, heads, T, d]`` by ``positions[t] * theta^(-2i/d)``.
+
+    Attention scores then depend on positions only through their difference, so the drafter can
+    number positions relative to the anchor and be independent of the absolute sequence length.
+    """
+    half = x.shape[-1] // 2
+    inv = theta ** (-torch.arange(half, device=x.device, dtype=torch.float32) * 2.0 / x.shape[-1])
+    ang = positions.to(torch.float32)[:, None] * inv[None, :]
+    cos, sin = ang.cos().to(x.dtype), ang.sin().to(x.dtype)
+    x1, x2 = x[..., :half], x[..., half:]
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+
+
+class DraftLayer(nn.Module):
+    """Pre-norm transformer layer whose keys/values are ``[context ; block]``.
+
+    The block's queries attend bidirectionally to the whole block and to the valid context
+    positions. The context is already projected and normed by the drafter, so it goes into the
+    key/value projections as is. Parameter names follow the Llama convention so that weights of
+    a target layer can be copied in (see ``DSparkDrafter.init_backbone_from_target``).
+    """
+
+    def __init__(
+        self,
+        hidden: int,
+        num_heads: int,
+        num_kv_heads: int,
+        intermediate: int,
+        eps: float,
+        theta: float,
+    ) -> None:
+        super().__init__()
+        if hidden % num_heads or (hidden // num_heads) % 2:
+            raise ValueError(
+                f"num_heads: hidden size {hidden} must split into {num_heads} heads of even size"
+            )
+        self.num_heads, self.num_kv_heads = num_heads, num_kv_heads
+        self.head_dim = hidden // num_heads
+        self.theta = theta
+        self.input_layernorm = RMSNorm(hidden, eps)
+        self.q_proj = nn.Linear(hidden, num_heads * self.head_dim, bias=False)
+        self.k_proj = nn.Linear(hidden, num_kv_heads * self.head_dim, bias=False)
+        self.v_proj = nn.Linear(hidden, num_kv_heads * self.head_dim, bias=False)
+        self.o_proj = nn.Linear(num_heads * self.head_dim, hidden, bias=False)
+        self.post_attention_layernorm = RMSNorm(hidden, eps)
+        self.gate_proj = nn.Linear(hidden, intermediate, bias=False)
+        self.up_proj = nn.Linear(hidden, intermediate, bias=False)
+        self.down_proj = nn.Linear(intermediate, hidden, bias=False)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        context: torch.Tensor,
+        attn_mask: torch.Tensor,
+        q_pos: torch.Tensor,
+        k_pos: torch.Tensor,
+    ) -> torch.Tensor:
+        """``x [B, G, H]``, ``context [B, W, H]``, ``attn_mask [B, 1, G, W + G]`` (True = attend)."""
+        b, g, _ = x.shape
+        h = self.input_layernorm(x)
+        kv_in = torch.cat((context, h), dim=1)
+        q = self.q_proj(h).view(b, g, self.num_heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(kv_in).view(b, -1, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        v = self.v_proj(kv_in).view(b, -1, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        q, k = rotary(q, q_pos, self.theta), rotary(k, k_pos, self.theta)
+        if self.num_kv_heads != self.num_heads:
+            rep = self.num_heads // self.num_kv_heads
+            k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+        att = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)
+        x = x + self.o_proj(att.transpose(1, 2).reshape(b, g, -1))
+        h = self.post_attention_layernorm(x)
+        out: torch.Tensor = x + self.down_proj(F.silu(self.gate_proj(h)) * self.up_proj(h))
+        return out

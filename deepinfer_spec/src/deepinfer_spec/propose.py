@@ -1,0 +1,81 @@
+"""Drawing a draft block from the drafter.
+
+The backbone runs once; tokens are then drawn left to right because the sequential head's bias
+for token ``k`` depends on token ``k - 1``. ``Draft.probs[b, k]`` is exactly the distribution
+``draft.token_ids[b, k]`` was drawn from,
+``softmax((U_k + bias(x_{k-1})) / temperature)``: rejection sampling is lossless only if it is
+given that distribution.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from deepinfer_spec.drafter import DSparkDrafter
+
+
+@dataclass(frozen=True)
+class Draft:
+    """A batch of draft blocks.
+
+    Attributes:
+        token_ids: ``[B, G]`` int64.
+        probs: ``[B, G, V]`` float32, the distributions the tokens were drawn from (one-hot in
+            greedy mode).
+        confidence: ``[B, G]`` float32, ``c_k`` = P(token k survives | tokens < k survived).
+    """
+
+    token_ids: torch.Tensor
+    probs: torch.Tensor
+    confidence: torch.Tensor
+
+
+@torch.no_grad()
+def propose(
+    drafter: DSparkDrafter,
+    anchor_ids: torch.Tensor,
+    context: torch.Tensor,
+    context_valid: torch.Tensor,
+    *,
+    temperature: float = 1.0,
+    generator: torch.Generator | None = None,
+) -> Draft:
+    """Propose ``gamma`` tokens after each anchor.
+
+    Args:
+        anchor_ids: ``[B]`` last token emitted for each request (not yet seen by the target).
+        context: ``[B, W, H]`` projected context features (``DSparkDrafter.project_context``),
+            oldest first, ending right before the anchor.
+        context_valid: ``[B, W]`` bool, False for padding.
+        temperature: ``> 0`` samples from ``softmax(logits / temperature)``; ``0`` is greedy
+            (argmax, lowest id on ties; ``probs`` one-hot).
+        generator: source of randomness for sampling.
+    """
+    if not isinstance(temperature, (int, float)) or temperature < 0:
+        raise ValueError(f"temperature: expected a float >= 0, got {temperature!r}")
+    vocab = drafter.vocab_size
+    if anchor_ids.numel() and (int(anchor_ids.min()) < 0 or int(anchor_ids.max()) >= vocab):
+        raise ValueError(f"anchor_ids: expected token ids in [0, {vocab})")
+    hidden = drafter.backbone(anchor_ids, context, context_valid)
+    base = drafter.base_logits(hidden).float()
+    batch, gamma = hidden.shape[0], hidden.shape[1]
+    tokens = torch.empty(batch, gamma, dtype=torch.int64, device=hidden.device)
+    probs = torch.empty(batch, gamma, vocab, dtype=torch.float32, device=hidden.device)
+    conf = torch.empty(batch, gamma, dtype=torch.float32, device=hidden.device)
+    prev = anchor_ids.to(torch.int64)
+    code: torch.Tensor | None = None
+    for k in range(gamma):
+        bias, code = drafter.sequential_step(prev, code)
+        conf[:, k] = torch.sigmoid(drafter.confidence_logit(hidden[:, k], code).float())
+        logits = base[:, k] + bias.float()
+        if temperature == 0:
+            prev = torch.argmax(logits, dim=-1)
+            probs[:, k] = torch.nn.functional.one_hot(prev, vocab).float()
+        else:
+            p = torch.softmax(logits / temperature, dim=-1)
+            prev = torch.multinomial(p, 1, generator=generator).squeeze(1)
+            probs[:, k] = p
+        tokens[:, k] = prev
+    return Draft(token_ids=tokens, probs=probs, confidence=conf)

@@ -1,0 +1,131 @@
+"""Per-request drafter state: a ring buffer of the most recent context features.
+
+The drafter attends to the last ``window`` target positions only, so a request's whole state is
+those ``window`` feature vectors plus a position counter. The buffer keeps ``slack`` extra
+slots so that features of not-yet-verified tokens can be appended eagerly and rolled back: a
+rollback of up to ``slack`` positions never needs a slot that an append overwrote (the window
+after a rollback to count ``n'`` needs positions ``>= n' - window >= n - slack - window``, and the
+last ``window + slack`` positions are always intact).
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class ContextRing:
+    """Batched ring buffers, one slot per live request.
+
+    Args:
+        max_requests: number of slots.
+        window: positions a view returns (the drafter's attention window).
+        feature_dim: size of each stored feature vector.
+        slack: deepest supported rollback (``gamma + 1`` covers a whole verify block).
+    """
+
+    def __init__(
+        self,
+        max_requests: int,
+        window: int,
+        feature_dim: int,
+        *,
+        slack: int = 0,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
+    ) -> None:
+        for name, value, low in (
+            ("max_requests", max_requests, 1),
+            ("window", window, 1),
+            ("feature_dim", feature_dim, 1),
+            ("slack", slack, 0),
+        ):
+            if not isinstance(value, int) or value < low:
+                raise ValueError(f"{name}: expected an int >= {low}, got {value!r}")
+        self.window = window
+        self.slack = slack
+        self.capacity = window + slack
+        self._buf = torch.zeros(
+            max_requests, self.capacity, feature_dim, dtype=dtype, device=device
+        )
+        self._count = torch.zeros(max_requests, dtype=torch.int64, device=device)
+
+    @property
+    def max_requests(self) -> int:
+        return int(self._buf.shape[0])
+
+    @property
+    def feature_dim(self) -> int:
+        return int(self._buf.shape[2])
+
+    def counts(self, slots: torch.Tensor) -> torch.Tensor:
+        """Positions appended so far (= the absolute position of each slot's next token)."""
+        return self._count[self._check_slots(slots)].clone()
+
+    def reset(self, slots: torch.Tensor) -> None:
+        slots = self._check_slots(slots)
+        self._count[slots] = 0
+        self._buf[slots] = 0
+
+    def append(self, slots: torch.Tensor, features: torch.Tensor, lengths: torch.Tensor) -> None:
+        """Append ``features[b, :lengths[b]]`` to slot ``slots[b]`` (ragged; ``[B, T, D]``)."""
+        slots = self._check_slots(slots)
+        batch = int(slots.shape[0])
+        if (
+            features.ndim != 3
+            or features.shape[0] != batch
+            or features.shape[2] != self.feature_dim
+        ):
+            raise ValueError(
+                f"features: expected [{batch}, T, {self.feature_dim}], got {tuple(features.shape)}"
+            )
+        lengths = self._check_lengths(lengths, batch, int(features.shape[1]))
+        t = torch.arange(features.shape[1], device=self._buf.device)[None, :]
+        # Only the last `capacity` tokens of a long append can survive in the ring.
+        keep = (t < lengths[:, None]) & (t >= lengths[:, None] - self.capacity)
+        pos = self._count[slots][:, None] + t
+        ring = torch.remainder(pos, self.capacity)
+        rows = slots[:, None].expand_as(ring)
+        self._buf[rows[keep], ring[keep]] = features[keep].to(self._buf.dtype)
+        self._count[slots] += lengths
+
+    def rollback(self, slots: torch.Tensor, num_tokens: torch.Tensor) -> None:
+        """Forget the last ``num_tokens[b]`` positions of each slot (at most ``slack``)."""
+        slots = self._check_slots(slots)
+        num_tokens = self._check_lengths(num_tokens, int(slots.shape[0]), self.slack)
+        if bool((num_tokens > self._count[slots]).any()):
+            raise ValueError("num_tokens: cannot roll back past the start of a sequence")
+        self._count[slots] -= num_tokens
+
+    def view(self, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The last ``window`` features of each slot in time order, oldest first.
+
+        Returns ``(features [B, window, D], valid [B, window] bool)``; a slot with fewer than
+        ``window`` positions is left-padded with zeros marked invalid. Position ``j`` of the view
+        is ``j - window`` positions before the slot's next token.
+        """
+        slots = self._check_slots(slots)
+        j = torch.arange(self.window, device=self._buf.device)[None, :]
+        pos = self._count[slots][:, None] - self.window + j
+        valid = pos >= 0
+        ring = torch.remainder(pos, self.capacity)
+        feats = self._buf[slots[:, None].expand_as(ring), ring]
+        feats = torch.where(valid[..., None], feats, torch.zeros((), dtype=feats.dtype))
+        return feats, valid
+
+    def _check_slots(self, slots: torch.Tensor) -> torch.Tensor:
+        if not isinstance(slots, torch.Tensor) or slots.ndim != 1 or slots.dtype.is_floating_point:
+            raise TypeError(f"slots: expected a 1-D integer tensor, got {slots!r}")
+        slots = slots.to(device=self._buf.device, dtype=torch.int64)
+        if slots.numel() and (int(slots.min()) < 0 or int(slots.max()) >= self.max_requests):
+            raise ValueError(f"slots: expected values in [0, {self.max_requests}), got {slots}")
+        if torch.unique(slots).numel() != slots.numel():
+            raise ValueError("slots: duplicate slots in one call")
+        return slots
+
+    def _check_lengths(self, lengths: torch.Tensor, batch: int, high: int) -> torch.Tensor:
+        if not isinstance(lengths, torch.Tensor) or tuple(lengths.shape) != (batch,):
+            raise ValueError(f"lengths: expected an int tensor of shape [{batch}]")
+        lengths = lengths.to(device=self._buf.device, dtype=torch.int64)
+        if lengths.numel() and (int(lengths.min()) < 0 or int(lengths.max()) > high):
+            raise ValueError(f"lengths: expected values in [0, {high}], got {lengths.tolist()}")
+        return lengths
