@@ -11,6 +11,23 @@ Example::
 """
 
 from deepinfer_sched.report.build import LatencySummary, Report, TenantSummary, build_report
+from deepinfer_sched.report.plots import (
+    LATENCY_METRICS,
+    latency_cdf,
+    plot_goodput_vs_load,
+    plot_latency_cdf,
+)
 from deepinfer_sched.report.records import SLO, RequestRecord
 
-__all__ = ["SLO", "LatencySummary", "Report", "RequestRecord", "TenantSummary", "build_report"]
+__all__ = [
+    "LATENCY_METRICS",
+    "SLO",
+    "LatencySummary",
+    "Report",
+    "RequestRecord",
+    "TenantSummary",
+    "build_report",
+    "latency_cdf",
+    "plot_goodput_vs_load",
+    "plot_latency_cdf",
+]
