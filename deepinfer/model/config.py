@@ -8,6 +8,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 ROPE_SCALING_TYPES = ("llama3",)
 
 
@@ -236,8 +238,8 @@ class LlamaConfig:
             num_heads=heads,
             num_kv_heads=int(get("attention.head_count_kv", heads)),
             head_dim=int(meta.get(f"{arch}.attention.key_length", hidden // heads)),
-            rms_norm_eps=float(get("attention.layer_norm_rms_epsilon", 1e-5)),
-            rope_theta=float(get("rope.freq_base", 10000.0)),
+            rms_norm_eps=_f32(get("attention.layer_norm_rms_epsilon", 1e-5)),
+            rope_theta=_f32(get("rope.freq_base", 10000.0)),
             rope_scaling=scaling,
             max_position_embeddings=int(get("context_length", 2048)),
             tie_word_embeddings="output.weight" not in names,
@@ -248,6 +250,12 @@ class LlamaConfig:
 
     def replace(self, **changes: Any) -> LlamaConfig:
         return dataclasses.replace(self, **changes)
+
+
+def _f32(value: Any) -> float:
+    """A float32 metadata value as the shortest decimal that rounds to it (1e-05, not
+    9.999999747378752e-06), which is what the original ``config.json`` held."""
+    return float(str(np.float32(value)))
 
 
 def _rope_scaling_from_dict(raw: Any) -> RopeScaling | None:

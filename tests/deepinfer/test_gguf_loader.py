@@ -1,0 +1,150 @@
+"""GGUF loading: llama.cpp names, the Q/K rotary permutation, dequantisation, cached conversion."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from model_helpers import (
+    CHAT_TEMPLATE,
+    dense_reference_logits,
+    random_hf_state,
+    tiny_config,
+    write_tiny_gguf,
+)
+
+from deepinfer.model import LlamaConfig, load_gguf, load_model
+from deepinfer.model.convert import MARKER, cache_root, convert_gguf
+from deepinfer.model.gguf_loader import hf_name, permute_rotary, unpermute_rotary
+
+
+@settings(max_examples=20)
+@given(heads=st.integers(1, 4), half=st.integers(1, 4), cols=st.integers(1, 3))
+def test_unpermute_inverts_permute(heads: int, half: int, cols: int) -> None:
+    w = torch.randn(heads * 2 * half, cols)
+    assert torch.equal(unpermute_rotary(permute_rotary(w, heads), heads), w)
+
+
+def test_permute_interleaves_halves_within_each_head() -> None:
+    # One head, head_dim 4: HF rows (0, 1 | 2, 3) pair 0 with 2 and 1 with 3; llama.cpp makes
+    # pairs adjacent, giving row order 0, 2, 1, 3.
+    w = torch.arange(8.0).reshape(8, 1)
+    out = permute_rotary(w, 2).flatten().tolist()
+    assert out == [0, 2, 1, 3, 4, 6, 5, 7]
+
+
+def test_tensor_names_map_to_hf() -> None:
+    assert hf_name("token_embd.weight") == "model.embed_tokens.weight"
+    assert hf_name("blk.3.attn_q.weight") == "model.layers.3.self_attn.q_proj.weight"
+    assert hf_name("blk.0.ffn_norm.weight") == "model.layers.0.post_attention_layernorm.weight"
+    assert hf_name("blk.11.attn_k.bias") == "model.layers.11.self_attn.k_proj.bias"
+    assert hf_name("output.weight") == "lm_head.weight"
+    assert hf_name("rope_freqs.weight") is None
+
+
+@pytest.fixture(scope="module")
+def tiny_gguf(tmp_path_factory: pytest.TempPathFactory):
+    cfg = tiny_config()
+    state = random_hf_state(cfg, seed=3)
+    path = write_tiny_gguf(tmp_path_factory.mktemp("gguf") / "tiny.gguf", cfg, state)
+    return cfg, state, path
+
+
+def test_gguf_config_and_weights_round_trip(tiny_gguf) -> None:
+    cfg, state, path = tiny_gguf
+    loaded_cfg, loaded, _ = load_gguf(path)
+    assert loaded_cfg == cfg
+    assert set(loaded) == set(state)
+    for name, tensor in state.items():
+        # Exact: F32 storage, and the un-permutation must restore HF's row order.
+        assert torch.equal(loaded[name], tensor), name
+
+
+def test_quantised_embedding_is_dequantised(tmp_path: Path) -> None:
+    cfg = tiny_config()
+    state = random_hf_state(cfg, seed=4)
+    path = write_tiny_gguf(tmp_path / "q8.gguf", cfg, state, quantize_embedding=True)
+    _, loaded, reader = load_gguf(path)
+    assert any(t.tensor_type.name == "Q8_0" for t in reader.tensors)
+    emb, ref = loaded["model.embed_tokens.weight"], state["model.embed_tokens.weight"]
+    assert emb.dtype == torch.float32 and emb.shape == ref.shape
+    assert not torch.equal(emb, ref)  # really went through quantisation
+    # Q8_0: 32-value blocks with one scale each, 127 levels.
+    assert (emb - ref).abs().max() <= ref.abs().max() / 127 + 1e-6
+
+
+def test_loaded_gguf_model_computes_reference_logits(tiny_gguf, tmp_path: Path) -> None:
+    cfg, state, path = tiny_gguf
+    loaded = load_model(path, cache_dir=tmp_path)
+    ids = [7, 70, 140, 21, 3]
+    with torch.inference_mode():
+        hidden, _ = loaded.model.forward_dense(torch.tensor([ids]))
+    # The cache holds bf16 weights, so compare against the reference on bf16-rounded weights.
+    rounded = {k: v.to(torch.bfloat16).float() for k, v in state.items()}
+    ref = dense_reference_logits(cfg, rounded, ids)
+    torch.testing.assert_close(
+        loaded.model.compute_logits(hidden)[0].double(), ref, atol=1e-3, rtol=1e-3
+    )
+    assert loaded.chat_template.source == CHAT_TEMPLATE
+    assert loaded.tokenizer.eos_token_ids == (2,)
+
+
+def test_conversion_is_cached_and_redone_when_source_changes(tiny_gguf, tmp_path: Path) -> None:
+    cfg, _state, path = tiny_gguf
+    first = convert_gguf(path, tmp_path)
+    marker = first / MARKER
+    stamp = marker.stat().st_mtime_ns
+    assert convert_gguf(path, tmp_path) == first
+    assert marker.stat().st_mtime_ns == stamp  # not rewritten
+    for name in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"):
+        assert (first / name).is_file()
+    assert json.loads((first / "config.json").read_text())["num_hidden_layers"] == cfg.num_layers
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temp leftovers
+
+    os.utime(path, ns=(stamp + 10**9, stamp + 10**9))
+    again = convert_gguf(path, tmp_path)
+    assert again == first
+    assert json.loads(marker.read_text())["source_mtime_ns"] == stamp + 10**9
+
+
+def test_incomplete_conversion_is_not_trusted(tiny_gguf, tmp_path: Path) -> None:
+    _, _, path = tiny_gguf
+    target = tmp_path / "tiny"
+    target.mkdir()
+    (target / "config.json").write_text("{}")  # a crash before the marker was written
+    out = convert_gguf(path, tmp_path)
+    assert (out / MARKER).is_file()
+    assert json.loads((out / "config.json").read_text())["hidden_size"] == 32
+
+
+def test_cache_root_honours_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("DEEPINFER_CACHE_DIR", str(tmp_path))
+    assert cache_root() == tmp_path / "models"
+    assert cache_root(tmp_path / "x") == tmp_path / "x"
+    monkeypatch.delenv("DEEPINFER_CACHE_DIR")
+    assert cache_root() == Path.home() / ".cache" / "deepinfer" / "models"
+
+
+def test_bad_files_raise_value_error(tmp_path: Path) -> None:
+    garbage = tmp_path / "bad.gguf"
+    garbage.write_bytes(b"not a gguf file at all" * 10)
+    with pytest.raises(ValueError, match="GGUF"):
+        load_gguf(garbage)
+    with pytest.raises(ValueError, match="not a file"):
+        load_gguf(tmp_path / "missing.gguf")
+    with pytest.raises(ValueError, match=r"\.gguf file or a model directory"):
+        load_model(tmp_path / "missing.bin")
+
+
+def test_config_from_gguf_metadata_reads_architecture(tiny_gguf) -> None:
+    import gguf
+
+    _, _, path = tiny_gguf
+    cfg = LlamaConfig.from_gguf_metadata(gguf.GGUFReader(str(path)))
+    assert (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim) == (4, 2, 8)
+    assert cfg.tie_word_embeddings and cfg.bos_token_id == 1
