@@ -1,0 +1,139 @@
+"""Simulation configuration: cluster shape, hardware/model names, caches, SLO, faults."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+from deepinfer_sched.policies.config import SchedulerConfig
+
+__all__ = ["Fault", "SimConfig", "SpecDecodeConfig"]
+
+
+@dataclass(frozen=True)
+class SpecDecodeConfig:
+    """Speculative-decoding hook: ``gamma`` draft tokens verified per sequence and step.
+
+    Accepted drafts per step follow ``acceptance``: ``"geometric"`` accepts draft ``k``
+    with probability ``alpha`` given drafts ``< k`` were accepted (so
+    ``P(accepted >= k) = alpha^k``, capped at ``gamma``); ``"fixed"`` accepts
+    ``round(alpha * gamma)`` every step. Each step emits accepted + 1 tokens (the bonus or
+    correction token) and its batch carries ``gamma + 1`` tokens per sequence.
+    """
+
+    gamma: int = 5
+    alpha: float = 0.7
+    acceptance: str = "geometric"
+
+    def __post_init__(self) -> None:
+        if self.gamma < 1:
+            raise ValueError(f"gamma must be >= 1, got {self.gamma}")
+        if not 0.0 <= self.alpha <= 1.0:
+            raise ValueError(f"alpha must be in [0, 1], got {self.alpha}")
+        if self.acceptance not in ("geometric", "fixed"):
+            raise ValueError(f"acceptance must be 'geometric' or 'fixed', got {self.acceptance!r}")
+
+
+@dataclass(frozen=True)
+class Fault:
+    """Instance ``instance_id`` dies at ``time_s``; its work is rerouted and re-prefilled."""
+
+    time_s: float
+    instance_id: int
+
+    def __post_init__(self) -> None:
+        if not (self.time_s >= 0 and math.isfinite(self.time_s)):
+            raise ValueError(f"Fault.time_s must be finite and >= 0, got {self.time_s}")
+        if self.instance_id < 0:
+            raise ValueError(f"Fault.instance_id must be >= 0, got {self.instance_id}")
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    """A cluster of ``num_instances`` identical instances (each ``num_gpus`` GPUs).
+
+    With a disaggregated PD mode the first ``num_prefill`` instances prefill and the rest
+    decode; colocated mode ignores ``num_prefill``. ``kv_capacity_tokens`` (per instance)
+    defaults to what the cost model says fits in ``kv_memory_fraction`` of HBM;
+    ``prefix_cache_blocks`` (per instance, LRU) defaults to the KV capacity in blocks.
+    ``ssd_capacity_blocks`` > 0 enables the shared SSD tier. Prices are per input token.
+    ``fast_forward`` runs each stretch of pure-decode steps of an instance as one event
+    (cut short when new work arrives); False simulates every step as its own event.
+    """
+
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    num_instances: int = 8
+    num_prefill: int = 0
+    hardware: str = "h800"
+    model: str = "dense-8b"
+    num_gpus: int = 1
+    kv_capacity_tokens: int | None = None
+    kv_memory_fraction: float = 0.9
+    prefix_cache_blocks: int | None = None
+    ssd_capacity_blocks: int = 0
+    spec: SpecDecodeConfig | None = None
+    faults: tuple[Fault, ...] = ()
+    ttft_slo_s: float = 2.0
+    tpot_slo_s: float = 0.1
+    hit_price: float = 0.1e-6
+    miss_price: float = 5e-6
+    pair_retry_s: float = 0.01
+    fast_forward: bool = True
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.scheduler, SchedulerConfig):
+            raise TypeError("scheduler must be a SchedulerConfig")
+        if self.num_instances < 1:
+            raise ValueError(f"num_instances must be >= 1, got {self.num_instances}")
+        if self.disaggregated and not 1 <= self.num_prefill < self.num_instances:
+            raise ValueError(
+                f"pd={self.scheduler.pd!r} needs 1 <= num_prefill < num_instances "
+                f"({self.num_instances}), got {self.num_prefill}"
+            )
+        if self.kv_capacity_tokens is not None and self.kv_capacity_tokens < 1:
+            raise ValueError(f"kv_capacity_tokens must be >= 1, got {self.kv_capacity_tokens}")
+        if self.prefix_cache_blocks is not None and self.prefix_cache_blocks < 0:
+            raise ValueError("prefix_cache_blocks must be >= 0")
+        if self.ssd_capacity_blocks < 0:
+            raise ValueError("ssd_capacity_blocks must be >= 0")
+        if not (self.ttft_slo_s > 0 and self.tpot_slo_s > 0):
+            raise ValueError("ttft_slo_s and tpot_slo_s must be > 0")
+        if not self.pair_retry_s > 0:
+            raise ValueError("pair_retry_s must be > 0")
+        if not isinstance(self.faults, tuple):
+            raise TypeError("faults must be a tuple of Fault")
+        for f in self.faults:
+            if f.instance_id >= self.num_instances:
+                raise ValueError(
+                    f"Fault.instance_id {f.instance_id} out of range [0, {self.num_instances})"
+                )
+
+    @property
+    def disaggregated(self) -> bool:
+        """True when the PD mode splits the cluster into prefill and decode pools."""
+        return self.scheduler.pd != "colocated"
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> SimConfig:
+        """Build from JSON-like data (nested ``scheduler``, ``spec``, ``faults``)."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"unknown SimConfig keys: {unknown}")
+        kw = dict(data)
+        if "scheduler" in kw:
+            kw["scheduler"] = SchedulerConfig.from_dict(kw["scheduler"])
+        if kw.get("spec") is not None:
+            kw["spec"] = SpecDecodeConfig(**kw["spec"])
+        if "faults" in kw:
+            kw["faults"] = tuple(Fault(**f) for f in kw["faults"])
+        return cls(**kw)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict; ``from_dict(to_dict())`` round-trips."""
+        d = asdict(self)
+        d["scheduler"] = self.scheduler.to_dict()
+        d["faults"] = [asdict(f) for f in self.faults]
+        return d

@@ -1,0 +1,428 @@
+"""The discrete-event loop: arrivals, instance iterations, KV transfers, faults, migration.
+
+One heap of timestamped events (ties broken by insertion order, so a seed fixes the whole
+run). Arrivals are merged from the sorted trace instead of being pushed, and each instance
+has at most one iteration event in flight, so the heap stays small.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from deepinfer_sched.costmodel import CostModel, RooflineCostModel, load_hardware, load_model
+from deepinfer_sched.policies.ttft_estimate import estimate_ttft
+from deepinfer_sched.report import SLO, Report, RequestRecord, build_report
+from deepinfer_sched.sim.acceptance import make_steps_for
+from deepinfer_sched.sim.config import SimConfig
+from deepinfer_sched.sim.instance import Instance
+from deepinfer_sched.sim.prefix_cache import LRUBlockCache
+from deepinfer_sched.sim.request import SimRequest
+from deepinfer_sched.traces.types import Trace, TraceRequest
+
+__all__ = ["SimResult", "Simulator"]
+
+_ITER, _READY, _KV_ARRIVE, _PAIR_RETRY, _FAULT, _MIGRATE = range(6)
+
+
+@dataclass
+class SimResult:
+    """Raw outcome of a run: one record per request plus counters."""
+
+    records: list[RequestRecord]
+    instance_busy_s: dict[int, float]
+    duration_s: float
+    rejections: dict[str, int] = field(default_factory=dict)
+    preemptions: int = 0
+    migrations: int = 0
+    rerouted: int = 0
+    events: int = 0
+
+    def report(self, slo: SLO, hit_price: float, miss_price: float) -> Report:
+        """Summarise with :func:`deepinfer_sched.report.build_report`."""
+        return build_report(
+            self.records, slo, self.instance_busy_s, self.duration_s, hit_price, miss_price
+        )
+
+    def stats(self) -> dict[str, object]:
+        """Simulator counters as a JSON-ready dict."""
+        return {
+            "rejections": dict(sorted(self.rejections.items())),
+            "preemptions": self.preemptions,
+            "migrations": self.migrations,
+            "rerouted": self.rerouted,
+            "events": self.events,
+        }
+
+
+class Simulator:
+    """Runs one trace through one configuration. Use once: ``Simulator(...).run()``."""
+
+    def __init__(
+        self,
+        trace: Trace,
+        config: SimConfig,
+        seed: int = 0,
+        cost_model: CostModel | None = None,
+    ) -> None:
+        self.trace = trace
+        self.cfg = config
+        cm = cost_model or RooflineCostModel(
+            load_hardware(config.hardware), load_model(config.model), num_gpus=config.num_gpus
+        )
+        self.cm = cm
+        kv_cap = config.kv_capacity_tokens or cm.kv_capacity_tokens(config.kv_memory_fraction)
+        bs = trace.block_size
+        cache_blocks = (
+            config.prefix_cache_blocks if config.prefix_cache_blocks is not None else kv_cap // bs
+        )
+        sched = config.scheduler
+        policies = sched.build(cm)
+        self.router = policies.router
+        self.pd = policies.pd
+        self.pairing = policies.pairing
+        self.admission = policies.admission
+        self.migration = policies.migration
+        rng = np.random.default_rng(seed)
+        steps_for = make_steps_for(config.spec, rng)
+        verify = config.spec.gamma if config.spec is not None else 0
+        self.ssd = LRUBlockCache(config.ssd_capacity_blocks) if config.ssd_capacity_blocks else None
+        self.instances: list[Instance] = []
+        for i in range(config.num_instances):
+            if not config.disaggregated:
+                role = "both"
+            else:
+                role = "prefill" if i < config.num_prefill else "decode"
+            self.instances.append(
+                Instance(
+                    i,
+                    role,
+                    cm,
+                    policies.batch,
+                    bs,
+                    kv_cap,
+                    cache_blocks,
+                    self.ssd,
+                    steps_for,
+                    verify,
+                    config.fast_forward,
+                )
+            )
+        self._refresh_pools()
+        self.events: list[tuple[float, int, int, object, object, int]] = []
+        self._seq = 0
+        self.records: dict[int, RequestRecord] = {}
+        self.result = SimResult([], {}, 0.0)
+        self.outstanding = 0
+        self._next_arrival = 0
+
+    # ------------------------------------------------------------------ helpers
+    def _refresh_pools(self) -> None:
+        alive = [x for x in self.instances if x.alive]
+        self.pool_both = [x for x in alive if x.role == "both"]
+        self.pool_prefill = [x for x in alive if x.role == "prefill"]
+        self.pool_decode = [x for x in alive if x.role == "decode"]
+        self.pool_decoders = self.pool_both or self.pool_decode
+
+    def _push(self, t: float, kind: int, a: object, b: object, tag: int) -> None:
+        self._seq += 1
+        heapq.heappush(self.events, (t, self._seq, kind, a, b, tag))
+
+    def _record(self, r: SimRequest, rejected: bool) -> None:
+        rid = r.request_id
+        if rid in self.records:
+            raise RuntimeError(f"request {rid} finalised twice (simulator bug)")
+        nan = float("nan")
+        cached = max(0, min(r.cached_tokens, r.prompt_len))
+        self.records[rid] = RequestRecord(
+            rid,
+            r.arrival_s,
+            nan if rejected else r.first_token_s,
+            nan if rejected else r.finish_s,
+            r.prompt_len,
+            r.output_len,
+            0 if rejected else cached,
+            rejected,
+            -1 if rejected else r.prefill_instance,
+            -1 if rejected else r.decode_instance,
+            r.tenant,
+        )
+        self.outstanding -= 1
+        r.epoch += 1
+        r.inst = None
+
+    def _reject(self, r: SimRequest, reason: str) -> None:
+        rej = self.result.rejections
+        rej[reason] = rej.get(reason, 0) + 1
+        self._record(r, True)
+
+    def _complete(self, r: SimRequest, now: float) -> None:
+        r.finish_s = now
+        if r.decode_instance < 0:
+            r.decode_instance = r.prefill_instance
+        self._record(r, False)
+
+    # ------------------------------------------------------------------ dispatch
+    def _dispatch(self, r: SimRequest, now: float, admit: bool) -> None:
+        local = True
+        inst: Instance
+        if not self.cfg.disaggregated:
+            cands = self.pool_both
+            if not cands:
+                self._reject(r, "no_instance")
+                return
+            inst = self._route(r, cands)
+        else:
+            dec = self.pool_decode
+            if not dec:
+                self._reject(r, "no_instance")
+                return
+            chosen: Instance | None = None
+            if self.pd.prefill_on_decode(0):
+                d = self.pairing.pick(r, dec, r.input_len + r.output_len)
+                if d is not None:
+                    assert isinstance(d, Instance)
+                    hit = d.reachable_prefix_blocks(r.block_hashes) * d.block_size
+                    if self.pd.prefill_on_decode(max(0, r.input_len - hit)):
+                        chosen = d
+            if chosen is None:
+                if self.pool_prefill:
+                    chosen = self._route(r, self.pool_prefill)
+                    local = False
+                else:
+                    chosen = self._route(r, dec)
+            inst = chosen
+        if admit and self.admission:
+            cm = self.cm
+            transfer = not local
+
+            def predicted() -> float:
+                return estimate_ttft(r, inst, cm, transfer)
+
+            for pol in self.admission:
+                reason = pol.check(r, now, predicted)
+                if reason is not None:
+                    self._reject(r, reason)
+                    return
+        if r.input_len + r.output_len > inst.kv_capacity_tokens:
+            self._reject(r, "too_long")
+            return
+        self._enqueue(inst, r, now, kick=True)
+
+    def _route(self, r: SimRequest, cands: list[Instance]) -> Instance:
+        chosen = self.router.route(r, cands)
+        assert isinstance(chosen, Instance)
+        return chosen
+
+    def _enqueue(self, inst: Instance, r: SimRequest, now: float, kick: bool) -> None:
+        bs = inst.block_size
+        hashes = r.block_hashes
+        local = inst.cache.prefix_hits(hashes)
+        reach = local
+        if self.ssd is not None:
+            reach = max(local, self.ssd.prefix_hits(hashes))
+        # At least one token is always computed: the first output needs fresh logits.
+        cached = max(0, min(reach * bs, r.input_len - 1))
+        if r.cached_tokens < 0:
+            r.cached_tokens = cached
+        r.computed = cached
+        r.prefill_instance = inst.instance_id
+        r.inst = inst
+        if reach > local:
+            fetch = self.cm.ssd_fetch_time((reach - local) * bs)
+            self._push(now + fetch, _READY, inst, r, r.epoch)
+            return
+        self._touch(inst, now)
+        inst.enqueue(r)
+        if kick and not inst.busy:
+            self._start(inst, now)
+
+    # ------------------------------------------------------------------ iterations
+    def _touch(self, inst: Instance, now: float) -> None:
+        """Before changing a busy instance, end its decode-only stretch at the step now
+        in progress (its event is replaced by one at that step's end)."""
+        if inst.busy:
+            end = inst.truncate(now)
+            if end is not None:
+                inst.version += 1
+                self._push(end, _ITER, inst, None, inst.version)
+
+    def _start(self, inst: Instance, now: float) -> None:
+        dur, preempted = inst.plan_iteration(now)
+        while preempted:
+            self.result.preemptions += len(preempted)
+            for p in preempted:
+                self._enqueue(inst, p, now, kick=False)
+            if dur > 0:
+                break
+            dur, preempted = inst.plan_iteration(now)
+        if dur > 0:
+            inst.busy = True
+            inst.busy_s += dur
+            self._push(now + dur, _ITER, inst, None, inst.version)
+        else:
+            inst.busy = False
+
+    def _on_iter(self, inst: Instance, now: float) -> None:
+        inst.busy = False
+        done_prefill, finished = inst.finish_iteration()
+        for r in finished:
+            self._complete(r, now)
+        for r in done_prefill:
+            self._on_prefilled(inst, r, now)
+        self._start(inst, now)
+
+    def _on_prefilled(self, inst: Instance, r: SimRequest, now: float) -> None:
+        r.inst = None
+        if r.first_token_s < 0:
+            r.first_token_s = now
+        if r.generated == 0:
+            r.generated = 1
+        if r.generated >= r.output_len:
+            self._complete(r, now)
+            return
+        if inst.role != "prefill":
+            inst.join_decode(r)
+            return
+        self._pair(inst, r, now)
+
+    def _pair(self, src: Instance, r: SimRequest, now: float) -> None:
+        dec = self.pool_decode
+        if not dec:
+            self._reject(r, "no_instance")
+            return
+        dst = self.pairing.pick(r, dec, r.prompt_len + r.output_len)
+        if dst is None:
+            src.pending_pair[r.request_id] = r
+            r.inst = src
+            self._push(now + self.cfg.pair_retry_s, _PAIR_RETRY, src, r, r.epoch)
+            return
+        assert isinstance(dst, Instance)
+        self._send(dst, r, now)
+
+    def _send(self, dst: Instance, r: SimRequest, now: float) -> None:
+        tokens = r.prompt_len + r.generated
+        dst.inbound[r.request_id] = r
+        dst.inbound_tokens += tokens
+        r.inst = dst
+        self._push(now + self.cm.kv_transfer_time(tokens), _KV_ARRIVE, dst, r, r.epoch)
+
+    def _on_kv_arrive(self, dst: Instance, r: SimRequest, now: float) -> None:
+        del dst.inbound[r.request_id]
+        dst.inbound_tokens -= r.prompt_len + r.generated
+        self._touch(dst, now)
+        if dst.join_decode(r):
+            if not dst.busy:
+                self._start(dst, now)
+        else:
+            self._complete(r, now)
+
+    # ------------------------------------------------------------------ faults, migration
+    def _on_fault(self, inst: Instance, now: float) -> None:
+        if not inst.alive:
+            return
+        inst.alive = False
+        inst.busy = False
+        inst.version += 1
+        self._refresh_pools()
+        for r in inst.drain():
+            self.result.rerouted += 1
+            r.input_len = max(1, r.prompt_len + r.generated)
+            r.computed = 0
+            self._dispatch(r, now, admit=False)
+
+    def _on_migrate(self, now: float) -> None:
+        mig = self.migration
+        assert mig is not None
+        by_id = {x.instance_id: x for x in self.pool_decoders}
+        for mv in mig.plan(self.pool_decoders):
+            src, dst = by_id[mv.src], by_id[mv.dst]
+            moved = 0
+            for r in reversed(list(src.running.values())):
+                if moved >= mv.kv_tokens:
+                    break
+                self._touch(src, now)
+                src.remove_running(r)
+                moved += r.prompt_len + r.generated
+                self.result.migrations += 1
+                self._send(dst, r, now)
+        if self.outstanding > 0 or self._next_arrival < len(self.trace):
+            self._push(now + mig.interval_s, _MIGRATE, None, None, 0)
+
+    # ------------------------------------------------------------------ main loop
+    def run(self, progress: Callable[[int], None] | None = None) -> SimResult:
+        """Simulate the whole trace; ``progress(n)`` is called with the number of requests
+        finalised since the previous call, every few thousand."""
+        reqs: tuple[TraceRequest, ...] = self.trace.requests
+        n = len(reqs)
+        for f in self.cfg.faults:
+            self._push(f.time_s, _FAULT, self.instances[f.instance_id], None, 0)
+        if self.migration is not None and n:
+            self._push(reqs[0].arrival_s + self.migration.interval_s, _MIGRATE, None, None, 0)
+        events = self.events
+        pop = heapq.heappop
+        self._next_arrival = 0
+        n_events = 0
+        reported = 0
+        now = 0.0
+        while True:
+            i = self._next_arrival
+            if i < n and (not events or reqs[i].arrival_s < events[0][0]):
+                tr = reqs[i]
+                now = tr.arrival_s
+                self._next_arrival = i + 1
+                self.outstanding += 1
+                self._dispatch(SimRequest(tr), now, admit=True)
+            elif events:
+                now, _, kind, a, b, tag = pop(events)
+                n_events += 1
+                if kind == _ITER:
+                    assert isinstance(a, Instance)
+                    if tag == a.version:
+                        self._on_iter(a, now)
+                elif kind == _KV_ARRIVE:
+                    assert isinstance(a, Instance) and isinstance(b, SimRequest)
+                    if tag == b.epoch:
+                        self._on_kv_arrive(a, b, now)
+                elif kind == _READY:
+                    assert isinstance(a, Instance) and isinstance(b, SimRequest)
+                    if tag == b.epoch:
+                        if a.alive:
+                            self._touch(a, now)
+                            a.enqueue(b)
+                            if not a.busy:
+                                self._start(a, now)
+                        else:
+                            self.result.rerouted += 1
+                            self._dispatch(b, now, admit=False)
+                elif kind == _PAIR_RETRY:
+                    assert isinstance(a, Instance) and isinstance(b, SimRequest)
+                    if tag == b.epoch and b.request_id in a.pending_pair:
+                        del a.pending_pair[b.request_id]
+                        self._pair(a, b, now)
+                elif kind == _FAULT:
+                    assert isinstance(a, Instance)
+                    self._on_fault(a, now)
+                else:
+                    self._on_migrate(now)
+            else:
+                break
+            if progress is not None and len(self.records) - reported >= 4096:
+                progress(len(self.records) - reported)
+                reported = len(self.records)
+        if progress is not None and len(self.records) > reported:
+            progress(len(self.records) - reported)
+        if len(self.records) != n or self.outstanding != 0:
+            raise RuntimeError(
+                f"simulation ended with {n - len(self.records)} requests unaccounted for"
+            )
+        res = self.result
+        res.records = [self.records[r.request_id] for r in reqs]
+        res.instance_busy_s = {x.instance_id: x.busy_s for x in self.instances}
+        first = reqs[0].arrival_s if n else 0.0
+        res.duration_s = max(now - first, self.trace.duration_s, 1e-9)
+        res.events = n_events
+        return res

@@ -1,0 +1,372 @@
+"""One serving instance: a prefix cache, a waiting queue, a running decode set.
+
+The decode set is kept in aggregate so an iteration costs O(1) plus the sequences that
+finish in it: each sequence knows the iteration at which it finishes (a min-heap), and the
+instance tracks the total context and the tokens added per step. No per-token events.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable
+
+from deepinfer_sched.policies.base import CostModelLike
+from deepinfer_sched.policies.batch import BatchConfig
+from deepinfer_sched.sim.prefix_cache import LRUBlockCache
+from deepinfer_sched.sim.request import SimRequest
+
+__all__ = ["Instance"]
+
+ROLES = ("both", "prefill", "decode")
+
+
+class Instance:
+    """A simulated replica; implements :class:`~deepinfer_sched.policies.InstanceView`."""
+
+    __slots__ = (
+        "_chunks",
+        "_ctx",
+        "_ctx0",
+        "_end_s",
+        "_finish_heap",
+        "_g",
+        "_heap_seq",
+        "_prefill_kv",
+        "_s_per_token",
+        "_start_s",
+        "_step_batch",
+        "_steps",
+        "_tps_sum",
+        "_waiting",
+        "alive",
+        "batch",
+        "block_size",
+        "busy",
+        "busy_s",
+        "cache",
+        "cm",
+        "fast_forward",
+        "inbound",
+        "inbound_tokens",
+        "instance_id",
+        "iter_count",
+        "kv_capacity_tokens",
+        "pending_pair",
+        "preemptions",
+        "prefilling",
+        "role",
+        "running",
+        "spec_verify",
+        "ssd",
+        "steps_for",
+        "version",
+        "waiting_tokens",
+    )
+
+    def __init__(
+        self,
+        instance_id: int,
+        role: str,
+        cm: CostModelLike,
+        batch: BatchConfig,
+        block_size: int,
+        kv_capacity_tokens: int,
+        cache_blocks: int,
+        ssd: LRUBlockCache | None,
+        steps_for: Callable[[int], int],
+        spec_verify: int = 0,
+        fast_forward: bool = True,
+    ) -> None:
+        if role not in ROLES:
+            raise ValueError(f"role must be one of {ROLES}, got {role!r}")
+        self.instance_id = instance_id
+        self.role = role
+        self.cm = cm
+        self.batch = batch
+        self.block_size = block_size
+        self.kv_capacity_tokens = kv_capacity_tokens
+        self.cache = LRUBlockCache(cache_blocks)
+        self.ssd = ssd
+        self.steps_for = steps_for
+        self.spec_verify = spec_verify
+        self.alive = True
+        self.busy = False
+        self.busy_s = 0.0
+        self.version = 0
+        self.iter_count = 0
+        self.preemptions = 0
+        self._waiting: list[tuple[int, float, int, SimRequest]] = []
+        self._heap_seq = 0
+        self.prefilling: list[SimRequest] = []
+        self.waiting_tokens = 0
+        self._prefill_kv = 0
+        self.running: dict[int, SimRequest] = {}
+        self._finish_heap: list[tuple[int, int, int, SimRequest]] = []
+        self._ctx = 0.0
+        self._tps_sum = 0.0
+        self._chunks: list[tuple[SimRequest, int]] = []
+        self.inbound: dict[int, SimRequest] = {}
+        self.inbound_tokens = 0
+        self.pending_pair: dict[int, SimRequest] = {}
+        self.fast_forward = fast_forward
+        self._steps = 1
+        self._start_s = 0.0
+        self._end_s = 0.0
+        self._ctx0 = 0.0
+        self._g = 0.0
+        self._step_batch = 0
+        probe = 8192
+        self._s_per_token = cm.prefill_time(probe, 0) / probe
+
+    # ------------------------------------------------------------------ InstanceView
+    @property
+    def num_waiting(self) -> int:
+        return len(self._waiting) + len(self.prefilling)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    @property
+    def kv_used_tokens(self) -> int:
+        return int(self._ctx) + self._prefill_kv + self.inbound_tokens
+
+    def cached_prefix_blocks(self, block_hashes: tuple[int, ...]) -> int:
+        return self.cache.prefix_hits(block_hashes)
+
+    def reachable_prefix_blocks(self, block_hashes: tuple[int, ...]) -> int:
+        local = self.cache.prefix_hits(block_hashes)
+        if self.ssd is None:
+            return local
+        return max(local, self.ssd.prefix_hits(block_hashes))
+
+    def estimated_queue_time_s(self) -> float:
+        """Queued uncached tokens at the measured prefill rate, plus the decode steps that
+        decode-first scheduling interleaves with them."""
+        w = self.waiting_tokens
+        if w == 0:
+            return 0.0
+        t = w * self._s_per_token
+        b = len(self.running)
+        if b:
+            iters = -(-w // max(1, self.batch.max_batched_tokens - b))
+            t += iters * self.cm.decode_step_time(b, int(self._ctx))
+        return t
+
+    # ------------------------------------------------------------------ queue
+    def enqueue(self, req: SimRequest) -> None:
+        """Queue a request whose ``computed`` already counts its cached prefix."""
+        req.inst = self
+        self._heap_seq += 1
+        heapq.heappush(self._waiting, (-req.priority, req.arrival_s, self._heap_seq, req))
+        self.waiting_tokens += req.input_len - req.computed
+
+    def join_decode(self, req: SimRequest) -> bool:
+        """Start decoding ``req`` here; False when it has nothing left to generate."""
+        remaining = req.output_len - req.generated
+        if remaining <= 0:
+            return False
+        steps = self.steps_for(remaining)
+        req.inst = self
+        req.decode_instance = self.instance_id
+        req.gen_at_join = req.generated
+        req.start_iter = self.iter_count
+        req.finish_iter = self.iter_count + steps
+        req.tps = remaining / steps
+        req.base_ctx = req.prompt_len + req.generated
+        self.running[req.request_id] = req
+        self._ctx += req.base_ctx
+        self._tps_sum += req.tps
+        self._heap_seq += 1
+        heapq.heappush(self._finish_heap, (req.finish_iter, self._heap_seq, req.epoch, req))
+        return True
+
+    def remove_running(self, req: SimRequest) -> None:
+        """Take a decoding request off this instance (migration, preemption, fault)."""
+        it = self.iter_count
+        req.generated = req.generated_by(it)
+        self._ctx -= req.ctx_at(it)
+        self._tps_sum -= req.tps
+        del self.running[req.request_id]
+        if not self.running:
+            self._ctx = 0.0
+            self._tps_sum = 0.0
+        req.epoch += 1
+        req.inst = None
+
+    def drain(self) -> list[SimRequest]:
+        """Everything this instance holds, detached (used when it dies)."""
+        out = [e[3] for e in sorted(self._waiting)]
+        out.extend(self.prefilling)
+        for req in list(self.running.values()):
+            self.remove_running(req)
+            out.append(req)
+        out.extend(self.inbound.values())
+        out.extend(self.pending_pair.values())
+        self._waiting.clear()
+        self.prefilling.clear()
+        self._finish_heap.clear()
+        self._chunks.clear()
+        self.inbound.clear()
+        self.pending_pair.clear()
+        self.waiting_tokens = self._prefill_kv = self.inbound_tokens = 0
+        for req in out:
+            req.epoch += 1
+            req.inst = None
+        return out
+
+    # ------------------------------------------------------------------ iterations
+    def _preempt_one(self) -> SimRequest:
+        """Lowest priority, latest arrival: the request whose recompute hurts least."""
+        victim = min(self.running.values(), key=lambda r: (r.priority, -r.arrival_s))
+        self.remove_running(victim)
+        self.preemptions += 1
+        victim.input_len = victim.prompt_len + victim.generated
+        victim.computed = 0
+        return victim
+
+    def plan_iteration(self, now: float) -> tuple[float, list[SimRequest]]:
+        """Choose this iteration's work starting at ``now``; returns (duration, preempted).
+
+        Duration 0 means there is nothing to do. A request admitted to prefill reserves KV
+        for its whole prompt, so partial prefills can never deadlock each other; decode
+        growth beyond capacity preempts running requests, which go back to the caller to be
+        requeued (their KV is gone: recompute).
+        """
+        cfg = self.batch
+        cap = self.kv_capacity_tokens
+        preempted: list[SimRequest] = []
+        while self.running and self._ctx + self._tps_sum + self._prefill_kv > cap:
+            preempted.append(self._preempt_one())
+        b = len(self.running)
+        budget = cfg.max_batched_tokens - b
+        chunks = self._chunks
+        t = 0.0
+        cm = self.cm
+        for req in self.prefilling:
+            if budget <= 0:
+                break
+            chunk = min(req.input_len - req.computed, budget)
+            chunks.append((req, chunk))
+            t += cm.prefill_time(chunk, req.computed)
+            budget -= chunk
+        waiting = self._waiting
+        free = cap - int(self._ctx + self._tps_sum) - self._prefill_kv - self.inbound_tokens
+        while waiting and budget > 0:
+            if b + len(self.prefilling) >= cfg.max_num_seqs:
+                break
+            req = waiting[0][3]
+            if req.input_len > free:
+                break
+            remaining = req.input_len - req.computed
+            if cfg.chunked_prefill:
+                chunk = min(remaining, budget)
+            elif remaining <= budget or (not chunks and b == 0):
+                chunk = remaining
+            else:
+                break
+            heapq.heappop(waiting)
+            self.prefilling.append(req)
+            self._prefill_kv += req.input_len
+            free -= req.input_len
+            chunks.append((req, chunk))
+            t += cm.prefill_time(chunk, req.computed)
+            budget -= chunk
+        self._steps = 1
+        if b:
+            bv = b * (1 + self.spec_verify)
+            self._step_batch = bv
+            self._ctx0 = self._ctx
+            self._g = self._tps_sum
+            if not chunks and self.fast_forward:
+                self._steps = self._decode_only_steps()
+                t += self._span(self._steps)
+            else:
+                t += cm.decode_step_time(bv, int(self._ctx))
+        self._start_s = now
+        self._end_s = now + t
+        return t, preempted
+
+    def _decode_only_steps(self) -> int:
+        """How many pure-decode steps can run as one event: up to the next finish, and no
+        further than the KV capacity allows (so preemption decisions stay per step)."""
+        heap = self._finish_heap
+        while heap and (heap[0][2] != heap[0][3].epoch or heap[0][3].inst is not self):
+            heapq.heappop(heap)
+        k = heap[0][0] - self.iter_count if heap else 1
+        g = self._tps_sum
+        if g > 0:
+            room = self.kv_capacity_tokens - self._ctx - self._prefill_kv - self.inbound_tokens
+            k = min(k, int(room / g))
+        return max(1, k)
+
+    def _span(self, j: int) -> float:
+        """Seconds of the first ``j`` steps of the current decode-only stretch.
+
+        The context grows by ``g`` tokens per step, so step ``i`` costs
+        ``t(B, C0 + i g)``; the sum is ``j t(B, C0 + (j - 1) g / 2)`` (exact when the step
+        time is linear in the context, as it is on the memory-bound side of the roofline).
+        """
+        if j <= 0:
+            return 0.0
+        ctx = self._ctx0 + (j - 1) * self._g / 2.0
+        return j * self.cm.decode_step_time(self._step_batch, int(ctx))
+
+    def truncate(self, now: float) -> float | None:
+        """Cut a decode-only stretch short because new work arrived at ``now``.
+
+        The steps completed by ``now`` are committed; the step in progress finishes as
+        usual. Returns the new end time of the in-flight event, or None if it is unchanged.
+        """
+        if self._steps <= 1:
+            return None
+        elapsed = now - self._start_s
+        lo, hi = 0, self._steps - 1
+        while lo < hi:
+            mid = (lo + hi + 1) >> 1
+            if self._span(mid) <= elapsed:
+                lo = mid
+            else:
+                hi = mid - 1
+        j = lo
+        if j + 1 >= self._steps:
+            return None
+        s_j = self._span(j)
+        new_end = self._start_s + self._span(j + 1)
+        self.iter_count += j
+        self._ctx += j * self._tps_sum
+        self.busy_s -= self._end_s - new_end
+        self._ctx0 = self._ctx
+        self._start_s += s_j
+        self._end_s = new_end
+        self._steps = 1
+        return new_end
+
+    def finish_iteration(self) -> tuple[list[SimRequest], list[SimRequest]]:
+        """Apply the planned iteration; returns (prefills completed, decodes finished)."""
+        done_prefill: list[SimRequest] = []
+        for req, chunk in self._chunks:
+            req.computed += chunk
+            self.waiting_tokens -= chunk
+            if req.computed >= req.input_len:
+                self._prefill_kv -= req.input_len
+                self.prefilling.remove(req)
+                done_prefill.append(req)
+                if req.block_hashes:
+                    self.cache.insert(req.block_hashes)
+                    if self.ssd is not None:
+                        self.ssd.insert(req.block_hashes)
+        self._chunks.clear()
+        finished: list[SimRequest] = []
+        if self.running:
+            self.iter_count += self._steps
+            it = self.iter_count
+            self._ctx += self._steps * self._tps_sum
+            heap = self._finish_heap
+            while heap and heap[0][0] <= it:
+                _, _, epoch, req = heapq.heappop(heap)
+                if epoch != req.epoch or req.inst is not self:
+                    continue
+                self.remove_running(req)
+                finished.append(req)
+        return done_prefill, finished
