@@ -1,11 +1,62 @@
-"""deepinfer_cache: see docs/cache.md.
+"""deepinfer_cache: a tiered GPU/CPU/SSD prefix KV store that survives crashes (docs/cache.md).
 
 Example::
 
-    import deepinfer_cache
-    print(deepinfer_cache.__version__)
+    import torch
+    from deepinfer_cache import DiskTier, HostTier, TieredKVStore
+
+    page = (2, 16, 4, 8)                       # e.g. [K/V, block_size, heads, head_dim]
+    tiers = [HostTier(page, torch.bfloat16, 64 << 20),
+             DiskTier("/tmp/kv", page, torch.bfloat16, 1 << 30)]
+    with TieredKVStore(tiers, block_size=16) as store:
+        tokens = list(range(100))              # 6 full blocks
+        store.store(tokens, torch.zeros(6, *page, dtype=torch.bfloat16), retention="agent")
+        print(store.lookup(tokens).num_tokens)  # 96
 """
+
+from .adapter import KVCacheAdapter
+from .clock import Clock, FakeClock, SystemClock
+from .disk_format import CorruptBlockError
+from .hashing import BlockHash, hash_token_blocks
+from .index import MatchResult, PrefixIndex
+from .lockfile import CacheLockedError
+from .meta import BlockMeta
+from .retention import RetentionPolicy
+from .sizing import REFERENCE_MODELS, ModelKV, SizingResult, ssd_capacity
+from .stats import CostReport, StoreStats, TierStats
+from .store import FetchResult, LookupResult, TieredKVStore
+from .tiers import DeviceTier, DiskTier, HostTier, Tier, torch_gather, torch_scatter
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__"]
+__all__ = [
+    "REFERENCE_MODELS",
+    "BlockHash",
+    "BlockMeta",
+    "CacheLockedError",
+    "Clock",
+    "CorruptBlockError",
+    "CostReport",
+    "DeviceTier",
+    "DiskTier",
+    "FakeClock",
+    "FetchResult",
+    "HostTier",
+    "KVCacheAdapter",
+    "LookupResult",
+    "MatchResult",
+    "ModelKV",
+    "PrefixIndex",
+    "RetentionPolicy",
+    "SizingResult",
+    "StoreStats",
+    "SystemClock",
+    "Tier",
+    "TierStats",
+    "TieredKVStore",
+    "__version__",
+    "hash_token_blocks",
+    "ssd_capacity",
+    "torch_gather",
+    "torch_scatter",
+]

@@ -1,0 +1,81 @@
+"""``deepinfer-cache``: sizing calculator and reference KV sizes.
+
+deepinfer-cache models
+deepinfer-cache size --model deepseek-v3 --tokens-per-second 1e6 --hit-rate 0.96
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+
+from .sizing import REFERENCE_MODELS, ssd_capacity
+
+
+def _human(n: float, unit: str = "B") -> str:
+    for prefix in ("", "K", "M", "G", "T", "P", "E"):
+        if abs(n) < 1000:
+            return f"{n:.3g} {prefix}{unit}"
+        n /= 1000
+    return f"{n:.3g} Z{unit}"
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="deepinfer-cache", description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("models", help="KV bytes per token of reference models")
+    s = sub.add_parser("size", help="SSD capacity for a prefix cache")
+    who = s.add_mutually_exclusive_group(required=True)
+    who.add_argument("--model", choices=sorted(REFERENCE_MODELS))
+    who.add_argument("--bytes-per-token", type=int)
+    rate = s.add_mutually_exclusive_group(required=True)
+    rate.add_argument("--tokens-per-day", type=float, help="input tokens per day")
+    rate.add_argument("--tokens-per-second", type=float, help="input tokens per second")
+    s.add_argument("--hit-rate", type=float, default=0.96)
+    s.add_argument("--chat-fraction", type=float, default=0.5)
+    s.add_argument("--chat-days", type=float, default=7.0)
+    s.add_argument("--agent-days", type=float, default=3.0)
+    s.add_argument("--overhead", type=float, default=0.05)
+    s.add_argument("--json", action="store_true", help="print JSON")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.cmd == "models":
+        for name, m in sorted(REFERENCE_MODELS.items()):
+            print(
+                f"{name:14s} {m.bytes_per_token:>8d} B/token  ({m.bytes_per_token / 1024:.1f} KiB)"
+            )
+        return 0
+    bpt = REFERENCE_MODELS[args.model].bytes_per_token if args.model else args.bytes_per_token
+    try:
+        r = ssd_capacity(
+            bpt,
+            input_tokens_per_day=args.tokens_per_day,
+            tokens_per_second=args.tokens_per_second,
+            hit_rate=args.hit_rate,
+            chat_fraction=args.chat_fraction,
+            chat_days=args.chat_days,
+            agent_days=args.agent_days,
+            overhead=args.overhead,
+        )
+    except ValueError as exc:
+        print(f"deepinfer-cache: error: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(r.as_dict(), indent=2))
+        return 0
+    print(f"KV bytes per token     {r.bytes_per_token} B")
+    print(f"new tokens stored/day  {_human(r.stored_tokens_per_day, 'tok')}")
+    print(f"SSD writes/day         {_human(r.write_bytes_per_day)} ({_human(r.write_bandwidth)}/s)")
+    print(f"SSD reads (all hits)   {_human(r.read_bandwidth)}/s")
+    print(f"mean retention         {r.mean_retention_days:.2f} days")
+    print(f"SSD capacity           {_human(r.capacity_bytes)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

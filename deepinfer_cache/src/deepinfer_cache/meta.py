@@ -1,0 +1,24 @@
+"""``BlockMeta``: what a durable tier records next to a page so the index can be rebuilt."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class BlockMeta:
+    """``parent`` is the previous block's hash (None for a first block); ``expires_at`` is
+    wall-clock seconds since the epoch."""
+
+    parent: bytes | None
+    retention: str
+    expires_at: float
+
+
+@dataclass(frozen=True)
+class RecoveredBlock:
+    """A block a durable tier found intact on open; ``mtime`` is refreshed by ``touch``."""
+
+    key: bytes
+    meta: BlockMeta
+    mtime: float

@@ -1,0 +1,319 @@
+"""``DiskTier``: one crash-safe file per block under a directory on local SSD.
+
+Layout::
+
+    <directory>/.lock              flock held while the tier is open (one writer per directory)
+    <directory>/blocks/ab/<hash>   block files (see ``disk_format``), 256 shard directories
+    <directory>/tmp/               partial writes; cleared on open
+    <directory>/quarantine/        files that failed a check, kept for inspection
+
+Writes are queued to background threads (bounded queue: ``put`` blocks when it is full). Until
+a write is durable the page stays in memory and is served from there. Reads verify both
+checksums; a corrupt file is moved to quarantine, counted and reported as a miss.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import time
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from ..disk_format import (
+    CorruptBlockError,
+    encode_header,
+    fsync_dir,
+    page_bytes_view,
+    read_block_file,
+    read_header_file,
+    write_block_file,
+)
+from ..io_workers import IOWorkers
+from ..lockfile import DirectoryLock
+from ..meta import RecoveredBlock
+from .base import BlockMeta, check_key, check_page, page_nbytes
+
+# Bytes reserved for a header while a write is queued (real headers are ~300 bytes).
+_HEADER_RESERVE = 1024
+
+
+@dataclass
+class DiskCounters:
+    bytes_written: int = 0
+    bytes_read: int = 0
+    write_seconds: float = 0.0
+    read_seconds: float = 0.0
+    blocks_written: int = 0
+    blocks_read: int = 0
+    write_errors: int = 0
+    corrupt_quarantined: int = 0
+    tmp_files_removed: int = 0
+
+
+class DiskTier:
+    """Directory-backed tier with a byte capacity (``capacity_bytes``, file sizes counted).
+
+    ``fsync=False`` trades durability of the latest writes for speed (benchmarks, tests); the
+    rename still keeps every file complete-or-absent.
+    """
+
+    name = "disk"
+
+    def __init__(
+        self,
+        directory: str | os.PathLike[str],
+        page_shape: Sequence[int],
+        dtype: torch.dtype,
+        capacity_bytes: int,
+        *,
+        layout: str = "page",
+        fsync: bool = True,
+        io_threads: int = 2,
+        queue_depth: int = 32,
+    ) -> None:
+        if not isinstance(dtype, torch.dtype):
+            raise TypeError(f"dtype must be a torch.dtype, got {dtype!r}")
+        if (
+            isinstance(capacity_bytes, bool)
+            or not isinstance(capacity_bytes, int)
+            or capacity_bytes < 0
+        ):
+            raise ValueError(f"capacity_bytes must be an int >= 0, got {capacity_bytes!r}")
+        self.directory = os.fspath(directory)
+        self.page_shape = tuple(int(s) for s in page_shape)
+        self.dtype = dtype
+        self.layout = layout
+        self.page_bytes = page_nbytes(self.page_shape, dtype)
+        self.capacity_bytes = capacity_bytes
+        self.fsync = fsync
+        self.counters = DiskCounters()
+        os.makedirs(self.directory, exist_ok=True)
+        self._dirlock = DirectoryLock(self.directory)
+        self._blocks = os.path.join(self.directory, "blocks")
+        self._tmp = os.path.join(self.directory, "tmp")
+        self._quarantine = os.path.join(self.directory, "quarantine")
+        for d in (self._blocks, self._tmp, self._quarantine):
+            os.makedirs(d, exist_ok=True)
+        self._lock = threading.Lock()
+        self._files: dict[bytes, int] = {}  # durable blocks -> file size
+        self._pending: dict[bytes, tuple[int, torch.Tensor, int]] = {}  # gen, page, size
+        self._gen = 0
+        self._used = 0
+        self._failed: deque[bytes] = deque()
+        self._recovered: list[RecoveredBlock] = []
+        self._scan()
+        self._workers = IOWorkers(io_threads, queue_depth, name="disk")
+
+    # ------------------------------------------------------------------ open
+    def _scan(self) -> None:
+        for name in os.listdir(self._tmp):
+            try:
+                os.unlink(os.path.join(self._tmp, name))
+                self.counters.tmp_files_removed += 1
+            except OSError:
+                pass
+        for shard in range(256):
+            os.makedirs(os.path.join(self._blocks, f"{shard:02x}"), exist_ok=True)
+        fsync_dir(self._blocks)
+        with os.scandir(self._blocks) as shards:
+            shard_dirs = [e.path for e in shards if e.is_dir()]
+        for sd in shard_dirs:
+            with os.scandir(sd) as it:
+                entries = [e for e in it if e.is_file()]
+            for e in entries:
+                try:
+                    h = read_header_file(e.path)
+                    if h.key.hex() != e.name:
+                        raise CorruptBlockError("file name does not match the block hash")
+                    self._check_layout(h.dtype, h.shape, h.layout)
+                except (CorruptBlockError, OSError):
+                    self._quarantine_file(e.path, e.name)
+                    continue
+                self._files[h.key] = h.file_len
+                self._used += h.file_len
+                self._recovered.append(RecoveredBlock(h.key, h.meta, e.stat().st_mtime))
+
+    def _check_layout(self, dtype: torch.dtype, shape: tuple[int, ...], layout: str) -> None:
+        if dtype != self.dtype or shape != self.page_shape or layout != self.layout:
+            raise CorruptBlockError(
+                f"block is {dtype} {shape} {layout!r}, tier is {self.dtype} {self.page_shape} "
+                f"{self.layout!r}"
+            )
+
+    def recovered(self) -> list[RecoveredBlock]:
+        """Blocks found valid on open (header-checked), with the metadata to re-index them."""
+        return list(self._recovered)
+
+    def touch(self, key: bytes) -> None:
+        """Record that ``key`` was stored again now (its file mtime), so a restart keeps the
+        extended expiry: ``expires = max(header expiry, mtime + ttl)``."""
+        if key in self._files:
+            with contextlib.suppress(OSError):
+                os.utime(self.path_of(key))
+
+    # ------------------------------------------------------------------ protocol
+    def __contains__(self, key: object) -> bool:
+        return key in self._files or key in self._pending
+
+    def __len__(self) -> int:
+        return len(self._files) + len(self._pending)
+
+    def used_bytes(self) -> int:
+        return self._used
+
+    def has_room(self, nbytes: int | None = None) -> bool:
+        need = self.page_bytes + _HEADER_RESERVE if nbytes is None else nbytes
+        return self._used + need <= self.capacity_bytes
+
+    def keys(self) -> list[bytes]:
+        with self._lock:
+            return list(self._files) + list(self._pending)
+
+    def is_durable(self, key: bytes) -> bool:
+        return key in self._files
+
+    def path_of(self, key: bytes) -> str:
+        hx = key.hex()
+        return os.path.join(self._blocks, hx[:2], hx)
+
+    def put(self, key: bytes, page: torch.Tensor, meta: BlockMeta | None) -> bool:
+        """Queue a durable write; False when there is no room (the caller evicts first).
+
+        The page is copied once (to a private CPU buffer) before returning, so the caller may
+        reuse its memory at once; checksum and file I/O run on the I/O threads."""
+        check_key(key)
+        check_page(page, self.page_shape, self.dtype)
+        if meta is None:
+            raise ValueError("meta is required by the disk tier (parent, retention, expiry)")
+        size = self.page_bytes + _HEADER_RESERVE
+        if key in self or self._used + size > self.capacity_bytes:
+            return key in self
+        cpu_page = torch.empty(self.page_shape, dtype=self.dtype)
+        cpu_page.copy_(page)
+        with self._lock:
+            if key in self._files or key in self._pending:
+                return True
+            if self._used + size > self.capacity_bytes:
+                return False
+            self._gen += 1
+            gen = self._gen
+            self._used += size
+            self._pending[key] = (gen, cpu_page, size)
+        self._workers.submit(self._write, key, gen, cpu_page, meta, size)
+        return True
+
+    def get(self, key: bytes) -> torch.Tensor | None:
+        with self._lock:
+            pend = self._pending.get(key)
+            if pend is not None:
+                return pend[1].clone()
+            if key not in self._files:
+                return None
+        path = self.path_of(key)
+        t0 = time.perf_counter()
+        try:
+            header, page = read_block_file(path)
+            if header.key != key:
+                raise CorruptBlockError("block hash in header does not match")
+            self._check_layout(header.dtype, header.shape, header.layout)
+        except FileNotFoundError:
+            with self._lock:
+                self._forget(key)
+            self._failed.append(key)
+            return None
+        except (CorruptBlockError, OSError):
+            with self._lock:
+                if key in self._files:
+                    self._forget(key)
+                    self._quarantine_file(path, key.hex())
+            self._failed.append(key)
+            return None
+        with self._lock:
+            self.counters.bytes_read += header.file_len
+            self.counters.blocks_read += 1
+            self.counters.read_seconds += time.perf_counter() - t0
+        return page
+
+    def delete(self, key: bytes) -> None:
+        with self._lock:
+            pend = self._pending.pop(key, None)
+            if pend is not None:
+                self._used -= pend[2]
+                return
+            if key in self._files:
+                self._forget(key)
+                with contextlib.suppress(OSError):
+                    os.unlink(self.path_of(key))
+
+    def pop_failed(self) -> list[bytes]:
+        """Blocks lost since the last call (write error, corrupt or vanished file)."""
+        out: list[bytes] = []
+        while self._failed:
+            out.append(self._failed.popleft())
+        return out
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until every queued write is durable (or failed); False on timeout."""
+        return self._workers.drain(timeout)
+
+    def close(self) -> None:
+        self._workers.shutdown(wait=True)
+        self._dirlock.release()
+
+    # ------------------------------------------------------------------ internals
+    def _forget(self, key: bytes) -> None:
+        size = self._files.pop(key, None)
+        if size is not None:
+            self._used -= size
+
+    def _quarantine_file(self, path: str, name: str) -> None:
+        self.counters.corrupt_quarantined += 1
+        dest = os.path.join(self._quarantine, f"{name}.{time.time_ns()}")
+        try:
+            os.replace(path, dest)
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+
+    def _write(
+        self, key: bytes, gen: int, page: torch.Tensor, meta: BlockMeta, reserved: int
+    ) -> None:
+        final = self.path_of(key)
+        tmp = os.path.join(self._tmp, f"{key.hex()}.{gen}")
+        t0 = time.perf_counter()
+        with self._lock:
+            cur = self._pending.get(key)
+            if cur is None or cur[0] != gen:
+                return  # deleted (or replaced) before it reached the disk
+        try:
+            payload = page_bytes_view(page)
+            header = encode_header(key, meta, page, self.layout, payload)
+            size = len(header) + payload.nbytes
+            write_block_file(final, tmp, header, payload, fsync=self.fsync)
+        except OSError:
+            with self._lock:
+                cur = self._pending.get(key)
+                if cur is not None and cur[0] == gen:
+                    del self._pending[key]
+                    self._used -= reserved
+                self.counters.write_errors += 1
+            self._failed.append(key)
+            return
+        with self._lock:
+            self.counters.write_seconds += time.perf_counter() - t0
+            self.counters.bytes_written += size
+            self.counters.blocks_written += 1
+            cur = self._pending.get(key)
+            if cur is not None and cur[0] == gen:
+                del self._pending[key]
+                self._files[key] = size
+                self._used += size - reserved
+            elif cur is None and key not in self._files:
+                # Deleted while the write was in flight.
+                with contextlib.suppress(OSError):
+                    os.unlink(final)
