@@ -47,6 +47,8 @@ class SPSCurve:
     batch_sizes: tuple[int, ...]
     steps_per_second: tuple[float, ...]
     _times: tuple[float, ...] = field(init=False, repr=False, compare=False)
+    _xs: Tensor = field(init=False, repr=False, compare=False)
+    _ts: Tensor = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         bs = tuple(int(b) for b in self.batch_sizes)
@@ -59,7 +61,11 @@ class SPSCurve:
             raise ValueError("steps_per_second must be finite and > 0")
         object.__setattr__(self, "batch_sizes", bs)
         object.__setattr__(self, "steps_per_second", sps)
-        object.__setattr__(self, "_times", tuple(_isotonic_non_decreasing([1 / s for s in sps])))
+        times = tuple(_isotonic_non_decreasing([1 / s for s in sps]))
+        object.__setattr__(self, "_times", times)
+        # Built once: the scheduler evaluates the curve every decode step.
+        object.__setattr__(self, "_xs", torch.tensor(bs, dtype=torch.float64))
+        object.__setattr__(self, "_ts", torch.tensor(times, dtype=torch.float64))
 
     @classmethod
     def flat(cls, steps_per_second: float = 100.0, max_batch_size: int = 4096) -> SPSCurve:
@@ -109,8 +115,7 @@ class SPSCurve:
     def step_time(self, batch_size: Tensor) -> Tensor:
         """Interpolated step time (s) at each entry of ``batch_size`` (float64, same device)."""
         b = batch_size.to(torch.float64)
-        xs = torch.tensor(self.batch_sizes, dtype=torch.float64, device=b.device)
-        ts = torch.tensor(self._times, dtype=torch.float64, device=b.device)
+        xs, ts = self._xs.to(b.device), self._ts.to(b.device)
         if xs.numel() == 1:
             return ts.expand_as(b).clone()
         seg = (torch.searchsorted(xs, b, right=True) - 1).clamp(0, xs.numel() - 2)
