@@ -326,26 +326,23 @@ def _build(
     fb = full_blocks.tolist()
     conv_list = conv_sel.tolist()
     prompts = convs.prompt.tolist()
-    agents = convs.is_agent.tolist()
+    conv_tenant = [tenants[t] for t in prompt_tenant[convs.prompt].tolist()]
+    conv_kind = ["agent" if a else "chat" for a in convs.is_agent.tolist()]
     base_list = conv_base.tolist()
     own_list = own.tolist()
-    reqs = []
+    reqs: list[TraceRequest] = []
+    append = reqs.append
     for i, c in enumerate(conv_list):
         ids = conv_ids.get(c)
         if ids is None:
             b = base_list[c]
             ids = prompt_ids[prompts[c]] + tuple(range(b, b + own_list[c]))
             conv_ids[c] = ids
-        reqs.append(
+        # Positional: request_id, arrival_s, input_len, output_len, block_hashes, tenant,
+        # conversation_id, kind.
+        append(
             TraceRequest(
-                request_id=i,
-                arrival_s=arrival[i],
-                input_len=inp[i],
-                output_len=out[i],
-                block_hashes=ids[: fb[i]],
-                tenant=tenants[prompt_tenant[prompts[c]]],
-                conversation_id=c,
-                kind="agent" if agents[c] else "chat",
+                i, arrival[i], inp[i], out[i], ids[: fb[i]], conv_tenant[c], c, conv_kind[c]
             )
         )
     return Trace(tuple(reqs), bs, "synthetic")
