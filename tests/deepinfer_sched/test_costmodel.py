@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -144,6 +145,12 @@ def test_validation_and_custom_files(tmp_path: Path) -> None:
             RooflineCostModel(H800, m, **kw)
     with pytest.raises(ValueError, match="new_tokens"):
         RooflineCostModel(H800, m).prefill_time(-1)
+    with pytest.raises(ValueError, match="batch_size"):
+        RooflineCostModel(H800, m).decode_step_time(2.5, 10)  # type: ignore[arg-type]
+    np_tokens: int = np.int64(64)  # type: ignore[assignment]  # numpy ints are accepted too
+    assert RooflineCostModel(H800, m).prefill_time(np_tokens) == pytest.approx(
+        RooflineCostModel(H800, m).prefill_time(64)
+    )
     with pytest.raises(ValueError, match="peak_flops"):
         HardwareSpec(
             "x", peak_flops=0.0, hbm_bandwidth=1.0, hbm_capacity_bytes=1.0, link_bandwidth=1.0

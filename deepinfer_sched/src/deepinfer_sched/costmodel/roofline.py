@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import numbers
 
 from deepinfer_sched.costmodel.specs import HardwareSpec, ModelSpec
 
@@ -15,7 +16,12 @@ def _check_fraction(name: str, v: float) -> None:
 
 
 def _check_tokens(name: str, v: int) -> None:
-    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+    # Fast path for plain ints (the simulator calls this per step); numpy integers also pass.
+    if type(v) is int:
+        if v < 0:
+            raise ValueError(f"{name} must be an int >= 0, got {v!r}")
+        return
+    if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 0:
         raise ValueError(f"{name} must be an int >= 0, got {v!r}")
 
 
