@@ -34,3 +34,8 @@ def random_problem(
     n = torch.randint(0, gamma + 1, (batch,), generator=gen)
     ids = torch.where(torch.arange(gamma)[None, :] < n[:, None], ids, pad)
     return ids, p_d, p_t, n
+
+
+def triton_device() -> str:
+    """Where the Triton path runs in tests: the GPU if present, else the CPU interpreter."""
+    return "cuda" if torch.cuda.is_available() else "cpu"
