@@ -35,13 +35,19 @@ __all__ = [
 
 class GatherFn(Protocol):
     def __call__(
-        self, pool: torch.Tensor, block_ids: torch.Tensor, *, block_dim: int = 0
+        self, pool: torch.Tensor, block_ids: torch.Tensor, /, *, block_dim: int = 0
     ) -> torch.Tensor: ...
 
 
 class ScatterFn(Protocol):
     def __call__(
-        self, pool: torch.Tensor, block_ids: torch.Tensor, src: torch.Tensor, *, block_dim: int = 0
+        self,
+        pool: torch.Tensor,
+        block_ids: torch.Tensor,
+        src: torch.Tensor,
+        /,
+        *,
+        block_dim: int = 0,
     ) -> None: ...
 
 

@@ -1,0 +1,87 @@
+"""Build the engine's prefix cache from `deepinfer_cache` over the engine's own KV pool.
+
+The device tier is a reserved slice of the engine's KV pool (cached pages stay where attention
+can read them after a copy), the host tier is CPU memory (pinned on CUDA machines), and the disk
+tier is a directory under the cache directory, so a restarted engine still hits. Pages move with
+`deepinfer_kernels.gather_blocks` / `scatter_blocks`, plugged in at the cache's seam.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from deepinfer.model.kv_pool import KVPool
+from deepinfer_cache import DeviceTier, DiskTier, HostTier, KVCacheAdapter, TieredKVStore
+from deepinfer_kernels import gather_blocks, scatter_blocks
+
+
+@dataclass(frozen=True)
+class PrefixCacheConfig:
+    """Sizes of the three tiers. ``device_blocks`` are taken out of the engine's pool."""
+
+    device_blocks: int = 256
+    host_bytes: int = 1 << 30
+    disk_bytes: int = 8 << 30
+    directory: str | None = None
+    write_policy: str = "write-back"
+
+    def __post_init__(self) -> None:
+        if self.device_blocks < 0:
+            raise ValueError(f"device_blocks must be >= 0, got {self.device_blocks}")
+        if self.host_bytes < 0 or self.disk_bytes < 0:
+            raise ValueError("host_bytes and disk_bytes must be >= 0")
+
+
+def default_kv_dir(model_key: str) -> Path:
+    """``$DEEPINFER_CACHE_DIR/kv/<key>`` (default ``~/.cache/deepinfer/kv/<key>``)."""
+    env = os.environ.get("DEEPINFER_CACHE_DIR")
+    base = Path(env) if env else Path.home() / ".cache" / "deepinfer"
+    return base / "kv" / model_key
+
+
+def model_cache_key(model_path: str, pool: KVPool) -> str:
+    """Pages are only reusable by the same weights in the same layout and dtype."""
+    shape = "x".join(str(s) for s in pool.tensor.select(2, 0).shape)
+    raw = f"{model_path}|{shape}|{pool.tensor.dtype}|{pool.block_size}"
+    return hashlib.blake2b(raw.encode(), digest_size=8).hexdigest()
+
+
+def build_prefix_cache(
+    pool: KVPool, config: PrefixCacheConfig, model_key: str
+) -> tuple[KVCacheAdapter, TieredKVStore]:
+    """A `KVCacheAdapter` over ``pool`` and the store behind it (close it on shutdown)."""
+    page_shape = tuple(pool.tensor.select(2, 0).shape)
+    dtype = pool.tensor.dtype
+    tiers: list[DeviceTier | HostTier | DiskTier] = []
+    if config.device_blocks:
+        reserved = pool.allocate(min(config.device_blocks, pool.num_blocks // 2))
+        tiers.append(
+            DeviceTier(
+                pool.tensor,
+                block_dim=2,
+                block_ids=reserved,
+                gather_fn=gather_blocks,
+                scatter_fn=scatter_blocks,
+            )
+        )
+    if config.host_bytes:
+        tiers.append(HostTier(page_shape, dtype, config.host_bytes))
+    if config.disk_bytes:
+        directory = Path(config.directory) if config.directory else default_kv_dir(model_key)
+        directory.mkdir(parents=True, exist_ok=True)
+        tiers.append(DiskTier(directory, page_shape, dtype, config.disk_bytes))
+    if not tiers:
+        raise ValueError("the prefix cache needs at least one tier with capacity")
+    store = TieredKVStore(tiers, pool.block_size, write_policy=config.write_policy)
+    adapter = KVCacheAdapter(
+        store,
+        pool.block_size,
+        pool=pool.tensor,
+        block_dim=2,
+        gather_fn=gather_blocks,
+        scatter_fn=scatter_blocks,
+    )
+    return adapter, store

@@ -1,0 +1,393 @@
+"""`LLMEngine`: continuous batching over a paged KV pool, one `step()` per forward pass.
+
+Each step asks `deepinfer_sched`'s batch policy what to run (decodes first, prefill chunks under
+a token budget, preemption by recompute when blocks run out), runs ONE model forward over the
+flat ragged batch (attention and KV writes go through `deepinfer_kernels`), samples the next
+token of every sequence whose KV is complete, and hands back what changed. A prefix cache (the
+`PrefixCache` seam, `deepinfer_cache` in practice) supplies KV for cached prompt prefixes when a
+sequence is admitted and keeps the full blocks of every finished sequence.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections import deque
+from collections.abc import Sequence as Seq
+from dataclasses import dataclass
+
+import torch
+
+from deepinfer.engine.config import EngineConfig
+from deepinfer.engine.outputs import RequestMetrics, RequestOutput
+from deepinfer.engine.prefix_cache import PrefixCache
+from deepinfer.engine.sampling_params import SamplingParams
+from deepinfer.engine.sequence import SeqStatus, Sequence
+from deepinfer.model.attention_metadata import AttentionMetadata
+from deepinfer.model.kv_pool import KVPool
+from deepinfer.model.llama import LlamaModel
+from deepinfer.model.tokenizer import IncrementalDetokenizer, Tokenizer
+from deepinfer_kernels import sample
+from deepinfer_sched.policies.batch import BatchConfig, ContinuousBatchPolicy, SeqState
+
+
+@dataclass
+class _Chunk:
+    """One sequence's slice of the flat batch: tokens ``start .. start + length``."""
+
+    seq: Sequence
+    start: int
+    length: int
+
+
+class LLMEngine:
+    """Serve many requests at once on one model.
+
+    Example::
+
+        engine = LLMEngine(model, tokenizer, EngineConfig(num_blocks=256))
+        engine.add_request([1, 2, 3], SamplingParams(temperature=0, max_tokens=4))
+        while engine.has_unfinished():
+            for out in engine.step():
+                print(out.request_id, out.new_token_ids)
+    """
+
+    def __init__(
+        self,
+        model: LlamaModel,
+        tokenizer: Tokenizer | None,
+        config: EngineConfig | None = None,
+        *,
+        prefix_cache: PrefixCache | None = None,
+        pool: KVPool | None = None,
+    ) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.config = config or EngineConfig()
+        cfg = self.config
+        dtype = model.embed_tokens.weight.dtype
+        device = model.embed_tokens.weight.device
+        self.device = device
+        # A caller that shares the pool with a prefix cache's device tier passes it in.
+        self.pool = pool or KVPool.for_model(
+            model.config, cfg.num_blocks, cfg.block_size, dtype=dtype, device=device
+        )
+        if self.pool.block_size != cfg.block_size:
+            raise ValueError(f"pool.block_size {self.pool.block_size} != {cfg.block_size}")
+        self.policy = ContinuousBatchPolicy(
+            BatchConfig(
+                max_num_seqs=cfg.max_num_seqs,
+                max_batched_tokens=cfg.max_batched_tokens,
+                chunked_prefill=cfg.chunked_prefill,
+            )
+        )
+        self.prefix_cache = prefix_cache
+        # Blocks a prefix cache's device tier reserved are not ours to hand out.
+        self.capacity_blocks = self.pool.num_free_blocks
+        self.max_model_len = cfg.max_model_len or model.config.max_position_embeddings
+        self.eos_token_ids: frozenset[int] = frozenset(
+            tokenizer.eos_token_ids if tokenizer is not None else ()
+        )
+        self.generator = torch.Generator(device="cpu").manual_seed(cfg.seed)
+        self._ids = itertools.count()
+        self._seqs: dict[int, Sequence] = {}
+        self._by_request: dict[str, Sequence] = {}
+        self._detok: dict[int, IncrementalDetokenizer] = {}
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.num_steps = 0
+        self.num_forward_tokens = 0
+
+    # ------------------------------------------------------------------ requests
+    def validate(self, prompt_ids: Seq[int], params: SamplingParams) -> None:
+        """Raise ``ValueError`` naming what is wrong with this request (nothing else changes)."""
+        if not isinstance(params, SamplingParams):
+            raise TypeError(f"params must be SamplingParams, got {type(params).__name__}")
+        if len(prompt_ids) == 0:
+            raise ValueError("prompt is empty: it must hold at least one token")
+        vocab = self.model.config.vocab_size
+        bad = [t for t in prompt_ids if not isinstance(t, int) or not 0 <= t < vocab]
+        if bad:
+            raise ValueError(f"prompt token ids must be ints in [0, {vocab}), got {bad[:5]}")
+        if len(prompt_ids) >= self.max_model_len:
+            raise ValueError(
+                f"prompt has {len(prompt_ids)} tokens; the context holds {self.max_model_len} "
+                "and at least one must be left to generate"
+            )
+        blocks = -(-(len(prompt_ids) + 1) // self.config.block_size)
+        if blocks > self.capacity_blocks:
+            raise ValueError(
+                f"prompt needs {blocks} KV blocks, the pool has {self.capacity_blocks}"
+            )
+
+    def add_request(
+        self,
+        prompt_ids: Seq[int],
+        params: SamplingParams,
+        *,
+        request_id: str | None = None,
+        namespace: bytes = b"",
+        priority: int = 0,
+        arrival_time: float | None = None,
+    ) -> str:
+        """Queue a request; raises ``ValueError``/``TypeError`` for bad input before queueing."""
+        prompt = [int(t) if isinstance(t, int) else t for t in prompt_ids]
+        self.validate(prompt, params)
+        if not isinstance(namespace, bytes):
+            raise TypeError(f"namespace must be bytes, got {type(namespace).__name__}")
+        seq_id = next(self._ids)
+        request_id = request_id if request_id is not None else str(seq_id)
+        if request_id in self._by_request:
+            raise ValueError(f"request_id {request_id!r} is already in flight")
+        now = time.perf_counter() if arrival_time is None else arrival_time
+        seq = Sequence(
+            seq_id=seq_id,
+            request_id=request_id,
+            prompt_ids=list(prompt),
+            params=params,
+            namespace=namespace,
+            metrics=RequestMetrics(arrival_time=now, num_prompt_tokens=len(prompt)),
+            priority=priority,
+        )
+        if params.seed is not None:
+            seq.generator = torch.Generator(device="cpu").manual_seed(params.seed)
+        self._seqs[seq_id] = seq
+        self._by_request[request_id] = seq
+        if self.tokenizer is not None:
+            self._detok[seq_id] = self.tokenizer.detokenizer()
+        self.waiting.append(seq)
+        return request_id
+
+    def abort(self, request_id: str) -> None:
+        seq = self._by_request.get(request_id)
+        if seq is not None:
+            self._finish(seq, "abort", save=False)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    # ------------------------------------------------------------------ one iteration
+    def step(self) -> list[RequestOutput]:
+        """Run one forward pass; return outputs of the requests that advanced or finished."""
+        bs = self.config.block_size
+        plan = self.policy.schedule(
+            [self._state(s) for s in self.waiting],
+            [self._state(s) for s in self.running],
+            self.pool.num_free_blocks,
+            bs,
+        )
+        for seq_id in plan.preempted:
+            self._preempt(self._seqs[seq_id])
+        chunks: list[_Chunk] = []
+        for seq_id in plan.decode_ids:
+            seq = self._seqs[seq_id]
+            if self._reserve(seq, seq.num_computed + 1):
+                chunks.append(_Chunk(seq, seq.num_computed, 1))
+        for seq_id, length in plan.prefill_chunks:
+            seq = self._seqs[seq_id]
+            if seq.status is SeqStatus.WAITING and not self._admit(seq):
+                continue
+            length = min(length, seq.prefill_target - seq.num_computed)
+            if length > 0 and self._reserve(seq, seq.num_computed + length):
+                chunks.append(_Chunk(seq, seq.num_computed, length))
+        finished = self._reject_unschedulable() if not chunks else []
+        if not chunks:
+            return finished
+        return finished + self._run(chunks)
+
+    def _run(self, chunks: list[_Chunk]) -> list[RequestOutput]:
+        bs = self.config.block_size
+        input_ids: list[int] = []
+        positions: list[int] = []
+        for c in chunks:
+            input_ids.extend(c.seq.all_ids[c.start : c.start + c.length])
+            positions.extend(range(c.start, c.start + c.length))
+        attn = AttentionMetadata.build(
+            [c.seq.block_ids for c in chunks],
+            seq_lens=[c.start + c.length for c in chunks],
+            query_lens=[c.length for c in chunks],
+            block_size=bs,
+            device=self.device,
+        )
+        ids = torch.tensor(input_ids, dtype=torch.int64, device=self.device)
+        pos = torch.tensor(positions, dtype=torch.int64, device=self.device)
+        with torch.inference_mode():
+            hidden = self.model(ids, pos, attn, self.pool)
+        self.num_steps += 1
+        self.num_forward_tokens += len(input_ids)
+
+        # Only sequences whose every token now has KV produce a next token.
+        ready: list[_Chunk] = []
+        rows: list[int] = []
+        offset = 0
+        for c in chunks:
+            offset += c.length
+            c.seq.num_computed = c.start + c.length
+            if c.seq.num_computed == c.seq.num_tokens:
+                ready.append(c)
+                rows.append(offset - 1)
+        outputs: list[RequestOutput] = []
+        if ready:
+            with torch.inference_mode():
+                logits = self.model.compute_logits(hidden[rows])
+            tokens = self._sample([c.seq for c in ready], logits)
+            now = time.perf_counter()
+            for c, token in zip(ready, tokens):
+                outputs.append(self._append(c.seq, [token], now))
+        return outputs
+
+    # ------------------------------------------------------------------ sampling
+    def _sample(self, seqs: list[Sequence], logits: torch.Tensor) -> list[int]:
+        """Sample one token per row, each with its request's parameters (and seed, if any)."""
+        out: list[int] = [0] * len(seqs)
+        shared = [i for i, s in enumerate(seqs) if s.generator is None]
+        groups: list[tuple[list[int], torch.Generator]] = []
+        if shared:
+            groups.append((shared, self.generator))
+        groups.extend(([i], s.generator) for i, s in enumerate(seqs) if s.generator is not None)
+        for rows, gen in groups:
+            params = [seqs[i].params for i in rows]
+            drawn = sample(
+                logits[rows].float().cpu(),
+                torch.tensor([p.temperature for p in params], dtype=torch.float32),
+                torch.tensor([p.top_k for p in params], dtype=torch.int64),
+                torch.tensor([p.top_p for p in params], dtype=torch.float32),
+                torch.tensor([p.min_p for p in params], dtype=torch.float32),
+                generator=gen,
+            )
+            for i, token in zip(rows, drawn.tolist()):
+                out[i] = int(token)
+        return out
+
+    # ------------------------------------------------------------------ bookkeeping
+    def _append(self, seq: Sequence, tokens: list[int], now: float) -> RequestOutput:
+        """Append newly emitted tokens, apply the stop rules, and build the step's output."""
+        if seq.metrics.first_token_time is None:
+            seq.metrics.first_token_time = now
+        new: list[int] = []
+        reason: str | None = None
+        for token in tokens:
+            seq.output_ids.append(token)
+            new.append(token)
+            reason = self._stop_reason(seq, token)
+            if reason is not None:
+                break
+        new_text = ""
+        detok = self._detok.get(seq.seq_id)
+        if detok is not None:
+            new_text = "".join(detok.push(t) for t in new)
+            if reason is not None:
+                new_text += detok.flush()
+            seq.text += new_text
+        if reason is not None:
+            self._finish(seq, reason, save=True)
+        return self._output(seq, new, new_text)
+
+    def _stop_reason(self, seq: Sequence, token: int) -> str | None:
+        p = seq.params
+        if token in p.stop_token_ids:
+            return "stop"
+        if not p.ignore_eos and token in self.eos_token_ids:
+            return "stop"
+        if len(seq.output_ids) >= p.max_tokens or seq.num_tokens >= self.max_model_len:
+            return "length"
+        return None
+
+    def _output(self, seq: Sequence, new: list[int], new_text: str) -> RequestOutput:
+        return RequestOutput(
+            request_id=seq.request_id,
+            prompt_token_ids=seq.prompt_ids,
+            token_ids=list(seq.output_ids),
+            text=seq.text,
+            new_token_ids=new,
+            new_text=new_text,
+            finished=seq.status is SeqStatus.FINISHED,
+            finish_reason=seq.finish_reason,
+            metrics=seq.metrics,
+        )
+
+    def _finish(self, seq: Sequence, reason: str, *, save: bool) -> None:
+        if save and self.prefix_cache is not None and seq.num_computed >= self.config.block_size:
+            # Keep every full block of this conversation so its next turn hits.
+            self.prefix_cache.save(
+                seq.all_ids[: seq.num_computed], seq.namespace, seq.block_ids, "chat"
+            )
+        self.pool.free(seq.block_ids)
+        seq.block_ids = []
+        if seq in self.running:
+            self.running.remove(seq)
+        if seq in self.waiting:
+            self.waiting.remove(seq)
+        seq.status = SeqStatus.FINISHED
+        seq.finish_reason = reason
+        seq.metrics.finish_time = time.perf_counter()
+        del self._seqs[seq.seq_id]
+        del self._by_request[seq.request_id]
+        self._detok.pop(seq.seq_id, None)
+
+    def _state(self, seq: Sequence) -> SeqState:
+        # A waiting sequence's cached prefix is only looked up (and counted) when it is admitted.
+        return SeqState(
+            seq_id=seq.seq_id,
+            prompt_len=seq.prefill_target,
+            num_computed_tokens=seq.num_computed,
+            num_generated=len(seq.output_ids),
+            max_tokens=seq.params.max_tokens,
+            priority=seq.priority,
+            arrival=seq.metrics.arrival_time,
+        )
+
+    def _usable_cached(self, seq: Sequence, cached: int) -> int:
+        # At least one token must be computed so the forward yields logits for the next token.
+        bs = self.config.block_size
+        return min(cached, (seq.prefill_target - 1) // bs * bs)
+
+    def _admit(self, seq: Sequence) -> bool:
+        """Move a waiting sequence to running, loading its cached prefix into fresh blocks."""
+        bs = self.config.block_size
+        cache = self.prefix_cache
+        cached = 0
+        if cache is not None:
+            cached = self._usable_cached(seq, cache.num_cached_tokens(seq.all_ids, seq.namespace))
+        if cache is not None and cached:
+            blocks = self.pool.allocate(min(cached // bs, self.pool.num_free_blocks))
+            loaded = cache.load(seq.all_ids[:cached], seq.namespace, blocks)
+            keep = loaded // bs
+            self.pool.free(blocks[keep:])
+            seq.block_ids = blocks[:keep]
+            seq.num_computed = keep * bs
+            if seq.metrics.num_cached_tokens == 0:
+                seq.metrics.num_cached_tokens = seq.num_computed
+        self.waiting.remove(seq)
+        self.running.append(seq)
+        seq.status = SeqStatus.RUNNING
+        return True
+
+    def _reserve(self, seq: Sequence, num_tokens: int) -> bool:
+        need = seq.blocks_needed(num_tokens, self.config.block_size)
+        if need > self.pool.num_free_blocks:
+            return False
+        seq.block_ids.extend(self.pool.allocate(need))
+        return True
+
+    def _preempt(self, seq: Sequence) -> None:
+        """Drop a running sequence's KV; it re-prefills prompt + generated tokens later."""
+        self.pool.free(seq.block_ids)
+        seq.block_ids = []
+        seq.num_computed = 0
+        seq.prefill_target = seq.num_tokens
+        seq.status = SeqStatus.WAITING
+        self.running.remove(seq)
+        self.waiting.appendleft(seq)
+
+    def _reject_unschedulable(self) -> list[RequestOutput]:
+        """Nothing could run: with nothing running either, the head request can never fit."""
+        if self.running or not self.waiting:
+            return []
+        seq = self.waiting[0]
+        out = self._output(seq, [], "")
+        self._finish(seq, "error", save=False)
+        out.finished = True
+        out.finish_reason = "error"
+        out.error = "request does not fit in the KV pool"
+        return [out]

@@ -1,0 +1,64 @@
+"""`Sequence`: the engine's bookkeeping for one request in flight."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+import torch
+
+from deepinfer.engine.outputs import RequestMetrics
+from deepinfer.engine.sampling_params import SamplingParams
+
+
+class SeqStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass
+class Sequence:
+    """Tokens, KV blocks and progress of one request.
+
+    ``num_computed`` counts the leading tokens whose K/V sit in ``block_ids``. A sequence
+    decodes when every token but the last sampled one has KV (``num_computed == len - 1``);
+    before that it prefills up to ``prefill_target`` (the prompt, or after a preemption by
+    recompute, the prompt plus everything generated so far).
+    """
+
+    seq_id: int
+    request_id: str
+    prompt_ids: list[int]
+    params: SamplingParams
+    namespace: bytes
+    metrics: RequestMetrics
+    priority: int = 0
+    output_ids: list[int] = field(default_factory=list)
+    block_ids: list[int] = field(default_factory=list)
+    num_computed: int = 0
+    prefill_target: int = 0
+    status: SeqStatus = SeqStatus.WAITING
+    finish_reason: str | None = None
+    generator: torch.Generator | None = None
+    text: str = ""
+    emitted_upto: int = 0
+
+    def __post_init__(self) -> None:
+        self.prefill_target = len(self.prompt_ids)
+
+    @property
+    def all_ids(self) -> list[int]:
+        return self.prompt_ids + self.output_ids
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_ids) + len(self.output_ids)
+
+    @property
+    def in_prefill(self) -> bool:
+        return self.num_computed < self.prefill_target
+
+    def blocks_needed(self, num_tokens: int, block_size: int) -> int:
+        """How many more blocks holding ``num_tokens`` tokens of KV would take."""
+        return max(0, -(-num_tokens // block_size) - len(self.block_ids))
