@@ -62,6 +62,8 @@ def test_mooncake_sample(tmp_path: Path) -> None:
         (_mooncake_line(1, 4, 1, "abc"), "hash_ids"),
         (_mooncake_line(1, 12, 1, [1]), "expected 3 or 3"),
         ("[1, 2]", "JSON object"),
+        (_mooncake_line(1, 4, 1, [1])[:-1] + ', "tenant": 5}', "tenant: expected a string"),
+        (_mooncake_line(1, 4, 1, [1])[:-1] + ', "priority": "hi"}', "priority"),
     ],
 )
 def test_mooncake_bad_rows_name_file_and_line(tmp_path: Path, line: str, message: str) -> None:

@@ -74,6 +74,10 @@ def test_rate_and_kinds() -> None:
     assert set(s.kinds) == {"chat", "agent"}
     chat_only = synthetic_trace(SyntheticTraceConfig(num_requests=500, agent_fraction=0.0))
     assert chat_only.stats().kinds == {"chat": 500}
+    prio = synthetic_trace(
+        SyntheticTraceConfig(num_requests=500, chat_priority=2, agent_priority=-1, seed=4)
+    )
+    assert {(r.kind, r.priority) for r in prio} == {("chat", 2), ("agent", -1)}
 
 
 def test_time_scale_compresses_conversations() -> None:

@@ -11,8 +11,6 @@ from deepinfer_sched.traces.types import Trace, TraceRequest
 
 __all__ = ["load_mooncake", "save_jsonl"]
 
-_OPTIONAL_STR = ("tenant", "kind")
-
 
 def load_mooncake(
     path: str | os.PathLike[str], *, block_size: int = 512, limit: int | None = None
@@ -66,20 +64,22 @@ def _request(
             f"hash_ids has {len(raw)} ids, expected {full} or {ceil} "
             f"for input_length {inp} at block_size {bs}",
         )
-    extra: dict[str, object] = {}
-    for key in _OPTIONAL_STR:
-        if key in obj:
-            if not isinstance(obj[key], str):
-                raise RowError(path, line, f"{key}: expected a string, got {obj[key]!r}")
-            extra[key] = obj[key]
-    if "conversation_id" in obj:
-        extra["conversation_id"] = parse_int(
-            obj["conversation_id"], "conversation_id", path, line, minimum=-1
-        )
-    if "priority" in obj:
-        extra["priority"] = parse_int(obj["priority"], "priority", path, line, minimum=-(2**62))
+    tenant = _optional_str(obj, "tenant", "default", path, line)
+    kind = _optional_str(obj, "kind", "chat", path, line)
+    conv = obj.get("conversation_id", -1)
+    conv_id = parse_int(conv, "conversation_id", path, line, minimum=-1)
+    priority = parse_int(obj.get("priority", 0), "priority", path, line, minimum=-(2**62))
     rid = parse_int(obj["request_id"], "request_id", path, line) if "request_id" in obj else index
-    return TraceRequest(rid, arrival, inp, out, tuple(raw[:full]), **extra)  # type: ignore[arg-type]
+    return TraceRequest(rid, arrival, inp, out, tuple(raw[:full]), tenant, conv_id, kind, priority)
+
+
+def _optional_str(
+    obj: dict[str, object], key: str, default: str, path: str | os.PathLike[str], line: int
+) -> str:
+    value = obj.get(key, default)
+    if not isinstance(value, str):
+        raise RowError(path, line, f"{key}: expected a string, got {value!r}")
+    return value
 
 
 def save_jsonl(trace: Trace, path: str | os.PathLike[str]) -> None:

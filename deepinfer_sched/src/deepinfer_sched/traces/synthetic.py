@@ -46,7 +46,13 @@ _FloatArray = npt.NDArray[np.float64]
 
 @dataclass(frozen=True)
 class SyntheticTraceConfig:
-    """Knobs of the synthetic generator; token sizes are (median, lognormal sigma) pairs."""
+    """Knobs of the synthetic generator (see the module doc for the model).
+
+    Token counts and turn gaps are ``(median, lognormal sigma)`` pairs; gaps are in real
+    seconds (divided by ``time_scale``). ``burstiness`` is the squared coefficient of
+    variation of gaps for ``arrival="gamma"`` and the high/low rate ratio for ``"mmpp"``.
+    ``chat_priority``/``agent_priority`` are copied into each request's ``priority``.
+    """
 
     num_requests: int = 10_000
     request_rate: float = 10.0
@@ -76,6 +82,8 @@ class SyntheticTraceConfig:
     agent_turn_gap_s: tuple[float, float] = (30.0, 1.5)
     max_input_len: int = 131_072
     max_output_len: int = 8_192
+    chat_priority: int = 0
+    agent_priority: int = 0
 
     def __post_init__(self) -> None:
         if self.num_requests < 0:
@@ -328,6 +336,7 @@ def _build(
     prompts = convs.prompt.tolist()
     conv_tenant = [tenants[t] for t in prompt_tenant[convs.prompt].tolist()]
     conv_kind = ["agent" if a else "chat" for a in convs.is_agent.tolist()]
+    conv_prio = [cfg.agent_priority if a else cfg.chat_priority for a in convs.is_agent.tolist()]
     base_list = conv_base.tolist()
     own_list = own.tolist()
     reqs: list[TraceRequest] = []
@@ -339,10 +348,18 @@ def _build(
             ids = prompt_ids[prompts[c]] + tuple(range(b, b + own_list[c]))
             conv_ids[c] = ids
         # Positional: request_id, arrival_s, input_len, output_len, block_hashes, tenant,
-        # conversation_id, kind.
+        # conversation_id, kind, priority.
         append(
             TraceRequest(
-                i, arrival[i], inp[i], out[i], ids[: fb[i]], conv_tenant[c], c, conv_kind[c]
+                i,
+                arrival[i],
+                inp[i],
+                out[i],
+                ids[: fb[i]],
+                conv_tenant[c],
+                c,
+                conv_kind[c],
+                conv_prio[c],
             )
         )
     return Trace(tuple(reqs), bs, "synthetic")
