@@ -98,7 +98,12 @@ class SchedulerConfig:
                 raise ValueError(f"admission entries must be in {ADMISSIONS}, got {a!r}")
         if "ttft" in self.admission and not (self.ttft_slo_s and self.ttft_slo_s > 0):
             raise ValueError("admission 'ttft' needs ttft_slo_s > 0")
-        # Build once so bad knob values fail here, at configuration time, not mid-run.
+        # Construct every knob's policy once so bad values fail here, not mid-run.
+        CostRouter(self.prefill_weight)
+        PrefixAffinityRouter(self.load_cutoff)
+        PerRequestPD(self.local_prefill_tokens)
+        LeastLoadedPairing(self.pairing_headroom)
+        ThresholdMigration(self.migration_threshold, self.migration_interval_s)
         self._build_static()
 
     def _build_static(self) -> tuple[Router | None, PDPolicy, tuple[AdmissionPolicy, ...]]:

@@ -282,6 +282,7 @@ class Simulator:
         if r.generated == 0:
             r.generated = 1
         if r.generated >= r.output_len:
+            r.decode_instance = inst.instance_id
             self._complete(r, now)
             return
         if inst.role != "prefill":
