@@ -21,10 +21,11 @@ from .hashing import BlockHash, hash_token_blocks
 from .index import MatchResult, PrefixIndex
 from .lockfile import CacheLockedError
 from .meta import BlockMeta
+from .results import FetchResult, LookupResult
 from .retention import RetentionPolicy
 from .sizing import REFERENCE_MODELS, ModelKV, SizingResult, ssd_capacity
 from .stats import CostReport, StoreStats, TierStats
-from .store import FetchResult, LookupResult, TieredKVStore
+from .store import TieredKVStore
 from .tiers import DeviceTier, DiskTier, HostTier, Tier, torch_gather, torch_scatter
 
 __version__ = "0.1.0"

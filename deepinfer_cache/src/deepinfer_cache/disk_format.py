@@ -157,13 +157,22 @@ def fsync_dir(path: str) -> None:
 
 
 def write_block_file(
-    final_path: str, tmp_path: str, header: bytes, payload: memoryview, *, fsync: bool = True
+    final_path: str,
+    tmp_path: str,
+    header: bytes,
+    payload: memoryview,
+    *,
+    fsync: bool = True,
+    mtime: float | None = None,
 ) -> None:
-    """Write ``header + payload`` crash-safely: tmp file -> fsync -> rename -> fsync dir."""
+    """Write ``header + payload`` crash-safely: tmp file -> fsync -> rename -> fsync dir.
+    ``mtime`` (the block's expiry, see ``DiskTier.touch``) is set before the fsync."""
     fd = os.open(tmp_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
         _write_all(fd, header)
         _write_all(fd, payload)
+        if mtime is not None:
+            os.utime(fd, (mtime, mtime))
         if fsync:
             os.fsync(fd)
     except BaseException:

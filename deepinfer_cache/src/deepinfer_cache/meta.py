@@ -17,7 +17,8 @@ class BlockMeta:
 
 @dataclass(frozen=True)
 class RecoveredBlock:
-    """A block a durable tier found intact on open; ``mtime`` is refreshed by ``touch``."""
+    """A block a durable tier found intact on open; ``mtime`` holds its latest persisted
+    expiry (``DiskTier.touch``)."""
 
     key: bytes
     meta: BlockMeta

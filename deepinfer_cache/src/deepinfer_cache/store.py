@@ -13,7 +13,6 @@ import threading
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -23,36 +22,14 @@ from .hashing import BlockHash, hash_token_blocks
 from .index import Dropped, PrefixIndex
 from .io_workers import IOWorkers
 from .meta import BlockMeta
+from .recovery import rebuild_index
+from .results import FetchResult, LookupResult
 from .retention import RetentionPolicy
 from .stats import CostReport, StoreStats, TierStats
 from .tiers.base import Tier
 
 PagesArg = torch.Tensor | Callable[[list[int]], torch.Tensor]
 _POLICIES = ("write-back", "write-through")
-
-
-@dataclass(frozen=True)
-class LookupResult:
-    """``num_blocks`` leading full blocks are cached; ``blocks_per_tier`` counts each matched
-    block once, in the fastest tier holding it."""
-
-    num_blocks: int
-    num_tokens: int
-    blocks_per_tier: dict[str, int]
-    hashes: list[BlockHash] = field(repr=False)
-
-
-@dataclass(frozen=True)
-class FetchResult:
-    """Pages ``[num_blocks, *page_shape]`` of the leading cached blocks, in order."""
-
-    num_blocks: int
-    num_tokens: int
-    pages: list[torch.Tensor] = field(repr=False)
-    source_tiers: dict[str, int]
-
-    def stacked(self) -> torch.Tensor:
-        return torch.stack(self.pages) if self.pages else torch.empty(0)
 
 
 class TieredKVStore:
@@ -150,7 +127,7 @@ class TieredKVStore:
                 for t in self.tiers:
                     touch = getattr(t, "touch", None)
                     if touch is not None:
-                        touch(key)
+                        touch(key, self.index.expires_of(key))
             new = list(range(present, len(hashes)))
             if not new:
                 return 0
@@ -431,38 +408,10 @@ class TieredKVStore:
         )
 
     def _rebuild(self) -> None:
-        """Re-index blocks that durable tiers recovered on open (parents before children)."""
+        """Re-index the blocks durable tiers recovered on open."""
         now = self.clock.now()
         for i, t in enumerate(self.tiers):
-            rec = getattr(t, "recovered", None)
-            if rec is None:
-                continue
-            blocks = {b.key: b for b in rec()}
-            children: dict[bytes | None, list[bytes]] = defaultdict(list)
-            for b in blocks.values():
-                children[b.meta.parent if b.meta.parent in blocks else None].append(b.key)
-            order: list[tuple[float, int, bytes]] = []
-            stack = [(k, 0) for k in children[None]]
-            while stack:
-                key, depth = stack.pop()
-                b = blocks[key]
-                ttl = self.index.retention.ttls.get(b.meta.retention)
-                expires = max(b.meta.expires_at, b.mtime + ttl if ttl else 0.0)
-                if b.meta.parent is not None and (
-                    b.meta.parent not in blocks or b.meta.parent not in self.index
-                ):
-                    t.delete(key)  # orphan: its parent is gone, nothing can reach it
-                    self._c["orphans_removed"] += 1
-                    continue
-                if expires <= now or b.meta.retention not in self.index.retention.ttls:
-                    t.delete(key)
-                    self._c["expired"] += 1
-                    continue
-                self.index.restore(key, b.meta.parent, i, b.meta.retention, expires)
-                order.append((expires, -depth, key))
-                stack.extend((c, depth + 1) for c in children.get(key, ()))
-            for key in blocks:
-                if key not in self.index and key in t:
-                    t.delete(key)  # below an orphan or an expired block
-                    self._c["orphans_removed"] += 1
-            self.index.reorder_lru(i, [k for _, _, k in sorted(order)])
+            if hasattr(t, "recovered"):
+                orphans, expired = rebuild_index(self.index, i, t, now)
+                self._c["orphans_removed"] += orphans
+                self._c["expired"] += expired

@@ -149,12 +149,12 @@ class DiskTier:
         """Blocks found valid on open (header-checked), with the metadata to re-index them."""
         return list(self._recovered)
 
-    def touch(self, key: bytes) -> None:
-        """Record that ``key`` was stored again now (its file mtime), so a restart keeps the
-        extended expiry: ``expires = max(header expiry, mtime + ttl)``."""
+    def touch(self, key: bytes, expires_at: float) -> None:
+        """Persist an extended expiry cheaply: a block file's mtime holds its latest expiry
+        (set at write time, moved here), and a restart uses ``max(header expiry, mtime)``."""
         if key in self._files:
             with contextlib.suppress(OSError):
-                os.utime(self.path_of(key))
+                os.utime(self.path_of(key), (expires_at, expires_at))
 
     # ------------------------------------------------------------------ protocol
     def __contains__(self, key: object) -> bool:
@@ -294,7 +294,7 @@ class DiskTier:
             payload = page_bytes_view(page)
             header = encode_header(key, meta, page, self.layout, payload)
             size = len(header) + payload.nbytes
-            write_block_file(final, tmp, header, payload, fsync=self.fsync)
+            write_block_file(final, tmp, header, payload, fsync=self.fsync, mtime=meta.expires_at)
         except OSError:
             with self._lock:
                 cur = self._pending.get(key)

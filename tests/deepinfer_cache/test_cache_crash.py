@@ -1,0 +1,150 @@
+"""Crash test: a writer process is SIGKILLed at random moments; reopening must find every block
+it reported durable, and nothing it serves may fail its checksum."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from _cache_helpers import BS, PAGE, PAGE_BYTES, page_for, pages_for
+
+from deepinfer_cache import DiskTier, HostTier, TieredKVStore, hash_token_blocks
+
+# A "zygote" imports torch once, then forks one writer per run (a fresh interpreter per run
+# would spend most of the test importing torch). Writers log to a file, flushed per line.
+ZYGOTE = r"""
+import os, signal, sys
+sys.path.insert(0, sys.argv[2])
+import torch
+from _cache_helpers import BS, PAGE, PAGE_BYTES, pages_for
+from deepinfer_cache import DiskTier, HostTier, TieredKVStore
+signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the kernel reaps killed writers
+
+def writer(seed, log):
+    store = TieredKVStore(
+        [HostTier(PAGE, torch.float32, 4 * PAGE_BYTES),
+         DiskTier(sys.argv[1], PAGE, torch.float32, 1 << 30, fsync=True)],
+        BS, write_policy="write-through")
+    log.write("READY\n"); log.flush()
+    i = 0
+    while True:
+        start = (seed * 1000 + i) * 97
+        tokens = list(range(start, start + 6 * BS))
+        store.store(tokens, pages_for(tokens), retention="chat")
+        if i % 2 == 0:
+            store.flush()
+            log.write(f"DURABLE {start}\n"); log.flush()
+        i += 1
+
+for line in sys.stdin:
+    seed, logpath = line.split()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            writer(int(seed), open(logpath, "w"))
+        finally:
+            os._exit(1)
+    print(pid, flush=True)
+"""
+
+
+def reopen(path: Path) -> TieredKVStore:
+    return TieredKVStore(
+        [
+            HostTier(PAGE, torch.float32, 4 * PAGE_BYTES),
+            DiskTier(path, PAGE, torch.float32, 1 << 30),
+        ],
+        BS,
+    )
+
+
+def _wait_for(cond, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise TimeoutError("condition not reached")
+        time.sleep(0.005)
+
+
+def _gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+@pytest.mark.slow
+def test_sigkill_at_random_moments_loses_nothing_durable(tmp_path) -> None:
+    rng = random.Random(1234)
+    cache = tmp_path / "cache"
+    script = tmp_path / "zygote.py"
+    script.write_text(ZYGOTE)
+    helpers = str(Path(__file__).parent)
+    zygote = subprocess.Popen(
+        [sys.executable, str(script), str(cache), helpers],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert zygote.stdin is not None and zygote.stdout is not None
+    durable: list[int] = []
+    kills = 0
+    try:
+        for run in range(24):
+            log = tmp_path / f"run{run}.log"
+            zygote.stdin.write(f"{run} {log}\n")
+            zygote.stdin.flush()
+            pid = int(zygote.stdout.readline())
+            _wait_for(lambda log=log: log.exists() and log.read_text().startswith("READY"))
+            time.sleep(rng.uniform(0.0, 0.3))
+            os.kill(pid, signal.SIGKILL)
+            kills += 1
+            _wait_for(lambda pid=pid: _gone(pid))
+            durable += [
+                int(ln.split()[1])
+                for ln in log.read_text().splitlines()
+                if ln.startswith("DURABLE")
+            ]
+
+            store = reopen(cache)
+            disk = store.tiers[1]
+            assert isinstance(disk, DiskTier)
+            for start in durable:
+                tokens = list(range(start, start + 6 * BS))
+                assert store.lookup(tokens).num_blocks == 6, f"lost a durable chain in run {run}"
+            # Everything served (reported durable or not) must be intact and what was stored.
+            indexed = store.index.keys_in(1)
+            assert set(indexed) == set(disk.keys())  # orphans of torn chains were removed
+            for key in indexed:
+                page = disk.get(key)
+                assert page is not None, "a header-valid block failed its checksum"
+                assert torch.equal(page, page_for(key))
+            assert disk.counters.corrupt_quarantined == 0
+            assert not os.listdir(cache / "tmp")
+            store.close()
+    finally:
+        zygote.kill()
+        zygote.wait()
+    assert kills >= 20 and len(durable) > 0
+
+
+def test_reopen_ignores_blocks_whose_parent_never_landed(tmp_path) -> None:
+    # Simulate a crash between a child's and its parent's write: only the child file exists.
+    tokens = list(range(3 * BS))
+    store = reopen(tmp_path)
+    store.store(tokens, pages_for(tokens))
+    store.close()
+    first = hash_token_blocks(tokens, BS)[0]
+    os.unlink(store.tiers[1].path_of(first))
+    store = reopen(tmp_path)
+    assert store.lookup(tokens).num_blocks == 0
+    assert store.stats().orphans_removed == 2 and len(store.tiers[1]) == 0
+    store.close()
