@@ -53,3 +53,12 @@ def make_drafter(
         # An "untrained" drafter with a non-zero Markov bias, so every head is exercised.
         drafter.markov_out.weight.normal_(0.0, 0.5)
     return drafter.to(dtype).eval()
+
+
+@pytest.fixture(autouse=True)
+def _one_torch_thread() -> object:
+    """These tensors are tiny: intra-op threads only add contention on a shared CI machine."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
