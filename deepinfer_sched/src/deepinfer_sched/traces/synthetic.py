@@ -300,7 +300,10 @@ def synthetic_trace(config: SyntheticTraceConfig | None = None) -> Trace:
         if scale * convs.last_start > horizon:
             convs = replace(convs, arrival=convs.start * scale + convs.offset)
             break
-        num_convs = int(num_convs * 1.5) + 64
+        # Context-window truncation keeps fewer turns than the nominal mean; size the next
+        # attempt from the turns actually kept.
+        kept = max(1.0, convs.conv.shape[0] / num_convs)
+        num_convs = max(int(num_convs * 1.25), int(1.1 * n / kept)) + 64
         attempt += 1
     order = np.lexsort((convs.turn, convs.conv, convs.arrival))[:n]
     # Building millions of small objects triggers repeated full cyclic-GC passes that find
