@@ -377,13 +377,23 @@ class TieredKVStore:
         pages: list[torch.Tensor] = []
         sources = [0] * len(self.tiers)
         try:
+            with self._lock:
+                masks = [self.index.tiers_of(k) for k in hashes]
+            # Start every disk read at once: reads and checksums overlap on the reader threads.
+            pending: dict[bytes, Future[torch.Tensor | None]] = {}
+            for key, mask in zip(hashes, masks):
+                src = (mask & -mask).bit_length() - 1
+                get_async = getattr(self.tiers[src], "get_async", None) if mask else None
+                if get_async is not None:
+                    pending[key] = get_async(key)
             for key in hashes:
                 with self._lock:
                     mask = self.index.tiers_of(key)
                 if not mask:
                     break
                 src = (mask & -mask).bit_length() - 1
-                page = self.tiers[src].get(key)
+                fut = pending.get(key)
+                page = fut.result() if fut is not None else self.tiers[src].get(key)
                 if page is None:
                     with self._lock:
                         self._c["fetch_failures"] += 1

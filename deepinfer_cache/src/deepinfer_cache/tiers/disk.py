@@ -20,6 +20,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass
 
 import torch
@@ -74,6 +75,7 @@ class DiskTier:
         layout: str = "page",
         fsync: bool = True,
         io_threads: int = 2,
+        read_threads: int = 4,
         queue_depth: int = 32,
     ) -> None:
         if not isinstance(dtype, torch.dtype):
@@ -107,7 +109,8 @@ class DiskTier:
         self._failed: deque[bytes] = deque()
         self._recovered: list[RecoveredBlock] = []
         self._scan()
-        self._workers = IOWorkers(io_threads, queue_depth, name="disk")
+        self._workers = IOWorkers(io_threads, queue_depth, name="disk-write")
+        self._readers = IOWorkers(read_threads, 4 * queue_depth, name="disk-read")
 
     # ------------------------------------------------------------------ open
     def _scan(self) -> None:
@@ -239,6 +242,15 @@ class DiskTier:
             self.counters.read_seconds += time.perf_counter() - t0
         return page
 
+    def get_async(self, key: bytes) -> Future[torch.Tensor | None]:
+        """``get`` on a reader thread, so many blocks are read (and checksummed) in parallel."""
+        return self._readers.submit(self.get, key)
+
+    def get_many(self, keys: Sequence[bytes]) -> list[torch.Tensor | None]:
+        """Read ``keys`` in parallel; entry i is None when block i is missing or corrupt."""
+        futs = [self.get_async(k) for k in keys]
+        return [f.result() for f in futs]
+
     def delete(self, key: bytes) -> None:
         with self._lock:
             pend = self._pending.pop(key, None)
@@ -263,6 +275,7 @@ class DiskTier:
 
     def close(self) -> None:
         self._workers.shutdown(wait=True)
+        self._readers.shutdown(wait=True)
         self._dirlock.release()
 
     # ------------------------------------------------------------------ internals
