@@ -15,10 +15,10 @@ Model (all draws from one ``numpy.random.Generator`` seeded by ``config.seed``):
   as the production cache would have expired the conversation by then.
 - Conversation starts follow the arrival process (Poisson, gamma or MMPP) at the rate that
   makes the request rate ``request_rate``; the trace is the first ``num_requests`` requests.
-  A trace starts with no conversation in flight, so start times are compressed by the
-  largest factor ``s <= 1`` that still fits ``num_requests`` requests into
-  ``num_requests / request_rate`` seconds: the realised mean rate is ``request_rate``
-  (for MMPP the dwell times shrink by the same ``s``).
+  A trace starts with no conversation in flight, so start times are scaled by the largest
+  factor ``s`` that still fits ``num_requests`` requests into ``num_requests /
+  request_rate`` seconds (``s < 1`` for short traces): the realised mean rate is
+  ``request_rate`` (for MMPP the dwell times scale by the same ``s``).
 
 Block ids: a prompt's full blocks get ids shared by every conversation using it; every later
 block of a conversation gets an id unique to the conversation (chained: equal prefixes share
@@ -234,19 +234,20 @@ def _generate(
 
 
 def _fit_scale(convs: _Conversations, horizon: float, n: int) -> float:
-    """Largest factor ``s <= 1`` on conversation start times with at least ``n`` requests by
-    ``horizon = n / request_rate``.
+    """Largest factor ``s`` on conversation start times leaving at least ``n`` requests by
+    ``horizon = n / request_rate``, so the ``n``-th request arrives at about ``horizon``.
 
-    Conversations last a while, so a trace that starts empty ramps up; compressing the start
-    times by ``s`` makes the realised mean rate ``request_rate`` even for short traces.
+    Conversations last a while, so a trace that starts empty ramps up (``s < 1`` compresses
+    the starts to compensate); a random surplus of early requests gives ``s > 1``. Either
+    way the realised mean rate is ``request_rate``.
     """
 
     def count(s: float) -> int:
         return int(np.count_nonzero(convs.start * s + convs.offset <= horizon))
 
-    if count(1.0) >= n:
-        return 1.0
-    lo, hi = 0.0, 1.0  # count(lo) >= n is checked by the caller's validity test
+    lo, hi = 0.0, 1.0  # count(0) >= n is checked by the caller's validity test
+    while count(hi) >= n and hi < 1e6:
+        lo, hi = hi, hi * 2.0
     for _ in range(50):
         mid = 0.5 * (lo + hi)
         if count(mid) >= n:
