@@ -81,6 +81,11 @@ def test_workload_summary_from_trace() -> None:
     st = tr.stats()
     assert w.mean_cached_tokens + w.mean_uncached_tokens == pytest.approx(st.mean_input_len)
     assert w.request_rate == pytest.approx(st.request_rate)
+    cold = WorkloadSummary.from_trace(tr, hit_rate=0.0)
+    assert cold.mean_cached_tokens == 0.0
+    assert cold.mean_uncached_tokens == pytest.approx(st.mean_input_len)
+    with pytest.raises(ValueError, match="hit_rate"):
+        WorkloadSummary.from_trace(tr, hit_rate=1.5)
 
 
 def test_ttft_admission_uses_prediction_lazily() -> None:

@@ -32,13 +32,19 @@ class WorkloadSummary:
             raise ValueError(f"mean_output_len must be >= 1, got {self.mean_output_len}")
 
     @classmethod
-    def from_trace(cls, trace: Trace) -> WorkloadSummary:
-        """Means of ``trace``; the cached share is the trace's reusable fraction (the upper
-        bound a prefix cache can reach)."""
+    def from_trace(cls, trace: Trace, hit_rate: float | None = None) -> WorkloadSummary:
+        """Means of ``trace``. The cached share is ``hit_rate`` when given (e.g. measured in
+        a simulation), else the trace's reusable fraction, the upper bound a prefix cache
+        can reach: under load the realised hit rate is lower (a follow-up turn that arrives
+        before its predecessor's prefill finished misses), so the upper bound
+        under-provisions prefill."""
         st = trace.stats()
         if st.request_rate <= 0:
             raise ValueError("trace must span a positive duration to have a request rate")
-        cached = st.mean_input_len * st.reusable_fraction
+        if hit_rate is not None and not 0.0 <= hit_rate <= 1.0:
+            raise ValueError(f"hit_rate must be in [0, 1], got {hit_rate}")
+        share = st.reusable_fraction if hit_rate is None else hit_rate
+        cached = st.mean_input_len * share
         return cls(st.request_rate, st.mean_input_len - cached, cached, st.mean_output_len)
 
 

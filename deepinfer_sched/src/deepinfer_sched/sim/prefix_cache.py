@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import OrderedDict, deque
+from itertools import repeat
 
 __all__ = ["LRUBlockCache"]
 
@@ -45,19 +46,22 @@ class LRUBlockCache:
 
     def insert(self, hashes: tuple[int, ...]) -> None:
         """Cache (or refresh) every block of a prompt, evicting the least recent beyond
-        capacity."""
-        if self.capacity == 0:
+        capacity.
+
+        Because the set is prefix-closed, the cached blocks of ``hashes`` are exactly its
+        first ``prefix_hits`` ones and the rest are absent; both parts are then handled by
+        C-level bulk calls (the absent tail inserted last-block-first, then the cached head
+        refreshed last-block-first), with no per-block Python loop.
+        """
+        if self.capacity == 0 or not hashes:
             return
         d = self._d
-        move = d.move_to_end
-        for h in reversed(hashes):
-            if h in d:
-                move(h)
-            else:
-                d[h] = None
+        k = self.prefix_hits(hashes)
+        if k < len(hashes):
+            d.update(dict.fromkeys(reversed(hashes[k:])))
+        if k:
+            deque(map(d.move_to_end, reversed(hashes[:k])), maxlen=0)
         excess = len(d) - self.capacity
         if excess > 0:
             self.evictions += excess
-            pop = d.popitem
-            for _ in range(excess):
-                pop(last=False)
+            deque(map(d.popitem, repeat(False, excess)), maxlen=0)
