@@ -15,6 +15,7 @@ import time
 from collections import deque
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
@@ -33,11 +34,25 @@ from deepinfer_sched.policies.batch import BatchConfig, ContinuousBatchPolicy, S
 
 @dataclass
 class _Chunk:
-    """One sequence's slice of the flat batch: tokens ``start .. start + length``."""
+    """One sequence's slice of the flat batch: tokens ``start .. start + length``.
+
+    ``max_drafts``: KV slots reserved past a decode token for speculative drafts.
+    """
 
     seq: Sequence
     start: int
     length: int
+    max_drafts: int = 0
+
+
+class Speculator(Protocol):
+    """Runs the engine's steps with speculative decodes (``deepinfer.spec.DSparkSpeculator``)."""
+
+    def num_draft_slots(self, seq: Sequence, max_model_len: int) -> int: ...
+
+    def run(self, engine: LLMEngine, chunks: Seq[_Chunk]) -> list[RequestOutput]: ...
+
+    def release(self, seq_id: int) -> None: ...
 
 
 class LLMEngine:
@@ -60,8 +75,10 @@ class LLMEngine:
         *,
         prefix_cache: PrefixCache | None = None,
         pool: KVPool | None = None,
+        speculator: Speculator | None = None,
     ) -> None:
         self.model = model
+        self.speculator = speculator
         self.tokenizer = tokenizer
         self.config = config or EngineConfig()
         cfg = self.config
@@ -181,8 +198,13 @@ class LLMEngine:
         chunks: list[_Chunk] = []
         for seq_id in plan.decode_ids:
             seq = self._seqs[seq_id]
+            extra = 0
+            if self.speculator is not None:
+                extra = self.speculator.num_draft_slots(seq, self.max_model_len)
+                if extra and not self._reserve(seq, seq.num_computed + 1 + extra):
+                    extra = 0
             if self._reserve(seq, seq.num_computed + 1):
-                chunks.append(_Chunk(seq, seq.num_computed, 1))
+                chunks.append(_Chunk(seq, seq.num_computed, 1, extra))
         for seq_id, length in plan.prefill_chunks:
             seq = self._seqs[seq_id]
             if seq.status is SeqStatus.WAITING and not self._admit(seq):
@@ -193,6 +215,8 @@ class LLMEngine:
         finished = self._reject_unschedulable() if not chunks else []
         if not chunks:
             return finished
+        if self.speculator is not None:
+            return finished + self.speculator.run(self, chunks)
         return finished + self._run(chunks)
 
     def _run(self, chunks: list[_Chunk]) -> list[RequestOutput]:
@@ -314,6 +338,8 @@ class LLMEngine:
             )
         self.pool.free(seq.block_ids)
         seq.block_ids = []
+        if self.speculator is not None:
+            self.speculator.release(seq.seq_id)
         if seq in self.running:
             self.running.remove(seq)
         if seq in self.waiting:
@@ -374,6 +400,8 @@ class LLMEngine:
         """Drop a running sequence's KV; it re-prefills prompt + generated tokens later."""
         self.pool.free(seq.block_ids)
         seq.block_ids = []
+        if self.speculator is not None:
+            self.speculator.release(seq.seq_id)
         seq.num_computed = 0
         seq.prefill_target = seq.num_tokens
         seq.status = SeqStatus.WAITING

@@ -43,7 +43,10 @@ class LLM:
         enable_prefix_caching: bool = True,
         prefix_cache_config: PrefixCacheConfig | None = None,
         cache_dir: str | os.PathLike[str] | None = None,
+        speculative: Any = None,
     ) -> None:
+        """``speculative``: ``None`` (off), ``"dspark"`` (the shipped drafter), a drafter
+        checkpoint directory, or a ``DSparkDrafter``/``DSparkSpeculator`` (see ``deepinfer.spec``)."""
         if dtype not in _DTYPES:
             raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {dtype!r}")
         if isinstance(model, LoadedModel):
@@ -71,7 +74,14 @@ class LLM:
                 prefix_cache_config or PrefixCacheConfig(device_blocks=config.num_blocks // 8),
                 model_cache_key(str(self.loaded.path), pool),
             )
-        self.engine = LLMEngine(net, self.tokenizer, config, prefix_cache=adapter, pool=pool)
+        speculator = None
+        if speculative is not None:
+            from deepinfer.spec import build_speculator  # lazy: deepinfer.spec imports the engine
+
+            speculator = build_speculator(speculative, net, pool, max_seqs=config.max_num_seqs)
+        self.engine = LLMEngine(
+            net, self.tokenizer, config, prefix_cache=adapter, pool=pool, speculator=speculator
+        )
 
     def close(self) -> None:
         """Flush the prefix cache (its disk tier survives for the next engine)."""

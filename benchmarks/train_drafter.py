@@ -1,0 +1,210 @@
+"""Train (or resume) the DSpark drafter shipped for the embedded SmolLM2-135M-Instruct.
+
+The corpus is offline and on every machine: the Python standard library's source and the
+documentation shipped with it (``pydoc_data``, module docstrings). The target is frozen; the
+drafter is trained with ``deepinfer_spec.training.train_drafter`` for a bounded wall-clock time
+and resumes from ``--work-dir`` when run again. ``--export`` writes the weights in bf16 (the
+embedding and LM head are shared with the target and never saved) into ``deepinfer/data/``.
+
+    TRITON_INTERPRET=1 nohup .venv/bin/python benchmarks/train_drafter.py --minutes 20 \
+        --work-dir /tmp/dspark-smollm2 --export > /tmp/train_drafter.log 2>&1 &
+    .venv/bin/python benchmarks/train_drafter.py --eval-only --work-dir deepinfer/data/dspark-smollm2
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import random
+import sysconfig
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from deepinfer.model import KVPool, load_model
+from deepinfer.model.spec_adapter import LlamaTargetAdapter
+from deepinfer_spec import DSparkConfig
+from deepinfer_spec.training import TrainConfig, evaluate, load_drafter, train_drafter
+from deepinfer_spec.training.checkpoint import CONFIG, WEIGHTS
+
+REPO = Path(__file__).resolve().parents[1]
+EXPORT_DIR = REPO / "deepinfer" / "data" / "dspark-smollm2"
+
+
+def corpus_files(held_out: bool) -> list[Path]:
+    """Stdlib ``.py`` files (tests excluded: they are mostly boilerplate); a stable 1/40 of the
+    files (by path hash) is held out for evaluation."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    out = []
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root).as_posix()
+        if "site-packages" in rel or "/test" in rel or rel.startswith("test"):
+            continue
+        bucket = int(hashlib.sha256(rel.encode()).hexdigest()[:8], 16) % 40
+        if (bucket == 0) == held_out:
+            out.append(path)
+    return out
+
+
+def token_chunks(
+    tokenizer: object, files: list[Path], seq_len: int, seed: int, deadline: float
+) -> Iterator[list[int]]:
+    """Shuffled files, tokenized lazily and cut into ``seq_len``-token chunks; stops at
+    ``deadline`` (``time.monotonic``) so training ends on time and checkpoints."""
+    order = list(files)
+    random.Random(seed).shuffle(order)
+    for path in order:
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError):
+            continue
+        ids = tokenizer.encode(text)  # type: ignore[attr-defined]
+        for start in range(0, len(ids) - seq_len // 2, seq_len):
+            if time.monotonic() > deadline:
+                return
+            yield ids[start : start + seq_len]
+
+
+def eval_prompts(tokenizer: object, count: int, length: int) -> list[list[int]]:
+    prompts = []
+    for path in corpus_files(held_out=True):
+        ids = tokenizer.encode(path.read_text(encoding="utf-8"))  # type: ignore[attr-defined]
+        if len(ids) > length * 2:
+            prompts.append(ids[length // 2 : length // 2 + length])
+        if len(prompts) == count:
+            break
+    return prompts
+
+
+def export(work_dir: Path, out_dir: Path) -> None:
+    """Copy the drafter weights as bf16 plus its config into ``out_dir``."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    state = load_file(str(work_dir / WEIGHTS))
+    save_file(
+        {k: v.to(torch.bfloat16).contiguous() for k, v in state.items()},
+        str(out_dir / WEIGHTS),
+        metadata={"format": "deepinfer-spec-drafter/1"},
+    )
+    (out_dir / CONFIG).write_text((work_dir / CONFIG).read_text())
+    size = (out_dir / WEIGHTS).stat().st_size
+    print(f"exported {out_dir} ({size / 2**20:.1f} MiB)")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--work-dir", type=Path, default=Path("/tmp/dspark-smollm2"))
+    p.add_argument("--minutes", type=float, default=20.0, help="wall-clock training budget")
+    p.add_argument("--max-steps", type=int, default=100_000)
+    p.add_argument("--seq-len", type=int, default=128)
+    p.add_argument("--batch-size", type=int, default=2)
+    p.add_argument("--anchors", type=int, default=24, help="draft blocks per sequence per step")
+    p.add_argument("--lr", type=float, default=2e-3)
+    p.add_argument("--markov-rank", type=int, default=32)
+    p.add_argument("--window", type=int, default=128)
+    p.add_argument("--layers", default="20,29", help="target layers feeding the context")
+    p.add_argument(
+        "--init-layer", type=int, default=29, help="target layer copied into the backbone"
+    )
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--eval-prompts", type=int, default=4)
+    p.add_argument("--eval-tokens", type=int, default=32)
+    p.add_argument("--eval-only", action="store_true")
+    p.add_argument("--export", action="store_true", help=f"write bf16 weights to {EXPORT_DIR}")
+    args = p.parse_args()
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+
+    loaded = load_model()
+    cfg = loaded.config
+    target = LlamaTargetAdapter(loaded.model, KVPool.for_model(cfg, num_blocks=256))
+    prompts = eval_prompts(loaded.tokenizer, args.eval_prompts, 96)
+
+    def report(tag: str, drafter: object) -> dict[str, object]:
+        t0 = time.monotonic()
+        out = {}
+        for temp in (0.0, 1.0):
+            rep = evaluate(
+                drafter,
+                target,
+                prompts,
+                max_new_tokens=args.eval_tokens,  # type: ignore[arg-type]
+                temperature=temp,
+            )
+            print(f"[{tag}] temperature {temp}\n{rep.format()}", flush=True)
+            out[f"T={temp}"] = {
+                "tau": rep.tau,
+                "acceptance": rep.acceptance,
+                "ece_before": rep.ece_before,
+                "ece_after": rep.ece_after,
+                "temperatures": rep.temperatures,
+                "steps": rep.steps,
+            }
+        print(f"[{tag}] eval took {time.monotonic() - t0:.0f}s", flush=True)
+        return out
+
+    if args.eval_only:
+        drafter = load_drafter(args.work_dir, target).float()
+        print(json.dumps(report("eval", drafter), indent=1))
+        return
+
+    resume = (args.work_dir / "trainer_state.json").exists()
+    config = DSparkConfig(
+        target_layer_ids=tuple(int(x) for x in args.layers.split(",")),
+        gamma=5,
+        window=args.window,
+        num_layers=1,
+        markov_rank=args.markov_rank,
+        num_heads=cfg.num_heads,
+        num_kv_heads=cfg.num_kv_heads,
+        intermediate_size=cfg.intermediate_size,
+        rope_theta=cfg.rope_theta,
+        rms_norm_eps=cfg.rms_norm_eps,
+    )
+    start_step = 0
+    if resume:
+        start_step = json.loads((args.work_dir / "trainer_state.json").read_text())["step"]
+    deadline = time.monotonic() + args.minutes * 60
+    data = token_chunks(
+        loaded.tokenizer, corpus_files(held_out=False), args.seq_len, start_step, deadline
+    )
+    train = TrainConfig(
+        steps=args.max_steps,
+        batch_size=args.batch_size,
+        anchors_per_sequence=args.anchors,
+        max_seq_len=args.seq_len,
+        lr=args.lr,
+        warmup_steps=10,
+        log_every=5,
+        checkpoint_every=10,
+        out_dir=str(args.work_dir),
+        init_from_target_layers=None if resume else (args.init_layer,),
+        progress=True,
+    )
+    t0 = time.monotonic()
+    result = train_drafter(
+        target,
+        data,
+        None if resume else config,
+        train,
+        resume_from=args.work_dir if resume else None,
+    )
+    print(f"trained to step {result.step} in {time.monotonic() - t0:.0f}s", flush=True)
+    for entry in result.history[-5:]:
+        print(entry)
+    metrics = report("after", result.drafter)
+    (args.work_dir / "eval.json").write_text(
+        json.dumps({"step": result.step, "eval": metrics}, indent=1)
+    )
+    if args.export:
+        export(args.work_dir, EXPORT_DIR)
+        (EXPORT_DIR / "eval.json").write_text(
+            json.dumps({"step": result.step, "eval": metrics}, indent=1)
+        )
+
+
+if __name__ == "__main__":
+    main()

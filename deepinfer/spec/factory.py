@@ -1,0 +1,129 @@
+"""Building a :class:`DSparkSpeculator` for an engine: drafter checkpoint, STS, SPS profile.
+
+``speculative`` as accepted by ``LLM(..., speculative=...)``:
+
+* ``None`` (the default): no speculation;
+* ``"dspark"``: the drafter shipped in ``deepinfer/data/dspark-smollm2`` (trained for the
+  embedded SmolLM2-135M-Instruct; a model with another hidden size or vocabulary is refused);
+* a path: a ``deepinfer-spec`` checkpoint directory (``drafter.safetensors`` + ``config.json``,
+  optionally ``sts.json`` with calibration temperatures);
+* a :class:`~deepinfer_spec.DSparkDrafter`, or a ready :class:`DSparkSpeculator`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from deepinfer.model.attention_metadata import AttentionMetadata
+from deepinfer.model.kv_pool import KVPool
+from deepinfer.model.llama import LlamaModel
+from deepinfer.model.spec_adapter import LlamaTargetAdapter
+from deepinfer.spec.speculator import DSparkSpeculator
+from deepinfer_spec import DSparkDrafter, PrefixScheduler, SPSCurve, VerifyScheduler, profile_sps
+from deepinfer_spec.training import load_drafter
+
+SHIPPED_DRAFTER = Path(__file__).resolve().parents[1] / "data" / "dspark-smollm2"
+STS_FILE = "sts.json"
+
+SpeculativeSpec = str | os.PathLike[str] | DSparkDrafter | DSparkSpeculator | None
+
+
+@torch.no_grad()
+def profile_target_sps(
+    model: LlamaModel,
+    pool: KVPool,
+    batch_sizes: Sequence[int] = (1, 2, 4, 8, 16, 32),
+    *,
+    context: int = 64,
+    repeats: int = 2,
+    warmup: int = 1,
+) -> SPSCurve:
+    """Time real target forwards of ``B`` new tokens over a ``context``-token paged history.
+
+    Borrows free blocks of ``pool`` for the duration and returns them; the K/V it writes there
+    is scratch. Cheap by design (``len(batch_sizes) * (repeats + warmup)`` forwards).
+    """
+    sizes = sorted({int(b) for b in batch_sizes})
+    if not sizes or sizes[0] < 1:
+        raise ValueError(f"batch_sizes: expected positive sizes, got {list(batch_sizes)}")
+    bs = pool.block_size
+    need = -(-(context + sizes[-1]) // bs)
+    if need > pool.num_free_blocks:
+        raise ValueError(f"pool: profiling needs {need} free blocks, {pool.num_free_blocks} free")
+    blocks = pool.allocate(need)
+    device = model.embed_tokens.weight.device
+    vocab = model.config.vocab_size
+    gen = torch.Generator().manual_seed(0)
+    try:
+
+        def forward(start: int, length: int) -> None:
+            attn = AttentionMetadata.build([blocks], [start + length], [length], bs, device=device)
+            ids = torch.randint(0, vocab, (length,), generator=gen).to(device)
+            pos = torch.arange(start, start + length, device=device)
+            with torch.inference_mode():
+                hidden = model(ids, pos, attn, pool)
+                model.compute_logits(hidden)
+
+        forward(0, context)  # a real history for the timed steps to attend to
+        sync = torch.cuda.synchronize if device.type == "cuda" else None
+        return profile_sps(lambda b: forward(context, b), sizes, repeats, warmup, synchronize=sync)
+    finally:
+        pool.free(blocks)
+
+
+def load_sts(directory: str | os.PathLike[str]) -> dict[str, torch.Tensor]:
+    """``{"greedy": T[G], "sampling": T[G]}`` from a checkpoint's ``sts.json`` (may be empty)."""
+    path = Path(directory) / STS_FILE
+    if not path.exists():
+        return {}
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{path}: cannot read STS temperatures ({exc})") from exc
+    return {k: torch.tensor(v, dtype=torch.float32) for k, v in data.items() if k in _STS_KEYS}
+
+
+_STS_KEYS = ("greedy", "sampling")
+
+
+def build_speculator(
+    speculative: SpeculativeSpec,
+    model: LlamaModel,
+    pool: KVPool,
+    *,
+    max_seqs: int,
+    scheduler: VerifyScheduler | None = None,
+) -> DSparkSpeculator | None:
+    """Turn ``LLM(speculative=...)`` into a speculator for ``model`` (see module docstring).
+
+    Without ``scheduler`` the prefix scheduler runs over an SPS curve profiled now on ``model``.
+    """
+    if speculative is None or isinstance(speculative, DSparkSpeculator):
+        return speculative
+    sts: dict[str, torch.Tensor] = {}
+    if isinstance(speculative, DSparkDrafter):
+        drafter = speculative
+    else:
+        directory = SHIPPED_DRAFTER if speculative == "dspark" else Path(speculative)
+        if not (directory / "config.json").exists():
+            raise ValueError(
+                f"speculative: {os.fspath(directory)!r} is not a drafter checkpoint directory"
+            )
+        target = LlamaTargetAdapter(model, pool)
+        weight = model.embed_tokens.weight
+        drafter = load_drafter(directory, target, weight.device).to(weight.dtype)
+        sts = load_sts(directory)
+    if scheduler is None:
+        scheduler = PrefixScheduler(profile_target_sps(model, pool))
+    return DSparkSpeculator(
+        drafter,
+        scheduler,
+        max_seqs=max_seqs,
+        sts_greedy=sts.get("greedy"),
+        sts_sampling=sts.get("sampling"),
+    )

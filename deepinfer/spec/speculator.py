@@ -1,0 +1,355 @@
+"""`DSparkSpeculator`: the engine's decode steps through a DSpark drafter.
+
+The engine hands every step's chunks to :meth:`DSparkSpeculator.run` instead of running them
+itself. One step is still ONE target forward over the flat ragged batch:
+
+1. for each decoding sequence whose drafter state is in sync, the drafter proposes ``gamma``
+   tokens after the anchor (the last sampled token, which the target has not read yet);
+2. the verification scheduler (DSpark's prefix scheduler over the profiled ``SPS(B)`` curve)
+   picks ``n_b`` drafts per sequence, capped by what the request may still emit;
+3. the forward runs over prefill chunks and over ``[anchor ; d_1 .. d_n]`` of each decode
+   sequence (query length ``1 + n``), capturing the drafter's target layers;
+4. ``greedy_verify`` (temperature 0) or ``speculative_verify`` (on the filtered distribution
+   the request asked for) accepts a prefix; the accepted tokens plus the correction/bonus go
+   through the engine's stop rules (a stop token mid-block truncates the rest);
+5. the KV "rollback" lowers ``num_computed`` (stale slots are overwritten next step) and the
+   drafter's ring buffer receives the projected features of the anchor and accepted drafts.
+
+Invariant: a tracked sequence's ring count equals its ``num_computed``. Positions the ring never
+saw (a prefix loaded from the cache) are recomputed, at most ``window`` of them, by extending
+the sequence's chunk backwards; K/V of identical tokens at identical positions is rewritten.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence as Seq
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import torch
+
+from deepinfer.engine.outputs import RequestOutput
+from deepinfer.engine.sequence import Sequence
+from deepinfer.model.attention_metadata import AttentionMetadata
+from deepinfer_kernels import greedy_verify, sampling_probs, speculative_verify
+from deepinfer_spec import ContextRing, DSparkDrafter, VerifyScheduler, apply_temperatures, propose
+
+if TYPE_CHECKING:
+    from deepinfer.engine.engine import LLMEngine, _Chunk
+
+
+@dataclass
+class SpecStats:
+    """Engine-wide speculation counters (per-request ones live in ``RequestMetrics``)."""
+
+    num_steps: int = 0  # forwards that verified drafts of at least one sequence
+    num_rows: int = 0  # (sequence, step) pairs that drafted
+    num_verified: int = 0
+    num_accepted: int = 0
+    num_emitted: int = 0
+    verified_per_step: list[int] = field(default_factory=list)
+
+    @property
+    def mean_accepted_length(self) -> float:
+        """Tokens emitted per drafting (sequence, step), bonus included."""
+        return self.num_emitted / self.num_rows if self.num_rows else 0.0
+
+    @property
+    def mean_verified_per_row(self) -> float:
+        return self.num_verified / self.num_rows if self.num_rows else 0.0
+
+
+@dataclass
+class _Work:
+    """One chunk of this step: tokens ``base .. end`` of the sequence, then ``drafts``."""
+
+    chunk: _Chunk
+    base: int
+    drafts: list[int]
+    draft_row: int = -1  # row in the step's draft tensors, -1 if it did not draft
+
+    @property
+    def seq(self) -> Sequence:
+        return self.chunk.seq
+
+    @property
+    def end(self) -> int:
+        return self.chunk.start + self.chunk.length
+
+    @property
+    def q_len(self) -> int:
+        return self.end - self.base + len(self.drafts)
+
+
+class DSparkSpeculator:
+    """Drafts, schedules and verifies for an :class:`~deepinfer.engine.engine.LLMEngine`.
+
+    Args:
+        drafter: a trained :class:`deepinfer_spec.DSparkDrafter` whose target is the engine's model.
+        scheduler: how many drafts to verify per sequence (``PrefixScheduler`` over a profiled
+            curve in practice, see :func:`deepinfer.spec.profile_target_sps`).
+        max_seqs: drafter state slots (the engine's ``max_num_seqs``).
+        sts_greedy / sts_sampling: STS temperatures ``[gamma]`` calibrating the confidence of
+            greedy / sampled requests (``None``: raw confidence).
+    """
+
+    def __init__(
+        self,
+        drafter: DSparkDrafter,
+        scheduler: VerifyScheduler,
+        *,
+        max_seqs: int,
+        sts_greedy: torch.Tensor | None = None,
+        sts_sampling: torch.Tensor | None = None,
+    ) -> None:
+        if not isinstance(drafter, DSparkDrafter):
+            raise TypeError(f"drafter: expected DSparkDrafter, got {type(drafter).__name__}")
+        if not isinstance(max_seqs, int) or max_seqs < 1:
+            raise ValueError(f"max_seqs: expected a positive int, got {max_seqs!r}")
+        self.drafter = drafter.eval()
+        self.scheduler = scheduler
+        self.gamma = drafter.config.gamma
+        self.window = drafter.config.window
+        self.layer_ids = list(drafter.config.target_layer_ids)
+        for name, temps in (("sts_greedy", sts_greedy), ("sts_sampling", sts_sampling)):
+            if temps is not None and tuple(temps.shape) != (self.gamma,):
+                raise ValueError(f"{name}: expected shape ({self.gamma},), got {temps.shape}")
+        self.sts_greedy, self.sts_sampling = sts_greedy, sts_sampling
+        weight = drafter.context_proj.weight
+        self.device = weight.device
+        self.ring = ContextRing(
+            max_seqs, self.window, drafter.hidden_size, dtype=weight.dtype, device=weight.device
+        )
+        self._slots: dict[int, int] = {}
+        self._free = list(range(max_seqs - 1, -1, -1))
+        self.stats = SpecStats()
+
+    # ------------------------------------------------------------------ engine hooks
+    def num_draft_slots(self, seq: Sequence, max_model_len: int) -> int:
+        """Most drafts worth verifying for ``seq`` now: ``gamma`` capped so that no verified
+        token lies past what the request may still emit or past the context."""
+        remaining = seq.params.max_tokens - len(seq.output_ids) - 1
+        room = max_model_len - seq.num_tokens
+        return max(0, min(self.gamma, remaining, room))
+
+    def release(self, seq_id: int) -> None:
+        """Forget a finished or preempted sequence (a preempted one re-prefills its state)."""
+        slot = self._slots.pop(seq_id, None)
+        if slot is not None:
+            self._free.append(slot)
+
+    @torch.no_grad()
+    def run(self, engine: LLMEngine, chunks: Seq[_Chunk]) -> list[RequestOutput]:
+        """Run one engine step (prefill chunks and decodes) with speculative decodes."""
+        works = [self._prepare(c) for c in chunks]
+        drafting = [w for w in works if w.chunk.max_drafts > 0 and self._in_sync(w)]
+        draft = self._propose(drafting)
+        model = engine.model
+        input_ids: list[int] = []
+        positions: list[int] = []
+        for w in works:
+            input_ids.extend(w.seq.all_ids[w.base : w.end])
+            input_ids.extend(w.drafts)
+            positions.extend(range(w.base, w.base + w.q_len))
+        attn = AttentionMetadata.build(
+            [w.seq.block_ids for w in works],
+            seq_lens=[w.base + w.q_len for w in works],
+            query_lens=[w.q_len for w in works],
+            block_size=engine.config.block_size,
+            device=engine.device,
+        )
+        ids = torch.tensor(input_ids, dtype=torch.int64, device=engine.device)
+        pos = torch.tensor(positions, dtype=torch.int64, device=engine.device)
+        with torch.inference_mode():
+            hidden, layers = model.forward_with_layers(ids, pos, attn, engine.pool, self.layer_ids)
+        features = torch.cat(layers, dim=-1)
+        engine.num_steps += 1
+        engine.num_forward_tokens += len(input_ids)
+        if drafting:
+            self.stats.num_steps += 1
+            self.stats.verified_per_step.append(sum(len(w.drafts) for w in drafting))
+
+        offsets, offset = [], 0
+        for w in works:
+            offsets.append(offset)
+            offset += w.q_len
+        accepted = self._verify(engine, works, offsets, hidden, draft)
+        now = time.perf_counter()
+        outputs: list[RequestOutput] = []
+        plain_ready: list[tuple[_Work, int]] = []
+        for w, off in zip(works, offsets):
+            known = w.end - w.base
+            if w.draft_row >= 0:
+                num_acc, tokens = accepted[w.draft_row]
+                w.seq.num_computed = w.chunk.start + 1 + num_acc
+                self._append_features(w, features[off : off + known + num_acc])
+                self._record(w, num_acc, len(tokens))
+                outputs.append(engine._append(w.seq, tokens, now))
+                continue
+            w.seq.num_computed = w.end
+            self._append_features(w, features[off : off + known])
+            if w.seq.num_computed == w.seq.num_tokens:
+                plain_ready.append((w, off + known - 1))
+        if plain_ready:
+            with torch.inference_mode():
+                logits = model.compute_logits(hidden[[row for _, row in plain_ready]])
+            sampled = engine._sample([w.seq for w, _ in plain_ready], logits)
+            for (w, _), token in zip(plain_ready, sampled):
+                outputs.append(engine._append(w.seq, [token], now))
+        return outputs
+
+    # ------------------------------------------------------------------ steps
+    def _prepare(self, chunk: _Chunk) -> _Work:
+        """Give the sequence a ring slot and extend the chunk back over positions the ring
+        never saw (at most ``window`` of them; older ones can never be attended to)."""
+        seq = chunk.seq
+        slot = self._slot(seq.seq_id)
+        if slot is None:
+            return _Work(chunk, chunk.start, [])
+        count = int(self.ring.counts(torch.tensor([slot]))[0])
+        if count > chunk.start:  # cannot happen while release() is called on preemption
+            self.ring.reset(torch.tensor([slot]))
+            count = 0
+        base = max(count, chunk.start - self.window)
+        if count < base:
+            gap = base - count
+            zeros = torch.zeros(1, gap, self.ring.feature_dim, device=self.device)
+            self.ring.append(torch.tensor([slot]), zeros, torch.tensor([gap]))
+        return _Work(chunk, base, [])
+
+    def _in_sync(self, w: _Work) -> bool:
+        return w.base == w.chunk.start and w.seq.seq_id in self._slots
+
+    def _propose(self, drafting: list[_Work]) -> dict[str, torch.Tensor] | None:
+        """Draft for every sequence in ``drafting`` and schedule how many to verify."""
+        if not drafting:
+            return None
+        slots = torch.tensor([self._slots[w.seq.seq_id] for w in drafting], device=self.device)
+        anchors = torch.tensor(
+            [w.seq.all_ids[w.chunk.start] for w in drafting], dtype=torch.int64, device=self.device
+        )
+        context, valid = self.ring.view(slots)
+        batch, gamma = len(drafting), self.gamma
+        tokens = torch.zeros(batch, gamma, dtype=torch.int64, device=self.device)
+        probs: torch.Tensor | None = None
+        conf = torch.zeros(batch, gamma, dtype=torch.float32, device=self.device)
+        temps = [float(w.seq.params.temperature) for w in drafting]
+        for temp in sorted(set(temps)):
+            rows = torch.tensor([i for i, t in enumerate(temps) if t == temp], device=self.device)
+            d = propose(self.drafter, anchors[rows], context[rows], valid[rows], temperature=temp)
+            tokens[rows] = d.token_ids
+            sts = self.sts_greedy if temp == 0 else self.sts_sampling
+            conf[rows] = apply_temperatures(d.confidence, sts) if sts is not None else d.confidence
+            if temp > 0:
+                if probs is None:
+                    probs = torch.zeros(batch, gamma, d.probs.shape[-1], device=self.device)
+                probs[rows] = d.probs
+        n = self.scheduler.schedule(conf).to(torch.int64).cpu()
+        caps = torch.tensor([w.chunk.max_drafts for w in drafting])
+        n = torch.minimum(n.clamp(0, gamma), caps)
+        token_lists = tokens.cpu().tolist()
+        for i, w in enumerate(drafting):
+            w.draft_row = i
+            w.drafts = [int(t) for t in token_lists[i][: int(n[i])]]
+        out = {"tokens": tokens, "n": n}
+        if probs is not None:
+            out["probs"] = probs
+        return out
+
+    def _verify(
+        self,
+        engine: LLMEngine,
+        works: list[_Work],
+        offsets: list[int],
+        hidden: torch.Tensor,
+        draft: dict[str, torch.Tensor] | None,
+    ) -> dict[int, tuple[int, list[int]]]:
+        """``draft_row -> (num_accepted, emitted tokens)`` for every drafting sequence."""
+        if draft is None:
+            return {}
+        rows = [(w, off) for w, off in zip(works, offsets) if w.draft_row >= 0]
+        n = draft["n"]
+        # At least one draft column: the verify kernels take [B, G >= 1] (n = 0 rows are fine).
+        width = max(int(n.max()), 1) + 1
+        batch = len(rows)
+        vocab = engine.model.config.vocab_size
+        # Row b's verify block: the anchor's row then its drafts', padded by repeating the last.
+        index = torch.tensor(
+            [
+                [off + (w.end - w.base) - 1 + min(j, len(w.drafts)) for j in range(width)]
+                for w, off in rows
+            ],
+            device=hidden.device,
+        )
+        with torch.inference_mode():
+            logits = engine.model.compute_logits(hidden[index.reshape(-1)]).float()
+        logits = logits.reshape(batch, width, vocab).cpu()
+        drafts = draft["tokens"][:, : width - 1].cpu()
+        result: dict[int, tuple[int, list[int]]] = {}
+        greedy = [i for i, (w, _) in enumerate(rows) if w.seq.params.temperature == 0]
+        sampled = [i for i, (w, _) in enumerate(rows) if w.seq.params.temperature > 0]
+        if greedy:
+            g = torch.tensor(greedy)
+            res = greedy_verify(drafts[g], logits[g], n[g])
+            self._collect(result, [rows[i][0] for i in greedy], res)
+        if sampled:
+            s = torch.tensor(sampled)
+            params = [rows[i][0].seq.params for i in sampled]
+            flat = logits[s].reshape(-1, vocab)
+
+            def per_token(values: list[float] | list[int], dtype: torch.dtype) -> torch.Tensor:
+                return torch.tensor(values, dtype=dtype).repeat_interleave(width)
+
+            target = sampling_probs(
+                flat,
+                per_token([p.temperature for p in params], torch.float32),
+                per_token([p.top_k for p in params], torch.int64),
+                per_token([p.top_p for p in params], torch.float32),
+                per_token([p.min_p for p in params], torch.float32),
+            ).reshape(len(sampled), width, vocab)
+            assert "probs" in draft
+            res = speculative_verify(
+                drafts[s],
+                draft["probs"][s, : width - 1].cpu(),
+                target,
+                n[s],
+                generator=engine.generator,
+            )
+            self._collect(result, [rows[i][0] for i in sampled], res)
+        return result
+
+    @staticmethod
+    def _collect(result: dict[int, tuple[int, list[int]]], works: list[_Work], res: object) -> None:
+        out_ids = res.output_ids.tolist()  # type: ignore[attr-defined]
+        num_acc = res.num_accepted.tolist()  # type: ignore[attr-defined]
+        num_emit = res.num_emitted.tolist()  # type: ignore[attr-defined]
+        for i, w in enumerate(works):
+            result[w.draft_row] = (int(num_acc[i]), [int(t) for t in out_ids[i][: num_emit[i]]])
+
+    def _append_features(self, w: _Work, features: torch.Tensor) -> None:
+        slot = self._slots.get(w.seq.seq_id)
+        if slot is None or features.shape[0] == 0:
+            return
+        projected = self.drafter.project_context(features.to(self.device))
+        self.ring.append(
+            torch.tensor([slot]), projected[None], torch.tensor([int(features.shape[0])])
+        )
+
+    def _record(self, w: _Work, num_accepted: int, num_emitted: int) -> None:
+        m = w.seq.metrics
+        m.num_spec_steps += 1
+        m.num_verified_drafts += len(w.drafts)
+        m.num_accepted_drafts += num_accepted
+        self.stats.num_rows += 1
+        self.stats.num_verified += len(w.drafts)
+        self.stats.num_accepted += num_accepted
+        self.stats.num_emitted += num_emitted
+
+    def _slot(self, seq_id: int) -> int | None:
+        slot = self._slots.get(seq_id)
+        if slot is None and self._free:
+            slot = self._free.pop()
+            self._slots[seq_id] = slot
+            self.ring.reset(torch.tensor([slot]))
+        return slot

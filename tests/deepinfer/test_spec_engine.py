@@ -1,0 +1,284 @@
+"""DSpark inside the engine: lossless greedy, sampling limits, mixed batches, prefix-cache gaps.
+
+The drafter is an "oracle" built at test time: its Markov head carries a large bigram bias
+learned from the plain engine's own greedy outputs, so drafts are often (not always) right and
+every path (full acceptance, partial rejection, ragged verify lengths) is exercised.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import Counter, defaultdict
+
+import pytest
+import torch
+from model_helpers import random_hf_state, tiny_config
+
+from deepinfer.engine.config import EngineConfig
+from deepinfer.engine.engine import LLMEngine
+from deepinfer.engine.sampling_params import SamplingParams
+from deepinfer.model import KVPool, build_model
+from deepinfer.model.spec_adapter import LlamaTargetAdapter
+from deepinfer.spec import DSparkSpeculator, profile_target_sps
+from deepinfer_spec import (
+    DSparkConfig,
+    DSparkDrafter,
+    FixedGammaScheduler,
+    PrefixScheduler,
+    SPSCurve,
+)
+
+WINDOW = 8
+CFG = EngineConfig(block_size=4, num_blocks=256, max_num_seqs=8, max_batched_tokens=24)
+
+
+@pytest.fixture(scope="module")
+def model():
+    cfg = tiny_config(max_position_embeddings=512)
+    return build_model(cfg, random_hf_state(cfg, seed=11))
+
+
+def prompts() -> list[list[int]]:
+    gen = torch.Generator().manual_seed(3)
+    lengths = [1, 3, 7, 12, 21, 30]  # several longer than the drafter's window
+    return [torch.randint(3, 200, (n,), generator=gen).tolist() for n in lengths]
+
+
+def run(engine: LLMEngine, reqs: list[tuple[list[int], SamplingParams]], stagger: int = 0):
+    """Drive ``engine``; request ``i`` is added after ``i * stagger`` steps. Returns outputs."""
+    pending = list(enumerate(reqs))
+    done: dict[str, object] = {}
+    steps = 0
+    while pending or engine.has_unfinished():
+        while pending and pending[0][0] * stagger <= steps:
+            i, (prompt, params) = pending.pop(0)
+            engine.add_request(prompt, params, request_id=str(i))
+        for out in engine.step():
+            if out.finished:
+                done[out.request_id] = out
+        steps += 1
+    return [done[str(i)] for i in range(len(reqs))]
+
+
+def plain_engine(model) -> LLMEngine:
+    return LLMEngine(model, None, CFG)
+
+
+def oracle_drafter(model, outputs: list[list[int]], seed: int = 0) -> DSparkDrafter:
+    """A drafter whose Markov bias predicts the most frequent successor seen in ``outputs``."""
+    cfg = model.config
+    target = LlamaTargetAdapter(model, KVPool.for_model(cfg, num_blocks=4, block_size=4))
+    torch.manual_seed(seed)
+    drafter = DSparkDrafter(
+        DSparkConfig(
+            target_layer_ids=(0, 1),
+            gamma=4,
+            window=WINDOW,
+            markov_rank=cfg.vocab_size,
+            num_heads=4,
+        ),
+        target,
+    )
+    succ: dict[int, Counter[int]] = defaultdict(Counter)
+    for seq in outputs:
+        for a, b in itertools.pairwise(seq):
+            succ[a][b] += 1
+    with torch.no_grad():
+        drafter.markov_in.weight.copy_(torch.eye(cfg.vocab_size))
+        drafter.markov_out.weight.zero_()
+        for a, counter in succ.items():
+            drafter.markov_out.weight[counter.most_common(1)[0][0], a] = 60.0
+    return drafter.eval()
+
+
+class RecordingSpeculator(DSparkSpeculator):
+    """Records, per step, (prefill tokens, verify lengths) to prove mixed ragged batches ran."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.steps: list[tuple[int, list[int]]] = []
+
+    def run(self, engine, chunks):
+        outs = super().run(engine, chunks)
+        prefill = sum(c.length for c in chunks if c.seq.num_computed < c.seq.prefill_target)
+        verify = [len(w) for w in self.last_drafts]
+        self.steps.append((prefill, verify))
+        return outs
+
+    def _propose(self, drafting):
+        out = super()._propose(drafting)
+        self.last_drafts = [w.drafts for w in drafting]
+        return out
+
+
+def spec_engine(model, drafter, scheduler=None, cls=DSparkSpeculator) -> LLMEngine:
+    spec = cls(drafter, scheduler or PrefixScheduler(SPSCurve.flat()), max_seqs=CFG.max_num_seqs)
+    return LLMEngine(model, None, CFG, speculator=spec)
+
+
+@pytest.fixture(scope="module")
+def greedy_reference(model):
+    reqs = [(p, SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)) for p in prompts()]
+    outs = run(plain_engine(model), reqs)
+    return reqs, [o.token_ids for o in outs]
+
+
+def test_greedy_spec_equals_plain_greedy(model, greedy_reference) -> None:
+    reqs, expected = greedy_reference
+    engine = spec_engine(model, oracle_drafter(model, expected))
+    outs = run(engine, reqs)
+    assert [o.token_ids for o in outs] == expected
+    verified = sum(o.metrics.num_verified_drafts for o in outs)
+    accepted = sum(o.metrics.num_accepted_drafts for o in outs)
+    steps = sum(o.metrics.num_spec_steps for o in outs)
+    # Both paths ran: many drafts accepted, some rejected; fewer steps than tokens.
+    assert 0 < accepted < verified
+    assert steps < sum(len(t) for t in expected)
+    assert engine.speculator.stats.mean_accepted_length > 1.5
+
+
+def test_untrained_drafter_is_still_lossless(model, greedy_reference) -> None:
+    reqs, expected = greedy_reference
+    cfg = model.config
+    target = LlamaTargetAdapter(model, KVPool.for_model(cfg, num_blocks=4, block_size=4))
+    torch.manual_seed(1)
+    drafter = DSparkDrafter(DSparkConfig(target_layer_ids=(1,), gamma=3, window=WINDOW), target)
+    engine = spec_engine(model, drafter.eval(), FixedGammaScheduler(3))
+    assert [o.token_ids for o in run(engine, reqs)] == expected
+
+
+def test_stop_token_mid_block_truncates(model, greedy_reference) -> None:
+    reqs, expected = greedy_reference
+    drafter = oracle_drafter(model, expected)
+    # Stop at a token first produced mid-sequence; everything after it must be dropped.
+    stop_reqs, want = [], []
+    for (prompt, _), out in zip(reqs, expected):
+        stop = out[5]
+        cut = out.index(stop) + 1
+        stop_reqs.append(
+            (
+                prompt,
+                SamplingParams(
+                    temperature=0, max_tokens=24, ignore_eos=True, stop_token_ids=[stop]
+                ),
+            )
+        )
+        want.append(out[:cut])
+    outs = run(spec_engine(model, drafter), stop_reqs)
+    assert [o.token_ids for o in outs] == want
+    assert all(o.finish_reason == "stop" for o in outs)
+    # max_tokens reached mid-block: exactly max_tokens tokens, the plain prefix.
+    limited = [(p, SamplingParams(temperature=0, max_tokens=7, ignore_eos=True)) for p, _ in reqs]
+    outs = run(spec_engine(model, drafter), limited)
+    assert [o.token_ids for o in outs] == [e[:7] for e in expected]
+    assert all(o.finish_reason == "length" for o in outs)
+
+
+def test_mixed_batch_with_ragged_verify_lengths(model, greedy_reference) -> None:
+    reqs, expected = greedy_reference
+    engine = spec_engine(model, oracle_drafter(model, expected), cls=RecordingSpeculator)
+    outs = run(engine, reqs, stagger=2)
+    assert [o.token_ids for o in outs] == expected
+    steps = engine.speculator.steps
+    assert any(prefill > 0 and verify for prefill, verify in steps), "no mixed step ran"
+    assert any(len(set(v)) > 1 for _, v in steps), "verify lengths were never ragged"
+
+
+def test_sampling_respects_max_tokens_and_stop(model, greedy_reference) -> None:
+    _, expected = greedy_reference
+    engine = spec_engine(model, oracle_drafter(model, expected))
+    stop = 7
+    reqs = [
+        (p, SamplingParams(temperature=0.8, top_k=50, max_tokens=n, stop_token_ids=[stop], seed=s))
+        for s, (p, n) in enumerate(zip(prompts(), [1, 5, 9, 13, 17, 30]))
+    ]
+    reqs.append((prompts()[2], SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)))
+    outs = run(engine, reqs, stagger=1)
+    vocab = model.config.vocab_size
+    for (_, params), out in zip(reqs, outs):
+        toks = out.token_ids
+        assert 1 <= len(toks) <= params.max_tokens
+        assert all(0 <= t < vocab for t in toks)
+        if out.finish_reason == "length":
+            assert len(toks) == params.max_tokens
+        else:
+            assert out.finish_reason == "stop" and toks[-1] in (stop, *model.config.eos_token_ids)
+        assert stop not in toks[:-1] and not set(model.config.eos_token_ids) & set(toks[:-1])
+    assert outs[-1].token_ids == expected[2][:10]  # a greedy row in a sampling batch stays exact
+    assert engine.speculator.stats.num_verified > 0
+
+
+class _CopyCache:
+    """A toy prefix cache keeping copies of whole KV blocks (enough to create ring gaps)."""
+
+    def __init__(self, pool: KVPool, block_size: int) -> None:
+        self.pool, self.bs = pool, block_size
+        self.blocks: dict[tuple[int, ...], torch.Tensor] = {}
+
+    def num_cached_tokens(self, tokens, namespace=b"") -> int:
+        n = 0
+        while tuple(tokens[: n + self.bs]) in self.blocks and n + self.bs <= len(tokens):
+            n += self.bs
+        return n
+
+    def load(self, tokens, namespace, device_block_ids) -> int:
+        for i, block in enumerate(device_block_ids):
+            key = tuple(tokens[: (i + 1) * self.bs])
+            if key not in self.blocks:
+                return i * self.bs
+            self.pool.tensor[:, :, block] = self.blocks[key]
+        return len(device_block_ids) * self.bs
+
+    def save(self, tokens, namespace, device_block_ids, retention="chat") -> int:
+        full = len(tokens) // self.bs
+        for i in range(full):
+            self.blocks[tuple(tokens[: (i + 1) * self.bs])] = self.pool.tensor[
+                :, :, device_block_ids[i]
+            ].clone()
+        return full * self.bs
+
+
+def test_prefix_cache_hit_rebuilds_drafter_state(model, greedy_reference) -> None:
+    reqs, expected = greedy_reference
+    pool = KVPool.for_model(model.config, CFG.num_blocks, CFG.block_size)
+    cache = _CopyCache(pool, CFG.block_size)
+    spec = DSparkSpeculator(
+        oracle_drafter(model, expected), PrefixScheduler(SPSCurve.flat()), max_seqs=8
+    )
+    engine = LLMEngine(model, None, CFG, prefix_cache=cache, pool=pool, speculator=spec)
+    first = run(engine, reqs)
+    assert [o.token_ids for o in first] == expected
+    again = run(engine, reqs)  # prompts now hit the cache: the ring must be rebuilt
+    assert any(o.metrics.num_cached_tokens > WINDOW for o in again)
+    assert [o.token_ids for o in again] == expected
+    assert sum(o.metrics.num_accepted_drafts for o in again) > 0
+
+
+def test_profile_target_sps_returns_a_curve_and_frees_blocks(model) -> None:
+    pool = KVPool.for_model(model.config, 64, 4)
+    free = pool.num_free_blocks
+    curve = profile_target_sps(model, pool, (1, 4, 8), context=8, repeats=1, warmup=0)
+    assert curve.batch_sizes == (1, 4, 8)
+    assert all(s > 0 for s in curve.steps_per_second)
+    assert pool.num_free_blocks == free
+    with pytest.raises(ValueError, match="free blocks"):
+        profile_target_sps(model, KVPool.for_model(model.config, 2, 4), (64,), context=8)
+
+
+def test_num_draft_slots_caps(model, greedy_reference) -> None:
+    _, expected = greedy_reference
+    spec = DSparkSpeculator(
+        oracle_drafter(model, expected), PrefixScheduler(SPSCurve.flat()), max_seqs=2
+    )
+    engine = LLMEngine(model, None, CFG, speculator=spec)
+    engine.add_request([5, 6, 7], SamplingParams(temperature=0, max_tokens=3))
+    seq = engine.waiting[0]
+    assert spec.num_draft_slots(seq, 100) == 2  # max_tokens - 0 generated - 1
+    assert spec.num_draft_slots(seq, 5) == 2
+    assert spec.num_draft_slots(seq, 4) == 1  # context room
+    seq.output_ids.extend([1, 1])
+    assert spec.num_draft_slots(seq, 100) == 0
+    with pytest.raises(ValueError, match="max_seqs"):
+        DSparkSpeculator(spec.drafter, spec.scheduler, max_seqs=0)
+    with pytest.raises(ValueError, match="sts_greedy"):
+        DSparkSpeculator(spec.drafter, spec.scheduler, max_seqs=1, sts_greedy=torch.ones(2))
