@@ -66,7 +66,7 @@ def scenarios(draw: st.DrawFn) -> tuple[SimConfig, int, float, int]:
     )
 
 
-@settings(max_examples=40)
+@settings(max_examples=100)
 @given(scenarios())
 def test_every_request_finishes_or_is_rejected_exactly_once(
     sc: tuple[SimConfig, int, float, int],
