@@ -65,6 +65,60 @@ def _make_tiles(
     return tiles
 
 
+# CPU flash-attention kernel that also returns the natural-log LSE in fp32 (fp32 accumulation
+# for fp16/bf16 inputs, strided K/V accepted). Absent on some builds: then the manual path runs.
+_FUSED = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+
+
+def _fused_softmax(
+    qt: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    keep: torch.Tensor,
+    scale: float,
+    group: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``qt [nb, Hkv, G*M, D]``, ``k, v [nb, Hkv, L, D]``, ``keep [nb, M, L]`` ->
+    ``(o [nb, Hkv, G*M, D], lse [nb, Hkv, G*M] fp32)``."""
+    nb, m, n = keep.shape
+    bias = torch.zeros(keep.shape, dtype=qt.dtype, device=qt.device)
+    bias.masked_fill_(~keep, float("-inf"))
+    bias = bias[:, None].expand(nb, group, m, n).reshape(nb, 1, group * m, n)
+    assert _FUSED is not None
+    o, lse = _FUSED(qt, k, v, attn_mask=bias, scale=scale)
+    return o, lse
+
+
+def _manual_softmax(
+    qt: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    keep: torch.Tensor,
+    scale: float,
+    soft_cap: float,
+    group: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Same contract as :func:`_fused_softmax`, in explicit fp32 ops (soft-cap capable):
+    unnormalised ``exp(s - m)``, then ``o = (p @ v) / l`` and ``lse = m + log(l)``."""
+    nb, m, n = keep.shape
+    hkv, d = k.shape[1], k.shape[3]
+    f32 = torch.float32
+    kf = k.to(dtype=f32, memory_format=torch.contiguous_format)
+    vf = v.to(dtype=f32, memory_format=torch.contiguous_format)
+    scores = torch.matmul(qt.float(), kf.transpose(-1, -2)).mul_(scale)
+    if soft_cap > 0:
+        scores = scores.div_(soft_cap).tanh_().mul_(soft_cap)
+    scores = scores.view(nb, hkv, group, m, n)
+    scores.masked_fill_(~keep[:, None, None], float("-inf"))
+    mx = scores.amax(dim=-1, keepdim=True)
+    p = scores.sub_(mx).exp_()
+    denom = p.sum(dim=-1, keepdim=True)
+    o = torch.matmul(p.view(nb, hkv, group * m, n), vf).view(nb, hkv, group, m, d)
+    o = o / denom
+    row_lse = (mx + torch.log(denom)).view(nb, hkv, group * m)
+    return o.view(nb, hkv, group * m, d).to(qt.dtype), row_lse
+
+
 def _attend_tiles(
     tiles: list[_Tile],
     q: torch.Tensor,
@@ -105,22 +159,17 @@ def _attend_tiles(
     bt_rows = block_table[seq_idx]
     blocks = torch.gather(bt_rows, 1, col.clamp(max=max_blocks - 1))
     blocks = torch.where(col_ok, blocks, torch.zeros_like(blocks)).reshape(-1).long()
-    k = k_cache.index_select(0, blocks).view(nb, n_blk * block_size, hkv, d)
-    v = v_cache.index_select(0, blocks).view(nb, n_blk * block_size, hkv, d)
-    if k.dtype != torch.float32:
-        k, v = k.float(), v.float()
+    # [nb, Hkv, L, D] views of the gathered pages (no transpose copy).
+    k = k_cache.index_select(0, blocks).view(nb, n_blk * block_size, hkv, d).transpose(1, 2)
+    v = v_cache.index_select(0, blocks).view(nb, n_blk * block_size, hkv, d).transpose(1, 2)
 
     # Queries padded to max_q; padded rows repeat a valid row and are never written back.
     t_idx = torch.arange(max_q, device=device)
     q_ok = t_idx[None, :] < n_q[:, None]
     rows = rows0[:, None] + torch.minimum(t_idx[None, :], n_q[:, None] - 1)
-    qt = q.index_select(0, rows.reshape(-1)).float()
-    # [nb, max_q, Hkv, G, D] -> [nb, Hkv, G * max_q, D]
+    qt = q.index_select(0, rows.reshape(-1))
+    # [nb, max_q, Hkv, G, D] -> [nb, Hkv, G * max_q, D]: the G heads of a KV head share it.
     qt = qt.view(nb, max_q, hkv, group, d).permute(0, 2, 3, 1, 4).reshape(nb, hkv, -1, d)
-
-    scores = torch.matmul(qt, k.permute(0, 2, 3, 1)).mul_(scale)
-    if soft_cap > 0:
-        scores = scores.div_(soft_cap).tanh_().mul_(soft_cap)
 
     key_pos = key_lo[:, None] + torch.arange(n_blk * block_size, device=device)[None, :]
     q_pos = first_pos[:, None] + t_idx[None, :]
@@ -129,20 +178,16 @@ def _attend_tiles(
         keep = keep & (key_pos[:, None, :] <= q_pos[:, :, None])
     if window > 0:
         keep = keep & (key_pos[:, None, :] > q_pos[:, :, None] - window)
-    scores = scores.view(nb, hkv, group, max_q, -1)
-    scores.masked_fill_(~keep[:, None, None], float("-inf"))
+    keep = keep.expand(nb, max_q, key_pos.shape[1])  # every row keeps at least its own key
 
-    m = scores.amax(dim=-1, keepdim=True)
-    m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
-    p = scores.sub_(m).exp_()
-    denom = p.sum(dim=-1, keepdim=True)
-    o = torch.matmul(p.view(nb, hkv, group * max_q, -1), v.permute(0, 2, 1, 3))
-    o = o.view(nb, hkv, group, max_q, d) / denom.clamp_min(torch.finfo(torch.float32).tiny)
-    row_lse = (m + torch.log(denom)).squeeze(-1)  # [nb, Hkv, G, max_q]
+    if soft_cap <= 0 and _FUSED is not None:
+        o, row_lse = _fused_softmax(qt, k, v, keep, scale, group)
+    else:
+        o, row_lse = _manual_softmax(qt, k, v, keep, scale, soft_cap, group)
 
-    # Back to [nb, max_q, Hq, ...] and scatter the valid rows.
-    o = o.permute(0, 3, 1, 2, 4).reshape(nb, max_q, hq, d)
-    row_lse = row_lse.permute(0, 3, 1, 2).reshape(nb, max_q, hq)
+    # [nb, Hkv, G, max_q, ...] back to [nb, max_q, Hq, ...]; scatter the valid rows.
+    o = o.view(nb, hkv, group, max_q, d).permute(0, 3, 1, 2, 4).reshape(nb, max_q, hq, d)
+    row_lse = row_lse.view(nb, hkv, group, max_q).permute(0, 3, 1, 2).reshape(nb, max_q, hq)
     if bool(q_ok.all()):
         flat_rows = rows.reshape(-1)
         out.index_copy_(0, flat_rows, o.reshape(-1, hq, d).to(out.dtype))
