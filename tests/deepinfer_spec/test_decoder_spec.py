@@ -153,8 +153,8 @@ def test_state_equals_a_fresh_prefill_of_the_accepted_text(tiny_model: TinyTarge
     fresh.add_requests(["a", "b"], texts)
     for rid, text in zip(["a", "b"], texts):
         assert target.length(rid) == len(text) - 1
-        live = decoder._requests[rid]
-        ref = fresh._requests[rid]
+        live = decoder.request_state(rid)
+        ref = fresh.request_state(rid)
         assert (live.anchor, live.length) == (ref.anchor, ref.length) == (text[-1], len(text) - 1)
         a_feats, a_valid = decoder.ring.view(torch.tensor([live.slot]))
         b_feats, b_valid = fresh.ring.view(torch.tensor([ref.slot]))

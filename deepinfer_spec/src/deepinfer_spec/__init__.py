@@ -1,9 +1,14 @@
 """deepinfer_spec: see docs/spec.md.
 
-Example::
+Example (``target`` is any ``TargetAdapter``, e.g. ``RecomputeTarget(model)``)::
 
     import deepinfer_spec
+    from deepinfer_spec import DSparkConfig, DSparkDrafter, FixedGammaScheduler, SpecDecoder
+
     print(deepinfer_spec.__version__)
+    drafter = DSparkDrafter(DSparkConfig(target_layer_ids=(0, 1)), target)
+    decoder = SpecDecoder(drafter, target, FixedGammaScheduler(5), temperature=0.7)
+    print(decoder.generate([[1, 2, 3]], max_new_tokens=16))
 """
 
 from deepinfer_spec.adapter import (
@@ -21,7 +26,7 @@ from deepinfer_spec.calibration import (
     reliability_diagram,
 )
 from deepinfer_spec.config import DSparkConfig
-from deepinfer_spec.decoder import SpecDecoder, StepOutput
+from deepinfer_spec.decoder import RequestState, SpecDecoder, StepOutput
 from deepinfer_spec.drafter import DSparkDrafter
 from deepinfer_spec.propose import Draft, propose
 from deepinfer_spec.recompute_target import RecomputeTarget
@@ -47,6 +52,7 @@ __all__ = [
     "DSparkDrafter",
     "Draft",
     "RecomputeTarget",
+    "RequestState",
     "ScoringTarget",
     "SpecDecoder",
     "StepOutput",

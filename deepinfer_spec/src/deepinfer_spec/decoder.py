@@ -52,10 +52,13 @@ class StepOutput:
 
 
 @dataclass
-class _Request:
+class RequestState:
+    """Where a live request stands: its ring slot, its anchor (the last emitted token, not yet
+    read by the target) and the number of tokens in the target's history."""
+
     slot: int
     anchor: int
-    length: int  # tokens in the target's history (positions before the anchor)
+    length: int
 
 
 class SpecDecoder:
@@ -101,12 +104,17 @@ class SpecDecoder:
             dtype=drafter.context_proj.weight.dtype,
             device=device,
         )
-        self._requests: dict[Hashable, _Request] = {}
+        self._requests: dict[Hashable, RequestState] = {}
         self._free = list(range(max_requests - 1, -1, -1))
 
     @property
     def request_ids(self) -> list[Hashable]:
         return list(self._requests)
+
+    def request_state(self, request_id: Hashable) -> RequestState:
+        """A copy of the request's state (raises ``KeyError`` for an unknown id)."""
+        req = self._requests[request_id]
+        return RequestState(req.slot, req.anchor, req.length)
 
     def add_request(self, request_id: Hashable, prompt_ids: Sequence[int]) -> None:
         self.add_requests([request_id], [prompt_ids])
@@ -134,7 +142,9 @@ class SpecDecoder:
             )
         new = []
         for rid, prompt in zip(request_ids, prompts):
-            req = _Request(slot=self._free.pop(), anchor=int(prompt[-1]), length=len(prompt) - 1)
+            req = RequestState(
+                slot=self._free.pop(), anchor=int(prompt[-1]), length=len(prompt) - 1
+            )
             self._requests[rid] = req
             self.ring.reset(torch.tensor([req.slot]))
             if req.length:
