@@ -201,6 +201,9 @@ def paged_attention_triton(
         GROUP=group, G_PAD=g_pad, BLOCK_Q=block_q, BLOCK_N=block_n,
         CAUSAL=causal, USE_WINDOW=window > 0, USE_CAP=soft_cap > 0,
         PRECISION=dot_precision(q.dtype), UPCAST=upcast_dot(q.dtype),
+        # Big accumulators (128 x 128 or 64 x 256 fp32) need 8 warps to stay in registers.
+        num_warps=8 if block_q * g_pad * next_pow2(d, 16) >= 128 * 128 else 4,
+        num_stages=2 if d > 128 else 3,
     )  # fmt: skip
     return out, lse
 
