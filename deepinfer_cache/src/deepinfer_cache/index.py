@@ -149,9 +149,13 @@ class PrefixIndex:
         tier: int,
         retention: str = "chat",
         parent: bytes | None = None,
+        *,
+        touch: bool = True,
     ) -> int:
         """Mark the chain ``hashes`` (children of ``parent``; None = the root) resident in
-        ``tier``, refresh their TTL and touch the whole path. Returns how many nodes are new."""
+        ``tier``, refresh their TTL and touch the whole path from the root. Returns how many
+        nodes are new. ``touch=False`` skips the walk over the ancestors (the caller refreshes
+        the whole chain once afterwards, e.g. when adding one block at a time)."""
         bit = 1 << self._check_tier(tier)
         expires = self.clock.now() + self.retention.ttl(retention)
         prev: _Node | None = None
@@ -183,6 +187,8 @@ class PrefixIndex:
                 lru[h] = node
             path.append(node)
             prev = node
+        if not touch:
+            return created
         ancestors: list[_Node] = []
         anc = path[0].parent if path else prev
         while anc is not None:

@@ -123,13 +123,9 @@ class TieredKVStore:
             self._check_open()
             self._drain_failures()
             present = self.index.match(hashes, touch=False).num_blocks
-            for key in self.index.refresh(hashes[:present], retention):
-                for t in self.tiers:
-                    touch = getattr(t, "touch", None)
-                    if touch is not None:
-                        touch(key, self.index.expires_of(key))
             new = list(range(present, len(hashes)))
             if not new:
+                self._refresh(hashes, retention)
                 return 0
             data = pages[present : len(hashes)] if isinstance(pages, torch.Tensor) else pages(new)
             if data.shape[0] != len(new):
@@ -148,6 +144,7 @@ class TieredKVStore:
                     parent = key
             finally:
                 self._protect = ()
+            self._refresh(hashes[: present + stored], retention)
             self._c["stored_blocks"] += stored
             return stored
 
@@ -312,12 +309,20 @@ class TieredKVStore:
             idx.parent_of(key), idx.retention_of(key) or "chat", idx.expires_of(key) or 0.0
         )
 
+    def _refresh(self, hashes: list[bytes], retention: str) -> None:
+        """Extend the chain's TTL, touch it, and persist moved expiries on durable tiers."""
+        for key in self.index.refresh(hashes, retention):
+            for t in self.tiers:
+                touch = getattr(t, "touch", None)
+                if touch is not None:
+                    touch(key, self.index.expires_of(key))
+
     def _place_new(self, key: bytes, page: torch.Tensor, meta: BlockMeta) -> int | None:
         """Put a new block into the fastest tier that takes it (and, write-through, all lower
         tiers); index it. Returns the tier it landed in, or None."""
         for i in range(len(self.tiers)):
             if self._place(i, key, page, meta):
-                self.index.insert([key], i, meta.retention, parent=meta.parent)
+                self.index.insert([key], i, meta.retention, parent=meta.parent, touch=False)
                 if self.write_policy == "write-through":
                     for j in range(i + 1, len(self.tiers)):
                         if self._place(j, key, page, meta):
