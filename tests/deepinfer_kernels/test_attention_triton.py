@@ -155,3 +155,38 @@ def test_64bit_offsets_in_large_pool(decode: bool) -> None:
     else:
         out = dk.paged_attention(q, k_cache, v_cache, table, seq_lens, cu)
     assert_attention_close(out, expected)
+
+
+@pytest.mark.parametrize("use_triton", [False, True])
+def test_strided_index_tensors_and_query(use_triton: bool) -> None:
+    """Views with non-unit strides (a column-major block table, a strided q) are honoured."""
+    layout = PagedLayout(
+        q_lens=(2, 1), seq_lens=(7, 5), block_size=4, num_blocks=5,
+        block_table=((4, 1), (0, 3)), num_q_heads=2, num_kv_heads=1, head_dim=16,
+    )  # fmt: skip
+    case = materialize(layout, device=DEVICE, seed=9)
+    table = case.block_table.t().contiguous().t()  # same values, column-major
+    q = torch.cat([case.q, case.q], dim=-1)[..., ::2]  # strided last dim
+    assert not table.is_contiguous() and not q.is_contiguous()
+    args = (q, case.k_cache, case.v_cache, table, case.seq_lens, case.cu_seqlens_q)
+    out = dk.paged_attention(*args, use_triton=use_triton)
+    assert_attention_close(out, paged_attention_reference(*args))
+
+
+def test_force_triton_environment_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    layout = PagedLayout((1,), (3,), 4, 1, ((0,),), 2, 1, 16)
+    case = materialize(layout, device=DEVICE, seed=4)
+    monkeypatch.setenv("DEEPINFER_FORCE_TRITON", "1")
+    calls: list[int] = []
+    import deepinfer_kernels.attention.triton_unified as unified
+
+    original = unified.paged_attention_triton
+
+    def spy(*args, **kwargs):  # type: ignore[no-untyped-def]
+        calls.append(1)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(unified, "paged_attention_triton", spy)
+    out = dk.paged_attention(*case.tensors())
+    assert calls == [1]
+    assert_attention_close(out, paged_attention_reference(*case.tensors()))

@@ -179,6 +179,7 @@ def paged_decode_attention_triton(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Launch split-K decode on validated inputs; returns ``(out, lse fp32)``."""
     q = q.contiguous()
+    block_table, seq_lens = block_table.contiguous(), seq_lens.contiguous()
     batch, hq, d = q.shape
     _, block_size, hkv, _ = k_cache.shape
     out = torch.empty_like(q)

@@ -177,7 +177,10 @@ def paged_attention_triton(
     soft_cap: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Launch the unified kernel on validated inputs; returns ``(out, lse fp32)``."""
+    # The kernel assumes unit strides on the last dims of q and the index tensors.
     q = q.contiguous()
+    block_table, seq_lens = block_table.contiguous(), seq_lens.contiguous()
+    cu_seqlens_q = cu_seqlens_q.contiguous()
     total_q, hq, d = q.shape
     _, block_size, hkv, _ = k_cache.shape
     batch = block_table.shape[0]
