@@ -37,8 +37,11 @@ test: lint
 demo: $(STAMP)
 	$(BIN)/deepinfer demo
 
+# Benchmarks: pytest-benchmark files (CPU ratios in one run) plus scripts; transformers is a
+# benchmark-only dependency (benchmarks/vs_transformers.py).
 bench: $(STAMP)
-	$(BIN)/python -m pytest -q benchmarks --benchmark-only
+	$(BIN)/python -m pip install -q "transformers>=4.45"
+	$(BIN)/python -m pytest -q benchmarks -o python_files='bench_kernels_*.py' -p no:xdist --benchmark-only
 
 clean:
 	rm -rf $(VENV) build dist .pytest_cache .mypy_cache .ruff_cache .hypothesis
