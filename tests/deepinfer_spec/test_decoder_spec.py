@@ -10,7 +10,13 @@ import torch
 from conftest import RaggedScheduler, make_drafter
 from spec_tiny_target import TinyTarget
 
-from deepinfer_spec import RecomputeTarget, SpecDecoder
+from deepinfer_spec import (
+    PrefixScheduler,
+    RecomputeTarget,
+    SpecDecoder,
+    SPSCurve,
+    VerifyScheduler,
+)
 
 
 def _chi_square_z(counts: torch.Tensor, probs: torch.Tensor) -> float:
@@ -57,22 +63,25 @@ def _spec_two_token(
     return torch.bincount(pairs, minlength=v * v).float(), accepted, rejected
 
 
+# The prefix scheduler (DSpark Algorithm 1, early stop) on a roofline SPS curve verifies drafts
+# 1..2 for a data-dependent subset: whether draft 2 is verified depends on the sampled draft 1
+# (through c_2), which must not bias the output.
+_PREFIX = PrefixScheduler(SPSCurve.roofline(weight_read_s=5e-3, per_token_s=2e-7))
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    ("temperature", "cap"), [(1.0, [0, 1, 2, 4]), (0.8, None)], ids=["ragged", "full"]
+    ("temperature", "scheduler"),
+    [(1.0, RaggedScheduler(0.0, [0, 1, 2, 4])), (0.8, RaggedScheduler(0.0)), (1.0, _PREFIX)],
+    ids=["ragged", "full", "prefix-scheduler"],
 )
-def test_sampling_is_lossless(temperature: float, cap: list[int] | None) -> None:
+def test_sampling_is_lossless(temperature: float, scheduler: VerifyScheduler) -> None:
     model = TinyTarget(vocab_size=16, hidden_size=32, num_layers=2, logit_scale=2.0, seed=3)
     target = RecomputeTarget(model)
     drafter = make_drafter(target, seed=1, gamma=3)
     gen = torch.Generator().manual_seed(1234)
     decoder = SpecDecoder(
-        drafter,
-        target,
-        RaggedScheduler(0.0, cap),
-        max_requests=4000,
-        temperature=temperature,
-        generator=gen,
+        drafter, target, scheduler, max_requests=4000, temperature=temperature, generator=gen
     )
     prompt = [3, 7, 1, 12, 5, 9, 9, 2, 14, 0, 6]  # longer than the window (8)
     counts, accepted, rejected = _spec_two_token(decoder, prompt, 4000)
