@@ -171,6 +171,19 @@ def test_state_equals_a_fresh_prefill_of_the_accepted_text(tiny_model: TinyTarge
         torch.testing.assert_close(a_feats, b_feats, rtol=1e-4, atol=1e-5)
 
 
+def test_generate_stops_at_stop_tokens(tiny_model: TinyTarget) -> None:
+    target = RecomputeTarget(tiny_model)
+    decoder = SpecDecoder(make_drafter(target), target, RaggedScheduler(), temperature=0)
+    prompt = [4, 9, 2]
+    plain = tiny_model.greedy(prompt, 10)
+    stop = plain[2]
+    cut = plain.index(stop) + 1
+    assert decoder.generate([prompt], 10, stop_token_ids=[stop]) == [plain[:cut]]
+    assert decoder.generate([prompt, [1]], 1) == [plain[:1], tiny_model.greedy([1], 1)]
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        decoder.generate([prompt], 0)
+
+
 class _BadScheduler:
     def __init__(self, result: torch.Tensor) -> None:
         self.result = result

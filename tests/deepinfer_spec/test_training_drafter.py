@@ -125,6 +125,10 @@ def test_training_lowers_tv_and_raises_measured_acceptance() -> None:
     assert after.tau > before.tau + 0.3
     assert after.acceptance[0] > before.acceptance[0]
     assert 1.0 <= after.tau <= 5.0 and len(after.temperatures) == 4
+    # tau = 1 + E[accepted] = 1 + sum_k prod_{i<=k} P(accept i | accepted < i), empirically exact.
+    for rep in (before, after):
+        survival = torch.cumprod(torch.tensor(rep.acceptance, dtype=torch.float64), 0)
+        assert math.isclose(rep.tau, 1.0 + float(survival.sum()), rel_tol=1e-9)
 
 
 def test_checkpoint_round_trip_and_resume(tiny_model: TinyTarget, tmp_path: Path) -> None:
