@@ -13,6 +13,7 @@ from __future__ import annotations
 import itertools
 import time
 from collections import deque
+from collections.abc import Callable
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 from typing import Protocol
@@ -174,6 +175,53 @@ class LLMEngine:
             self._detok[seq_id] = self.tokenizer.detokenizer()
         self.waiting.append(seq)
         return request_id
+
+    def add_prefilled_request(
+        self,
+        prompt_ids: Seq[int],
+        first_token: int,
+        params: SamplingParams,
+        write_kv: Callable[[list[int]], None],
+        *,
+        request_id: str | None = None,
+        namespace: bytes = b"",
+        arrival_time: float | None = None,
+    ) -> RequestOutput:
+        """Start decoding a request whose prompt was prefilled elsewhere (PD disaggregation).
+
+        Allocates ``ceil(len(prompt) / block_size)`` blocks, lets ``write_kv(block_ids)`` fill
+        them with the prompt's K/V, and registers the sequence as running with the prompt
+        computed and ``first_token`` emitted. Returns that token's output (already finished if
+        it met a stop rule). Raises ``OutOfBlocksError`` when the pool lacks free blocks now.
+        """
+        if not isinstance(first_token, int) or not 0 <= first_token < self.model.config.vocab_size:
+            raise ValueError(
+                f"first_token must be a token id in the vocabulary, got {first_token!r}"
+            )
+        request_id = self.add_request(
+            prompt_ids,
+            params,
+            request_id=request_id,
+            namespace=namespace,
+            arrival_time=arrival_time,
+        )
+        seq = self._by_request[request_id]
+        need = seq.blocks_needed(len(seq.prompt_ids), self.config.block_size)
+        try:
+            seq.block_ids = self.pool.allocate(need)
+            write_kv(list(seq.block_ids))
+        except BaseException:
+            self._finish(seq, "abort", save=False)
+            raise
+        seq.num_computed = len(seq.prompt_ids)
+        self.waiting.remove(seq)
+        self.running.append(seq)
+        seq.status = SeqStatus.RUNNING
+        return self._append(seq, [int(first_token)], time.perf_counter())
+
+    def kv_block_ids(self, request_id: str) -> list[int]:
+        """The pool blocks holding an in-flight request's KV, in token order."""
+        return list(self._by_request[request_id].block_ids)
 
     def abort(self, request_id: str) -> None:
         seq = self._by_request.get(request_id)
