@@ -159,7 +159,15 @@ class SpecDecoder:
         out = self.target.extend([rid for rid, _, _ in new], ids, lens, self.layer_ids)
         check_target_output(out, len(new), width, vocab, self.drafter.feature_dim)
         slots = torch.tensor([req.slot for _, req, _ in new], device=self.device)
-        self.ring.append(slots, self.drafter.project_context(out.features), lens)
+        # Only the last `window` positions of a prompt can ever be attended to: project just
+        # those (a long prompt costs the drafter O(window), not O(prompt)).
+        keep = min(width, self.drafter.config.window)
+        idx = (lens - keep).clamp(min=0)[:, None] + torch.arange(keep, device=self.device)
+        rows = torch.arange(len(new), device=self.device)[:, None]
+        projected = self.drafter.project_context(out.features[rows, idx])
+        feats = projected.new_zeros(len(new), width, projected.shape[-1])
+        feats[rows, idx] = projected
+        self.ring.append(slots, feats, lens)
 
     def release(self, request_id: Hashable) -> None:
         req = self._requests.pop(request_id)
