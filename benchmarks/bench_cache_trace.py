@@ -86,7 +86,7 @@ def replay(
     if caps[1]:
         tiers.append(HostTier(PAGE, torch.float16, caps[1] * PAGE_BYTES))
     if caps[2]:
-        tiers.append(DiskTier(tmp, PAGE, torch.float16, caps[2] * (PAGE_BYTES + 1024), fsync=False))
+        tiers.append(DiskTier(tmp, PAGE, torch.float16, caps[2] * (PAGE_BYTES + 512), fsync=False))
     store = TieredKVStore(tiers, BLOCK, clock=clock, persist_on_close=False)
     per_tier = {t.name: 0 for t in tiers}
     for r in trace:

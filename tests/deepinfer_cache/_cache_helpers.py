@@ -36,6 +36,6 @@ def make_store(
         tiers.append(HostTier(PAGE, torch.float32, host_pages * PAGE_BYTES))
     if disk_pages is not None:
         tiers.append(
-            DiskTier(tmp_path, PAGE, torch.float32, disk_pages * (PAGE_BYTES + 1024), fsync=False)
+            DiskTier(tmp_path, PAGE, torch.float32, disk_pages * (PAGE_BYTES + 512), fsync=False)
         )
     return TieredKVStore(tiers, BS, **kw)

@@ -132,14 +132,17 @@ def test_lock_file_stops_a_second_writer(tmp_path) -> None:
     open_tier(tmp_path).close()  # released on close
 
 
-def test_capacity_limit(tmp_path) -> None:
-    one = 2 * 3 * 4 * 2 + 1024
-    tier = open_tier(tmp_path, capacity_bytes=2 * one)
+def test_capacity_limit_is_exact(tmp_path) -> None:
+    one = 2 * 3 * 4 * 2 + fmt.max_header_len(PAGE, torch.bfloat16, "page")
+    tier = open_tier(tmp_path, capacity_bytes=2 * one + one // 2)
+    assert tier.file_bytes == one
     p = torch.zeros(PAGE, dtype=torch.bfloat16)
     assert tier.put(key(0), p, meta()) and tier.put(key(1), p, meta(0))
     assert not tier.has_room() and not tier.put(key(2), p, meta(1))
     tier.flush()
-    assert tier.used_bytes() < 2 * one  # real headers are smaller than the reservation
+    assert (
+        tier.used_bytes() == 2 * one == sum(os.path.getsize(tier.path_of(key(i))) for i in range(2))
+    )
     tier.delete(key(1))
     assert tier.put(key(2), p, meta(1))
     tier.close()

@@ -150,16 +150,17 @@ class IndexMachine(RuleBasedStateMachine):
         for k in path:
             self.m[k].pins -= 1
 
-    @rule(tier=st.integers(0, TIERS - 1))
-    def evict(self, tier: int) -> None:
+    @rule(tier=st.integers(0, TIERS - 1), strict=st.booleans())
+    def evict(self, tier: int, strict: bool) -> None:
         eligible = [
             k
             for k, v in self.m.items()
             if tier in v.tiers
             and v.pins == 0
             and not any(c.parent == k and tier in c.tiers for c in self.m.values())
+            and (not strict or len(v.tiers) > 1 or not any(c.parent == k for c in self.m.values()))
         ]
-        victim = self.idx.pick_victim(tier)
+        victim = self.idx.pick_victim(tier, keep_inner_last_copies=strict)
         if not eligible:
             assert victim is None
             return
@@ -168,6 +169,8 @@ class IndexMachine(RuleBasedStateMachine):
         self.m[victim].tiers.discard(tier)
         del self.stamp[tier][victim]
         if not self.m[victim].tiers:
+            if strict:
+                assert not any(c.parent == victim for c in self.m.values())
             before = set(self.m)
             self._drop(victim)
             assert {d.key for d in dropped} == before - set(self.m)

@@ -36,6 +36,7 @@ FORMAT_VERSION = 1
 _PREFIX = struct.Struct("<8sHI")
 _CRC = struct.Struct("<I")
 _MAX_META = 1 << 16
+HEADER_ALIGN = 512
 
 
 class CorruptBlockError(ValueError):
@@ -84,8 +85,16 @@ def page_bytes_view(page: torch.Tensor) -> memoryview:
 
 
 def encode_header(
-    key: bytes, meta: BlockMeta, page: torch.Tensor, layout: str, payload: memoryview
+    key: bytes,
+    meta: BlockMeta,
+    page: torch.Tensor,
+    layout: str,
+    payload: memoryview,
+    *,
+    align: int = HEADER_ALIGN,
 ) -> bytes:
+    """The header for ``page``; the JSON is padded with spaces so the header length is a
+    multiple of ``align`` (a fixed file size per tier makes capacity accounting exact)."""
     doc = {
         "hash": key.hex(),
         "parent": meta.parent.hex() if meta.parent is not None else None,
@@ -98,8 +107,23 @@ def encode_header(
         "payload_crc32": zlib.crc32(payload),
     }
     body = json.dumps(doc, separators=(",", ":"), sort_keys=True).encode()
+    fixed = _PREFIX.size + _CRC.size
+    body += b" " * (-(fixed + len(body)) % align)
     head = _PREFIX.pack(MAGIC, FORMAT_VERSION, len(body)) + body
     return head + _CRC.pack(zlib.crc32(head))
+
+
+def max_header_len(
+    shape: tuple[int, ...], dtype: torch.dtype, layout: str, retention_len: int = 32
+) -> int:
+    """Header length for the longest field values a block of this geometry can have."""
+    page = torch.empty(shape, dtype=dtype, device="meta")
+    meta = BlockMeta(b"\xff" * 16, "r" * retention_len, -1.7976931348623157e308)
+    doc_payload = memoryview(b"")
+    head = encode_header(b"\xff" * 16, meta, page, layout, doc_payload, align=1)
+    # payload_len and payload_crc32 grow to at most 20 and 10 digits.
+    fixed = len(head) + 20 + 10
+    return fixed + (-fixed % HEADER_ALIGN)
 
 
 def decode_header(buf: bytes | memoryview, file_len: int | None = None) -> BlockHeader:

@@ -10,8 +10,9 @@ Invariants the store relies on:
 * Pins are taken on matched prefixes, so an ancestor is pinned at least as often as any of its
   descendants; pinned nodes are never evicted, dropped or expired.
 * Within a tier, eviction takes the least recently used unpinned node that has no child resident
-  in that tier (a leaf of that tier). Touches walk deepest-first, so ancestors stay more recent
-  than their descendants.
+  in that tier (a leaf of that tier); where a victim cannot be demoted, a last copy must have
+  no children at all, so an eviction never drops blocks cached elsewhere. Touches walk deepest-first, so ancestors stay
+  more recent than their descendants.
 * Dropping a node (last tier gone, or expiry) drops its subtree, which is unreachable otherwise.
 """
 
@@ -267,17 +268,30 @@ class PrefixIndex:
             return []
         return self._drop(node)
 
-    def pick_victim(self, tier: int, exclude: Iterable[bytes] = ()) -> bytes | None:
-        """The LRU unpinned block of ``tier`` with no child in ``tier``; None if there is none."""
+    def pick_victim(
+        self, tier: int, exclude: Iterable[bytes] = (), *, keep_inner_last_copies: bool = True
+    ) -> bytes | None:
+        """The LRU unpinned block of ``tier`` with no child in ``tier``; None if there is none.
+
+        With ``keep_inner_last_copies`` (for a tier whose victims have nowhere to go) a block
+        held only in ``tier`` must also have no children at all, since dropping it would drop
+        descendants cached in other tiers."""
         bit = 1 << self._check_tier(tier)
         skip = set(exclude)
         for key, node in self._lru[tier].items():
             if node.pins or key in skip:
                 continue
-            if node.children and any(c.tiers & bit for c in node.children.values()):
-                continue
+            if node.children:
+                if any(c.tiers & bit for c in node.children.values()):
+                    continue
+                if keep_inner_last_copies and node.tiers == bit:
+                    continue
             return key
         return None
+
+    def has_children(self, key: bytes) -> bool:
+        node = self._nodes.get(key)
+        return bool(node is not None and node.children)
 
     def pin(self, hashes: Sequence[bytes]) -> int:
         """Pin the matched (present, unexpired) prefix of ``hashes``; returns how many."""

@@ -343,12 +343,12 @@ class TieredKVStore:
         return False
 
     def _evict_one(self, i: int) -> bool:
-        victim = self.index.pick_victim(i, self._protect)
+        last = i + 1 == len(self.tiers)
+        victim = self.index.pick_victim(i, self._protect, keep_inner_last_copies=last)
         if victim is None:
             return False
         mask = self.index.tiers_of(victim)
-        lower = mask >> (i + 1)
-        if lower == 0 and i + 1 < len(self.tiers):
+        if mask >> (i + 1) == 0 and not last:
             page = self.tiers[i].get(victim)
             if page is not None:
                 for j in range(i + 1, len(self.tiers)):
@@ -356,6 +356,8 @@ class TieredKVStore:
                         self.index.add_tier(victim, j)
                         self._c["demotions"] += 1
                         break
+        if self.index.tiers_of(victim) == 1 << i and self.index.has_children(victim):
+            return False  # demotion failed; dropping it would drop its cached descendants
         self.tiers[i].delete(victim)
         self._free(self.index.remove_tier(victim, i))
         self._tier_c[i]["evictions"] += 1

@@ -29,6 +29,7 @@ from ..disk_format import (
     CorruptBlockError,
     encode_header,
     fsync_dir,
+    max_header_len,
     page_bytes_view,
     read_block_file,
     read_header_file,
@@ -38,9 +39,6 @@ from ..io_workers import IOWorkers
 from ..lockfile import DirectoryLock
 from ..meta import RecoveredBlock
 from .base import BlockMeta, check_key, check_page, page_nbytes
-
-# Bytes reserved for a header while a write is queued (real headers are ~300 bytes).
-_HEADER_RESERVE = 1024
 
 
 @dataclass
@@ -91,6 +89,8 @@ class DiskTier:
         self.dtype = dtype
         self.layout = layout
         self.page_bytes = page_nbytes(self.page_shape, dtype)
+        # Headers are padded to a fixed length, so every block file has the same size.
+        self.file_bytes = self.page_bytes + max_header_len(self.page_shape, dtype, layout)
         self.capacity_bytes = capacity_bytes
         self.fsync = fsync
         self.counters = DiskCounters()
@@ -170,7 +170,7 @@ class DiskTier:
         return self._used
 
     def has_room(self, nbytes: int | None = None) -> bool:
-        need = self.page_bytes + _HEADER_RESERVE if nbytes is None else nbytes
+        need = self.file_bytes if nbytes is None else nbytes
         return self._used + need <= self.capacity_bytes
 
     def keys(self) -> list[bytes]:
@@ -193,7 +193,7 @@ class DiskTier:
         check_page(page, self.page_shape, self.dtype)
         if meta is None:
             raise ValueError("meta is required by the disk tier (parent, retention, expiry)")
-        size = self.page_bytes + _HEADER_RESERVE
+        size = self.file_bytes
         if key in self or self._used + size > self.capacity_bytes:
             return key in self
         cpu_page = torch.empty(self.page_shape, dtype=self.dtype)
@@ -306,6 +306,8 @@ class DiskTier:
         try:
             payload = page_bytes_view(page)
             header = encode_header(key, meta, page, self.layout, payload)
+            if len(header) + payload.nbytes > reserved:
+                raise OSError("block header longer than reserved")
             size = len(header) + payload.nbytes
             write_block_file(final, tmp, header, payload, fsync=self.fsync, mtime=meta.expires_at)
         except OSError:
