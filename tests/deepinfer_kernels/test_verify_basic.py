@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from _verify_cases import random_problem
+from _verify_cases import random_problem, triton_device
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -141,6 +141,7 @@ def test_rejection_with_no_residual_mass_falls_back_to_target():
     assert int(acc[0]) == 0 and int(out[0, 0]) in (1, 2)
 
 
+@pytest.mark.parametrize("use_triton", [False, True])
 @pytest.mark.parametrize(
     ("field", "value", "match"),
     [
@@ -149,13 +150,66 @@ def test_rejection_with_no_residual_mass_falls_back_to_target():
         ("target", float("inf"), "target_probs"),
         ("draft", float("nan"), "draft_probs"),
         ("draft", -1.0, "draft_probs"),
+        ("target_scalar", -0.5, "target_probs"),
+        ("draft_scalar", -0.5, "draft_probs"),
     ],
 )
-def test_bad_probabilities_raise(field, value, match):
-    ids, p_d, p_t, n = random_problem(4, 3, 5, seed=0)
-    (p_t if field == "target" else p_d)[1, 1, 2] = value
+def test_bad_probabilities_that_are_read_raise(field, value, match, use_triton):
+    # Every request verifies one draft, token 0; the target gives it no mass, so every request
+    # rejects at position 0 and draws from row 0 of both tensors, which are therefore read.
+    ids = torch.zeros(4, 2, dtype=torch.int64)
+    n = torch.ones(4, dtype=torch.int64)
+    p_t = torch.full((4, 3, 5), 0.25)
+    p_t[:, :, 0] = 0.0
+    p_d = torch.full((4, 2, 5), 0.2)
+    if field == "target":
+        p_t[1, 0, 3] = value
+    elif field == "draft":
+        p_d[1, 0, 3] = value
+    elif field == "target_scalar":  # the acceptance scalar p_t(x_0) itself
+        p_t[1, 0, 0] = value
+    else:
+        p_d[1, 0, 0] = value
+    if use_triton:
+        p_t, p_d, ids, n = (t.to(triton_device()) for t in (p_t, p_d, ids, n))
     with pytest.raises(ValueError, match=match):
-        dk.speculative_verify(ids, p_d, p_t, n)
+        dk.speculative_verify(ids, p_d, p_t, n, use_triton=use_triton)
+
+
+@pytest.mark.parametrize("use_triton", [False, True])
+def test_values_never_read_do_not_matter(use_triton):
+    # NaN in a row no draw can come from (position 2 with num_draft_tokens = 1) changes nothing.
+    ids, p_d, p_t, _ = random_problem(6, 3, 9, seed=12, pad=0)
+    n = torch.ones(6, dtype=torch.int64)
+    dirty = p_t.clone()
+    dirty[:, 3] = float("nan")
+    dirty[:, 2] = -1.0
+    dev = triton_device() if use_triton else "cpu"
+    a = dk.speculative_verify(
+        ids.to(dev), p_d.to(dev), p_t.to(dev), n.to(dev),
+        generator=torch.Generator(device=dev).manual_seed(1), use_triton=use_triton,
+    )  # fmt: skip
+    assert bool((a.num_emitted <= 2).all())
+    b = dk.speculative_verify(
+        ids.to(dev), p_d.to(dev), dirty.to(dev), n.to(dev),
+        generator=torch.Generator(device=dev).manual_seed(1), use_triton=use_triton,
+    )  # fmt: skip
+    assert all(torch.equal(x, y) for x, y in zip(a, b))
+
+
+@pytest.mark.parametrize("use_triton", [False, True])
+def test_drawn_row_without_mass_raises(use_triton):
+    p_t = torch.full((2, 2, 4), 0.25)
+    p_t[1, 0] = 0.0  # request 1 verifies nothing, so its bonus comes from this empty row
+    dev = triton_device() if use_triton else "cpu"
+    with pytest.raises(ValueError, match="zero total"):
+        dk.speculative_verify(
+            torch.zeros(2, 1, dtype=torch.int64, device=dev),
+            None,
+            p_t.to(dev),
+            torch.zeros(2, dtype=torch.int64, device=dev),
+            use_triton=use_triton,
+        )
 
 
 def test_bad_structure_raises():
@@ -181,10 +235,6 @@ def test_bad_structure_raises():
     bad[:, 0] = -1
     with pytest.raises(ValueError, match="draft_token_ids"):
         dk.speculative_verify(bad, p_d, p_t, torch.full((4,), 3))
-    empty = p_t.clone()
-    empty[0, 0] = 0.0
-    with pytest.raises(ValueError, match="zero total"):
-        dk.speculative_verify(ids, p_d, empty, n)
     with pytest.raises(ValueError, match="target_logits"):
         logits = torch.randn(4, 4, 5)
         logits[0, 0, 0] = float("nan")

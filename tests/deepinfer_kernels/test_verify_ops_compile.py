@@ -19,8 +19,8 @@ def _problem():
 def test_opcheck_all_ops():
     ids, p_d, p_t, n, au, su = _problem()
     ops = torch.ops.deepinfer
-    torch.library.opcheck(ops.speculative_verify.default, (ids, p_d, p_t, n, au, su, False))
-    torch.library.opcheck(ops.speculative_verify.default, (ids, None, p_t, n, au, su, False))
+    torch.library.opcheck(ops.speculative_verify.default, (ids, p_d, p_t, n, au, su, False, True))
+    torch.library.opcheck(ops.speculative_verify.default, (ids, None, p_t, n, au, su, False, False))
     torch.library.opcheck(ops.greedy_verify.default, (ids, p_t, n, False))
     logits = torch.randn(6, 10)
     params = (torch.ones(6), torch.full((6,), 3), torch.full((6,), 0.9), torch.zeros(6))

@@ -12,8 +12,6 @@ from deepinfer_kernels.verify.torch_verify import speculative_verify_torch
 from deepinfer_kernels.verify.types import VerifyResult
 from deepinfer_kernels.verify.validate import (
     check_counts_and_ids,
-    check_probabilities,
-    check_sampled_rows_positive,
     check_verify_structure,
     want_value_checks,
 )
@@ -28,6 +26,7 @@ def _speculative_verify_op(
     accept_uniforms: torch.Tensor,
     sample_uniforms: torch.Tensor,
     use_triton: bool,
+    check_values: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     if use_triton:
         from deepinfer_kernels.verify.triton_verify import speculative_verify_triton
@@ -39,6 +38,7 @@ def _speculative_verify_op(
             num_draft_tokens,
             accept_uniforms,
             sample_uniforms,
+            check_values,
         )
     return speculative_verify_torch(
         draft_token_ids,
@@ -47,6 +47,7 @@ def _speculative_verify_op(
         num_draft_tokens,
         accept_uniforms,
         sample_uniforms,
+        check_values,
     )
 
 
@@ -59,6 +60,7 @@ def _(
     accept_uniforms: torch.Tensor,
     sample_uniforms: torch.Tensor,
     use_triton: bool,
+    check_values: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     batch, gamma = draft_token_ids.shape
     out = draft_token_ids.new_empty((batch, gamma + 1), dtype=torch.int64)
@@ -92,9 +94,11 @@ def speculative_verify(
     ``p_t[n]``. Draws use the inverse CDF, which never returns a zero-probability token. The
     emitted tokens are distributed exactly as ``n + 1`` steps of sampling from the target.
 
-    Rows need not sum to one (draws normalise); NaN, infinite or negative probabilities, or a
-    target row with no mass where a draw may happen, raise ``ValueError`` (when
-    ``check_values``; skipped under ``torch.compile``). ``generator`` seeds the ``B * G + B``
+    Rows need not sum to one (draws normalise). Only what the algorithm reads is touched: two
+    scalars per verified draft and the one target (and draft) row a token is drawn from; with
+    ``check_values`` each of those values must be finite and non-negative and a drawn-from row
+    must have mass, else ``ValueError`` names the argument (entries that are never read cannot
+    change the result and are not inspected). Checks are skipped under ``torch.compile``. ``generator`` seeds the ``B * G + B``
     uniforms, drawn on the tensors' device. CUDA runs the Triton kernel; ``use_triton``
     overrides. DLPack arrays are accepted and answered in kind.
 
@@ -107,14 +111,11 @@ def speculative_verify(
     p_t = to_torch(target_probs, "target_probs")
     n = to_torch(num_draft_tokens, "num_draft_tokens")
     batch, gamma, vocab = check_verify_structure(ids, p_d, p_t, n, "target_probs")
-    if want_value_checks(check_values):
+    checks = want_value_checks(check_values)
+    if checks:
         check_counts_and_ids(ids, n, vocab)
-        check_probabilities(p_t, "target_probs")
-        if p_d is not None:
-            check_probabilities(p_d, "draft_probs")
-        check_sampled_rows_positive(p_t, n)
     triton = should_use_triton(p_t.device, use_triton)
     accept_u = torch.rand((batch, gamma), generator=generator, device=p_t.device)
     sample_u = torch.rand((batch,), generator=generator, device=p_t.device)
-    out, acc, emitted = _speculative_verify_op(ids, p_d, p_t, n, accept_u, sample_u, triton)
+    out, acc, emitted = _speculative_verify_op(ids, p_d, p_t, n, accept_u, sample_u, triton, checks)
     return VerifyResult(convert(out), convert(acc), convert(emitted))

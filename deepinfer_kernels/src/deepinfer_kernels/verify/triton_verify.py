@@ -16,12 +16,13 @@ import triton
 import triton.language as tl
 
 from deepinfer_kernels._triton_util import row_tiles
+from deepinfer_kernels.verify.validate import ERR_DRAFT, ERR_EMPTY, ERR_TARGET, raise_for_flags
 
 
 @triton.jit
 def _speculative_verify_kernel(
     ids_ptr, n_ptr, pt_ptr, pd_ptr, au_ptr, su_ptr,
-    out_ptr, acc_ptr, emit_ptr,
+    out_ptr, acc_ptr, emit_ptr, err_ptr,
     B, G, V,
     s_ids_b, s_ids_g,
     s_pt_b, s_pt_g, s_pt_v,
@@ -36,6 +37,8 @@ def _speculative_verify_kernel(
     # Acceptance: draft k passes iff u_k * p_d(x_k) < p_t(x_k), stopping at the first failure.
     running = rmask
     stop = tl.zeros([BLOCK_B], dtype=tl.int64)
+    # Error bits (see verify.validate): 1 target value, 2 draft value, 4 empty row.
+    err = tl.zeros([BLOCK_B], dtype=tl.int32)
     for k in range(0, G):
         live = running & (k < n)
         tok = tl.load(ids_ptr + rows64 * s_ids_b + k * s_ids_g, mask=live, other=0).to(tl.int64)
@@ -48,7 +51,11 @@ def _speculative_verify_kernel(
         else:
             p_d = tl.full([BLOCK_B], 1.0, tl.float32)
         u = tl.load(au_ptr + rows64 * G + k, mask=live, other=1.0)
-        ok = live & (u * p_d.to(tl.float32) < p_t.to(tl.float32))
+        p_t = p_t.to(tl.float32)
+        p_d = p_d.to(tl.float32)
+        err |= tl.where(live & ((p_t != p_t) | (p_t < 0) | (p_t == float("inf"))), 1, 0)
+        err |= tl.where(live & ((p_d != p_d) | (p_d < 0) | (p_d == float("inf"))), 2, 0)
+        ok = live & (u * p_d < p_t)
         stop += ok.to(tl.int64)
         running = ok
 
@@ -75,7 +82,12 @@ def _speculative_verify_kernel(
             pd = tl.where((cols[None, :] == draft_tok[:, None]) & rejected[:, None], 1.0, 0.0)
         res_sum += tl.sum(tl.maximum(pt - pd, 0.0), axis=1)
         pt_sum += tl.sum(pt, axis=1)
+        bad_t = (pt != pt) | (pt < 0) | (pt == float("inf"))
+        bad_d = (pd != pd) | (pd < 0) | (pd == float("inf"))
+        err |= tl.where(tl.max(bad_t.to(tl.int32), axis=1) > 0, 1, 0)
+        err |= tl.where(tl.max(bad_d.to(tl.int32), axis=1) > 0, 2, 0)
     use_res = rejected & (res_sum > 0)
+    err |= tl.where(rmask & ~use_res & ~(pt_sum > 0), 4, 0)
     target = tl.load(su_ptr + rows, mask=rmask, other=0.0) * tl.where(use_res, res_sum, pt_sum)
 
     # Pass 2: first index whose cumulative weight exceeds u * total.
@@ -110,6 +122,7 @@ def _speculative_verify_kernel(
         tl.store(out_ptr + rows64 * (G + 1) + j, val, mask=rmask)
     tl.store(acc_ptr + rows, stop, mask=rmask)
     tl.store(emit_ptr + rows, stop + 1, mask=rmask)
+    tl.store(err_ptr + rows, err, mask=rmask)
 
 
 def speculative_verify_triton(
@@ -119,6 +132,7 @@ def speculative_verify_triton(
     num_draft_tokens: torch.Tensor,
     accept_uniforms: torch.Tensor,
     sample_uniforms: torch.Tensor,
+    check_values: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     batch, gamma = draft_token_ids.shape
     vocab = target_probs.shape[-1]
@@ -133,17 +147,28 @@ def speculative_verify_triton(
     au = accept_uniforms.to(torch.float32).contiguous()
     su = sample_uniforms.to(torch.float32).contiguous()
     pd = target_probs if draft_probs is None else draft_probs
+    err = torch.empty((batch,), dtype=torch.int32, device=dev)
     block_b, block_v = row_tiles(batch, vocab, dev)
     grid = (triton.cdiv(batch, block_b),)
     _speculative_verify_kernel[grid](
-        ids, n, target_probs, pd, au, su, out, acc, emit,
+        ids, n, target_probs, pd, au, su, out, acc, emit, err,
         batch, gamma, vocab,
         ids.stride(0), ids.stride(1),
         target_probs.stride(0), target_probs.stride(1), target_probs.stride(2),
         pd.stride(0), pd.stride(1), pd.stride(2),
         HAS_DRAFT=draft_probs is not None, BLOCK_B=block_b, BLOCK_V=block_v,
     )  # fmt: skip
+    if check_values:
+        # One small reduction and a host read: the price of naming a bad argument.
+        raise_for_flags(_or_reduce(err))
     return out, acc, emit
+
+
+def _or_reduce(flags: torch.Tensor) -> int:
+    """Bitwise OR over the per-request flags, with a single host read."""
+    bits = torch.tensor([ERR_TARGET, ERR_DRAFT, ERR_EMPTY], dtype=flags.dtype, device=flags.device)
+    present = ((flags[:, None] & bits[None, :]) != 0).any(dim=0).tolist()
+    return sum(b for b, p in zip((ERR_TARGET, ERR_DRAFT, ERR_EMPTY), present) if p)
 
 
 @triton.jit

@@ -1,8 +1,9 @@
 """Argument checks for the verification ops.
 
-Structure (rank, shape, dtype, device) is always checked. Value checks (NaN, negative
-probabilities, out-of-range ids and counts) read the data and, on CUDA, synchronise; they run
-unless the caller passes ``check_values=False`` and are skipped while ``torch.compile`` traces.
+Structure (rank, shape, dtype, device) is always checked. Value checks (out-of-range ids and
+counts here; NaN, infinite or negative probabilities inside the ops, on exactly the entries the
+algorithm reads) synchronise on CUDA; they run unless the caller passes ``check_values=False``
+and are skipped while ``torch.compile`` traces.
 """
 
 from __future__ import annotations
@@ -93,19 +94,18 @@ def check_counts_and_ids(
         )
 
 
-def check_probabilities(t: torch.Tensor, name: str) -> None:
-    """Finite and non-negative; each row need not sum to one (draws normalise)."""
-    if not bool(torch.isfinite(t).all()):
-        raise ValueError(f"{name}: contains NaN or infinite probabilities")
-    if bool((t < 0).any()):
-        raise ValueError(f"{name}: contains negative probabilities")
+ERR_TARGET = 1
+ERR_DRAFT = 2
+ERR_EMPTY = 4
 
 
-def check_sampled_rows_positive(target_probs: torch.Tensor, num_draft_tokens: torch.Tensor) -> None:
-    """Every target row a token may be drawn from (positions ``0..n``) needs positive mass."""
-    gamma_plus_1 = target_probs.shape[1]
-    positions = torch.arange(gamma_plus_1, device=target_probs.device)
-    used = positions[None, :] <= num_draft_tokens[:, None].to(torch.int64)
-    empty = used & (target_probs.sum(dim=-1) <= 0)
-    if bool(empty.any()):
-        raise ValueError("target_probs: a row that may be sampled has zero total probability")
+def raise_for_flags(flags: int) -> None:
+    """Turn the error bits of a verification pass into a ``ValueError`` naming the argument."""
+    if flags & ERR_TARGET:
+        raise ValueError("target_probs: a probability that was read is NaN, infinite or negative")
+    if flags & ERR_DRAFT:
+        raise ValueError("draft_probs: a probability that was read is NaN, infinite or negative")
+    if flags & ERR_EMPTY:
+        raise ValueError(
+            "target_probs: a row that a token is drawn from has zero total probability"
+        )
