@@ -143,7 +143,7 @@ def _sample_kernel(
         w = tl.where(keep, e, 0.0)
         cdf = tl.cumsum(w, axis=1) + acc[:, None]
         cols64 = cols.to(tl.int64)[None, :]
-        hit = tl.min(tl.where((cdf > target[:, None]) & m2, cols64, V), axis=1)
+        hit = tl.min(tl.where((cdf > target[:, None]) & (w > 0) & m2, cols64, V), axis=1)
         token = tl.where((token < 0) & (hit < V), hit, token)
         last_pos = tl.maximum(last_pos, tl.max(tl.where(w > 0, cols64, -1), axis=1))
         acc += tl.sum(w, axis=1)

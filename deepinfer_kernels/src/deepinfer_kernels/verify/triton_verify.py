@@ -107,7 +107,7 @@ def _speculative_verify_kernel(
         w = tl.where(use_res[:, None], tl.maximum(pt - pd, 0.0), pt)
         cdf = tl.cumsum(w, axis=1) + acc[:, None]
         cols64 = cols.to(tl.int64)[None, :]
-        hit = tl.min(tl.where((cdf > target[:, None]) & m2, cols64, V), axis=1)
+        hit = tl.min(tl.where((cdf > target[:, None]) & (w > 0) & m2, cols64, V), axis=1)
         token = tl.where((token < 0) & (hit < V), hit, token)
         last_pos = tl.maximum(last_pos, tl.max(tl.where((w > 0) & m2, cols64, -1), axis=1))
         acc += tl.sum(w, axis=1)
