@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator, Mapping
 from collections.abc import Sequence as Seq
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
@@ -17,6 +17,9 @@ from deepinfer.engine.sampling_params import SamplingParams
 from deepinfer.model.kv_pool import KVPool
 from deepinfer.model.loader import LoadedModel, load_model
 from deepinfer_cache import TieredKVStore
+
+if TYPE_CHECKING:
+    from deepinfer.pd import PDCoordinator
 
 Prompt = str | Seq[int]
 
@@ -44,9 +47,12 @@ class LLM:
         prefix_cache_config: PrefixCacheConfig | None = None,
         cache_dir: str | os.PathLike[str] | None = None,
         speculative: Any = None,
+        pd: Any = None,
     ) -> None:
         """``speculative``: ``None`` (off), ``"dspark"`` (the shipped drafter), a drafter
-        checkpoint directory, or a ``DSparkDrafter``/``DSparkSpeculator`` (see ``deepinfer.spec``)."""
+        checkpoint directory, or a ``DSparkDrafter``/``DSparkSpeculator`` (see ``deepinfer.spec``).
+        ``pd``: ``True`` or a ``deepinfer.pd.PDConfig`` runs prefill and decode in separate
+        worker processes (see ``deepinfer.pd``); ``generate``/``stream`` then go through them."""
         if dtype not in _DTYPES:
             raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {dtype!r}")
         if isinstance(model, LoadedModel):
@@ -57,6 +63,21 @@ class LLM:
             )
         self.tokenizer = self.loaded.tokenizer
         config = engine_config or EngineConfig()
+        self.pd: PDCoordinator | None = None
+        self.store: TieredKVStore | None = None
+        if pd is not None and pd is not False:
+            from deepinfer.pd import PDConfig, PDCoordinator  # lazy: deepinfer.pd imports engine
+
+            if speculative is not None:
+                raise ValueError("pd and speculative cannot be combined yet")
+            self.pd = PDCoordinator(
+                str(self.loaded.path),
+                dtype=dtype,
+                device=device,
+                engine_config=config,
+                config=PDConfig.coerce(pd),
+            )
+            return
         net = self.loaded.model
         weight = net.embed_tokens.weight
         pool = KVPool.for_model(
@@ -66,7 +87,6 @@ class LLM:
             dtype=weight.dtype,
             device=weight.device,
         )
-        self.store: TieredKVStore | None = None
         adapter = None
         if enable_prefix_caching:
             adapter, self.store = build_prefix_cache(
@@ -84,7 +104,9 @@ class LLM:
         )
 
     def close(self) -> None:
-        """Flush the prefix cache (its disk tier survives for the next engine)."""
+        """Flush the prefix cache (its disk tier survives for the next engine); stop PD workers."""
+        if self.pd is not None:
+            self.pd.close()
         if self.store is not None:
             self.store.close()
             self.store = None
@@ -100,6 +122,12 @@ class LLM:
         if isinstance(prompt, str):
             return self.tokenizer.encode(prompt)
         return list(prompt)
+
+    def _encode_or_error(self, prompt: Prompt) -> list[int] | Exception:
+        try:
+            return self.encode(prompt)
+        except (ValueError, TypeError) as exc:
+            return exc
 
     def _add(
         self, prompt: Prompt, params: SamplingParams, namespace: bytes, request_id: str | None
@@ -142,6 +170,8 @@ class LLM:
         )
         params = _per_request(sampling_params or SamplingParams(), len(batch), "sampling_params")
         spaces = _per_request(namespace, len(batch), "namespace")
+        if self.pd is not None:
+            return self.pd.generate([self._encode_or_error(p) for p in batch], params, spaces)
         order: list[str] = []
         done: dict[str, RequestOutput] = {}
         for i, (prompt, p, ns) in enumerate(zip(batch, params, spaces)):
@@ -175,6 +205,14 @@ class LLM:
 
         Other requests already queued on this engine keep running alongside.
         """
+        if self.pd is not None:
+            ids = self._encode_or_error(prompt)
+            params = sampling_params or SamplingParams()
+            if isinstance(ids, Exception):
+                yield self.pd.generate([ids], [params], [namespace])[0]
+                return
+            yield from self.pd.stream(ids, params, namespace)
+            return
         rid, failed = self._add(prompt, sampling_params or SamplingParams(), namespace, None)
         if failed is not None:
             yield failed

@@ -1,0 +1,50 @@
+"""JSON messages between the coordinator and the workers (no pickle crosses a process).
+
+Every message is one JSON object sent with ``Connection.send_bytes``; ``op`` names its kind.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from multiprocessing.connection import Connection
+from typing import Any
+
+from deepinfer.engine.outputs import RequestOutput
+from deepinfer.engine.sampling_params import SamplingParams
+
+
+def send(conn: Connection, message: dict[str, Any]) -> None:
+    conn.send_bytes(json.dumps(message, separators=(",", ":")).encode("utf-8"))
+
+
+def recv(conn: Connection) -> dict[str, Any]:
+    message = json.loads(conn.recv_bytes().decode("utf-8"))
+    if not isinstance(message, dict) or "op" not in message:
+        raise ValueError(f"malformed PD message: {str(message)[:80]}")
+    return message
+
+
+def params_to_json(params: SamplingParams) -> dict[str, Any]:
+    out = asdict(params)
+    out["stop_token_ids"] = list(params.stop_token_ids)
+    return out
+
+
+def params_from_json(raw: dict[str, Any]) -> SamplingParams:
+    return SamplingParams(**raw)
+
+
+def output_to_json(out: RequestOutput) -> dict[str, Any]:
+    """The parts of an output the coordinator forwards (metrics are rebuilt there)."""
+    return {
+        "op": "output",
+        "request_id": out.request_id,
+        "token_ids": list(out.token_ids),
+        "text": out.text,
+        "new_token_ids": list(out.new_token_ids),
+        "new_text": out.new_text,
+        "finished": out.finished,
+        "finish_reason": out.finish_reason,
+        "error": out.error,
+    }

@@ -1,0 +1,93 @@
+"""KV page transfer between worker processes through POSIX shared memory.
+
+The sender gathers a sequence's pages out of its pool (``deepinfer_kernels.gather_blocks``
+along the pool's block dimension) into a fresh shared-memory segment and describes it in a JSON
+handle ``{"shm", "shape", "dtype"}``; the receiver maps the segment, scatters the pages into its
+own blocks (``scatter_blocks``) and unlinks the segment. Only raw bytes and JSON cross processes.
+"""
+
+from __future__ import annotations
+
+from multiprocessing import resource_tracker, shared_memory
+from typing import Any
+
+import torch
+
+from deepinfer.model.kv_pool import KVPool
+from deepinfer_kernels import gather_blocks, scatter_blocks
+
+BLOCK_DIM = 2  # the block dimension of `KVPool.tensor` [L, 2, blocks, block_size, Hkv, D]
+
+_DTYPES = {str(d): d for d in (torch.float32, torch.float16, torch.bfloat16)}
+
+
+def export_pages(pool: KVPool, block_ids: list[int]) -> dict[str, Any]:
+    """Copy ``pool`` pages ``block_ids`` into a new shared-memory segment; return its handle.
+
+    The segment outlives this call and this process: whoever consumes the handle (or gives up
+    on it) must call :func:`import_pages` or :func:`discard`.
+    """
+    ids = torch.tensor(block_ids, dtype=torch.int64, device=pool.tensor.device)
+    pages = gather_blocks(pool.tensor, ids, block_dim=BLOCK_DIM).contiguous().cpu()
+    nbytes = pages.numel() * pages.element_size()
+    shm = shared_memory.SharedMemory(create=True, size=max(nbytes, 1))
+    try:
+        dst = torch.frombuffer(shm.buf, dtype=pages.dtype, count=pages.numel())
+        dst.copy_(pages.reshape(-1))
+        del dst
+        name = shm.name
+    finally:
+        shm.close()
+    # Ownership passes to the receiver, which unlinks it; this process must not clean it up.
+    resource_tracker.unregister(f"/{name}" if not name.startswith("/") else name, "shared_memory")
+    return {"shm": name, "shape": list(pages.shape), "dtype": str(pages.dtype)}
+
+
+def import_pages(pool: KVPool, handle: dict[str, Any], block_ids: list[int]) -> None:
+    """Scatter the pages described by ``handle`` into ``pool`` blocks ``block_ids`` and unlink
+    the segment (also when the copy fails)."""
+    shm = shared_memory.SharedMemory(name=str(handle["shm"]))
+    try:
+        dtype = _DTYPES.get(str(handle["dtype"]))
+        shape = [int(s) for s in handle["shape"]]
+        if dtype is None or dtype != pool.tensor.dtype:
+            raise ValueError(
+                f"KV dtype {handle['dtype']} does not match the pool's {pool.tensor.dtype}"
+            )
+        expect = list(pool.tensor.shape)
+        expect[BLOCK_DIM] = len(block_ids)
+        if shape != expect:
+            raise ValueError(f"KV pages shaped {shape}, expected {expect}")
+        count = 1
+        for s in shape:
+            count *= s
+        src = torch.frombuffer(shm.buf, dtype=dtype, count=count).view(shape)
+        ids = torch.tensor(block_ids, dtype=torch.int64, device=pool.tensor.device)
+        scatter_blocks(pool.tensor, ids, src.to(pool.tensor.device), block_dim=BLOCK_DIM)
+        del src
+    finally:
+        shm.close()
+        shm.unlink()
+
+
+def discard(handle: dict[str, Any]) -> bool:
+    """Unlink a segment nobody will import; False if it was already gone."""
+    try:
+        shm = shared_memory.SharedMemory(name=str(handle["shm"]))
+    except FileNotFoundError:
+        return False
+    shm.close()
+    shm.unlink()
+    return True
+
+
+def segment_exists(name: str) -> bool:
+    """Whether a shared-memory segment of that name is still linked (for leak checks)."""
+    try:
+        shm = shared_memory.SharedMemory(name=name)
+    except FileNotFoundError:
+        return False
+    shm.close()
+    # Attaching registered it with this process's tracker in Python < 3.13; undo that.
+    resource_tracker.unregister(shm._name, "shared_memory")  # type: ignore[attr-defined]
+    return True

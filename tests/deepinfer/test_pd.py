@@ -1,0 +1,185 @@
+"""PD mode end to end: prefill and decode worker processes on a tiny random GGUF model.
+
+Greedy output must equal the colocated engine's token for token, on the transfer path and on the
+per-request local-prefill path; bad requests fail alone; no shared-memory segment outlives a
+request; a dead worker surfaces as `PDWorkerError`, not a hang.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from model_helpers import random_hf_state, tiny_config, write_tiny_gguf
+
+from deepinfer.engine import LLM, EngineConfig, RequestOutput, SamplingParams
+from deepinfer.pd import PDConfig, PDCoordinator, PDWorkerError
+from deepinfer_sched.policies import PerRequestPD
+
+pytestmark = pytest.mark.slow
+
+ENGINE = EngineConfig(block_size=8, num_blocks=64, max_model_len=128)
+LENGTHS = [1, 7, 8, 9, 30, 61]
+
+
+def _shm_names() -> set[str]:
+    return (
+        {n for n in os.listdir("/dev/shm") if n.startswith("psm_")}
+        if os.path.isdir("/dev/shm")
+        else set()
+    )
+
+
+@pytest.fixture(scope="module")
+def gguf_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    cfg = tiny_config(max_position_embeddings=512, tie_word_embeddings=False)
+    path = tmp_path_factory.mktemp("pd") / "tiny.gguf"
+    return write_tiny_gguf(path, cfg, random_hf_state(cfg, seed=3))
+
+
+@pytest.fixture(scope="module")
+def prompts() -> list[list[int]]:
+    vocab = tiny_config().vocab_size
+    return [[(13 * i + 7 * j + 5) % vocab for j in range(n)] for i, n in enumerate(LENGTHS)]
+
+
+@pytest.fixture(scope="module")
+def params() -> list[SamplingParams]:
+    return [
+        SamplingParams(temperature=0.0, max_tokens=1 + (3 * i) % 9, ignore_eos=True)
+        for i in range(len(LENGTHS))
+    ]
+
+
+@pytest.fixture(scope="module")
+def colocated(
+    gguf_path: Path, prompts: list[list[int]], params: list[SamplingParams], tmp_path_factory
+) -> list[RequestOutput]:
+    cache = tmp_path_factory.mktemp("cache")
+    with LLM(
+        str(gguf_path), engine_config=ENGINE, enable_prefix_caching=False, cache_dir=cache
+    ) as llm:
+        return llm.generate(prompts, params)
+
+
+@pytest.fixture(scope="module")
+def pd_llm(gguf_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LLM]:
+    cache = tmp_path_factory.mktemp("cache")
+    with LLM(str(gguf_path), engine_config=ENGINE, cache_dir=cache, pd=True) as llm:
+        yield llm
+    assert llm.pd is not None
+    assert all(not p.process.is_alive() for p in llm.pd.workers)
+
+
+class RecordingPolicy:
+    """Per-request PD that remembers each decision (a `PDPolicy`)."""
+
+    def __init__(self, local_prefill_tokens: int) -> None:
+        self.inner = PerRequestPD(local_prefill_tokens)
+        self.decisions: list[tuple[int, bool]] = []
+
+    @property
+    def disaggregated(self) -> bool:
+        return True
+
+    def prefill_on_decode(self, uncached_tokens: int) -> bool:
+        local = self.inner.prefill_on_decode(uncached_tokens)
+        self.decisions.append((uncached_tokens, local))
+        return local
+
+
+def test_greedy_identical_to_colocated_and_no_shm_left(
+    pd_llm: LLM, prompts: list[list[int]], params: list[SamplingParams], colocated
+) -> None:
+    before = _shm_names()
+    outs = pd_llm.generate(prompts, params)
+    for i, (got, want) in enumerate(zip(outs, colocated)):
+        assert got.error is None, got.error
+        assert got.token_ids == want.token_ids, f"prompt {i} (len {len(prompts[i])})"
+        assert got.text == want.text
+        assert got.finish_reason == want.finish_reason == "length"
+        assert got.metrics is not None and got.metrics.ttft is not None
+    assert pd_llm.pd is not None and not pd_llm.pd._requests
+    assert _shm_names() - before == set()
+
+
+def test_per_request_policy_prefills_short_prompts_on_decode(
+    pd_llm: LLM, prompts: list[list[int]], params: list[SamplingParams], colocated
+) -> None:
+    assert pd_llm.pd is not None
+    policy = RecordingPolicy(local_prefill_tokens=8)
+    saved, pd_llm.pd.pd_policy = pd_llm.pd.pd_policy, policy
+    try:
+        outs = pd_llm.generate(prompts, params)
+    finally:
+        pd_llm.pd.pd_policy = saved
+    assert [o.token_ids for o in outs] == [o.token_ids for o in colocated]
+    assert sorted(policy.decisions) == sorted((n, n <= 8) for n in LENGTHS)
+
+
+def test_bad_requests_fail_alone(
+    pd_llm: LLM, prompts: list[list[int]], params: list[SamplingParams], colocated
+) -> None:
+    vocab = tiny_config().vocab_size
+    batch = [prompts[3], [], [1, vocab + 5], list(range(1, 200)), prompts[4]]
+    outs = pd_llm.generate(batch, [params[3], params[0], params[0], params[0], params[4]])
+    assert outs[0].token_ids == colocated[3].token_ids and outs[0].error is None
+    assert outs[4].token_ids == colocated[4].token_ids and outs[4].error is None
+    assert "empty" in (outs[1].error or "")
+    assert "out of range" in (outs[2].error or "") or "[0," in (outs[2].error or "")
+    assert "context" in (outs[3].error or "")
+    assert all(o.finish_reason == "error" for o in outs[1:4])
+
+
+def test_stream_yields_first_token_from_prefill_then_increments(
+    pd_llm: LLM, prompts: list[list[int]], colocated
+) -> None:
+    params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+    steps = list(pd_llm.stream(prompts[4], params))
+    assert steps[0].new_token_ids == steps[0].token_ids and len(steps[0].token_ids) == 1
+    assert steps[-1].finished and not any(s.finished for s in steps[:-1])
+    joined = [t for s in steps for t in s.new_token_ids]
+    want = colocated[4].token_ids  # a greedy prefix: that run stopped after fewer tokens
+    assert joined == steps[-1].token_ids and len(joined) == 6
+    assert joined[: len(want)] == want
+    assert "".join(s.new_text for s in steps) == steps[-1].text
+
+
+def test_stop_token_at_first_position_needs_no_transfer(
+    pd_llm: LLM, prompts: list[list[int]], colocated
+) -> None:
+    first = colocated[2].token_ids[0]
+    params = SamplingParams(temperature=0.0, max_tokens=5, stop_token_ids=[first])
+    (out,) = pd_llm.generate([prompts[2]], params)
+    assert out.token_ids == [first] and out.finish_reason == "stop"
+
+
+def test_dead_worker_raises_instead_of_hanging(gguf_path: Path, tmp_path: Path) -> None:
+    model_dir = _model_dir(gguf_path, tmp_path)
+    pd = PDCoordinator(model_dir, engine_config=ENGINE, config=PDConfig(request_timeout_s=30.0))
+    try:
+        pd.decode[0].process.kill()
+        pd.decode[0].process.join(10)
+        start = time.monotonic()
+        with pytest.raises(PDWorkerError, match="decode"):
+            pd.generate([[1, 2, 3]], [SamplingParams(temperature=0, max_tokens=4)], [b""])
+        assert time.monotonic() - start < 30.0
+        with pytest.raises(PDWorkerError, match="down"):
+            pd.generate([[1, 2, 3]], [SamplingParams(temperature=0, max_tokens=4)], [b""])
+    finally:
+        pd.close()
+    assert not pd.prefill[0].process.is_alive()
+
+
+def test_worker_that_cannot_load_reports_fatal(tmp_path: Path) -> None:
+    with pytest.raises(PDWorkerError, match="failed to start"):
+        PDCoordinator(str(tmp_path / "missing"), config=PDConfig(startup_timeout_s=60.0))
+
+
+def _model_dir(gguf_path: Path, cache: Path) -> str:
+    from deepinfer.model.convert import convert_gguf
+
+    return str(convert_gguf(gguf_path, cache))
