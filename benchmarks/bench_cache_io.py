@@ -87,6 +87,11 @@ def bench_disk(directory: str, n: int, threads: int) -> None:
         assert tier.get(key(i)) is not None
     t_tier_r1 = time.perf_counter() - t0
     tier.close()
+    t0 = time.perf_counter()
+    tier = DiskTier(tier_dir, PAGE, torch.bfloat16, 4 * nbytes)
+    t_open = time.perf_counter() - t0
+    assert len(tier.recovered()) == n
+    tier.close()
     gb = nbytes / 1e9
     print(f"disk ({n} x 2 MiB = {nbytes / MIB:.0f} MiB, {threads} I/O threads, fsync per block)")
     print(f"  raw sequential write  {gb / t_raw_w:6.2f} GB/s")
@@ -95,6 +100,7 @@ def bench_disk(directory: str, n: int, threads: int) -> None:
     print(
         f"  DiskTier read (get_many, 4 reader threads) {gb / t_tier_r:6.2f} GB/s  ratio {t_raw_r / t_tier_r:.2f}"
     )
+    print(f"  reopen (header-only scan of {n} blocks) {t_open * 1e3:.1f} ms")
     print(
         f"  DiskTier read (one get at a time)          {gb / t_tier_r1:6.2f} GB/s  ratio {t_raw_r / t_tier_r1:.2f}"
     )

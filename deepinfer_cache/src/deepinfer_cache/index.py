@@ -277,7 +277,7 @@ class PrefixIndex:
         held only in ``tier`` must also have no children at all, since dropping it would drop
         descendants cached in other tiers."""
         bit = 1 << self._check_tier(tier)
-        skip = set(exclude)
+        skip = exclude if isinstance(exclude, set | frozenset) else set(exclude)
         for key, node in self._lru[tier].items():
             if node.pins or key in skip:
                 continue

@@ -79,7 +79,8 @@ class TieredKVStore:
         self._c: dict[str, int] = defaultdict(int)
         self._tier_c: list[defaultdict[str, int]] = [defaultdict(int) for _ in self.tiers]
         self._closed = False
-        self._protect: tuple[bytes, ...] = ()  # never evicted while set (a new block's parent)
+        # Never evicted (nor dropped with an ancestor) while set: the chain being stored.
+        self._protect: set[bytes] = set()
         self._rebuild()
 
     # ------------------------------------------------------------------ public API
@@ -133,17 +134,18 @@ class TieredKVStore:
             stored = 0
             parent = hashes[present - 1] if present else None
             expires = self.clock.now() + self.index.retention.ttl(retention)
+            self._protect = set(hashes[:present])
             try:
                 for j, b in enumerate(new):
                     key, page = hashes[b], data[j]
-                    self._protect = (parent,) if parent is not None else ()
                     if self._place_new(key, page, BlockMeta(parent, retention, expires)) is None:
                         self._c["skipped_blocks"] += len(new) - j
                         break
+                    self._protect.add(key)
                     stored += 1
                     parent = key
             finally:
-                self._protect = ()
+                self._protect = set()
             self._refresh(hashes[: present + stored], retention)
             self._c["stored_blocks"] += stored
             return stored
@@ -193,13 +195,16 @@ class TieredKVStore:
                 page = self.tiers[src].get(key)
                 if page is None:
                     continue
-                self._protect = (key,)
+                self._protect = {key}
                 try:
                     if self._place(d, key, page, self._meta(key)):
-                        self.index.add_tier(key, d)
-                        written += 1
+                        if key in self.index:
+                            self.index.add_tier(key, d)
+                            written += 1
+                        else:
+                            self.tiers[d].delete(key)
                 finally:
-                    self._protect = ()
+                    self._protect = set()
         self.flush()
         return written
 
@@ -325,7 +330,7 @@ class TieredKVStore:
                 self.index.insert([key], i, meta.retention, parent=meta.parent, touch=False)
                 if self.write_policy == "write-through":
                     for j in range(i + 1, len(self.tiers)):
-                        if self._place(j, key, page, meta):
+                        if self._place(j, key, page, meta) and key in self.index:
                             self.index.add_tier(key, j)
                 return i
         return None
@@ -343,24 +348,26 @@ class TieredKVStore:
         return False
 
     def _evict_one(self, i: int) -> bool:
-        last = i + 1 == len(self.tiers)
-        victim = self.index.pick_victim(i, self._protect, keep_inner_last_copies=last)
+        """Evict tier ``i``'s LRU leaf, demoting it down when no lower tier holds it. A victim
+        that cannot move down is dropped with its subtree (never a pinned or protected chain)."""
+        victim = self.index.pick_victim(i, self._protect, keep_inner_last_copies=False)
         if victim is None:
             return False
-        mask = self.index.tiers_of(victim)
-        if mask >> (i + 1) == 0 and not last:
+        if self.index.tiers_of(victim) >> (i + 1) == 0 and i + 1 < len(self.tiers):
             page = self.tiers[i].get(victim)
             if page is not None:
                 for j in range(i + 1, len(self.tiers)):
                     if self._place(j, victim, page, self._meta(victim)):
-                        self.index.add_tier(victim, j)
-                        self._c["demotions"] += 1
+                        if victim in self.index:
+                            self.index.add_tier(victim, j)
+                            self._c["demotions"] += 1
+                        else:  # a nested eviction dropped it with an ancestor
+                            self.tiers[j].delete(victim)
                         break
-        if self.index.tiers_of(victim) == 1 << i and self.index.has_children(victim):
-            return False  # demotion failed; dropping it would drop its cached descendants
-        self.tiers[i].delete(victim)
-        self._free(self.index.remove_tier(victim, i))
         self._tier_c[i]["evictions"] += 1
+        if victim in self.index:
+            self.tiers[i].delete(victim)
+            self._free(self.index.remove_tier(victim, i))
         return True
 
     def _free(self, dropped: list[Dropped]) -> None:
@@ -410,8 +417,11 @@ class TieredKVStore:
                 if promote and src > 0:
                     with self._lock:
                         if key in self.index and self._place(0, key, page, self._meta(key)):
-                            self.index.add_tier(key, 0)
-                            self._c["promotions"] += 1
+                            if key in self.index:
+                                self.index.add_tier(key, 0)
+                                self._c["promotions"] += 1
+                            else:
+                                self.tiers[0].delete(key)
                 sources[src] += 1
                 pages.append(page)
         finally:
