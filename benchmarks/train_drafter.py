@@ -69,6 +69,47 @@ def token_chunks(
             yield ids[start : start + seq_len]
 
 
+class ReusingTarget:
+    """The frozen target, remembering its last ``score`` so that a batch repeated ``--reuse``
+    times (fresh random anchors each time) costs one target forward: on a CPU the target
+    forward dominates a training step."""
+
+    def __init__(self, target: LlamaTargetAdapter) -> None:
+        self.target = target
+        self.hidden_size, self.vocab_size = target.hidden_size, target.vocab_size
+        self.num_layers = target.num_layers
+        self._last: tuple[torch.Tensor, tuple[int, ...], object] | None = None
+
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.target.embed(ids)
+
+    def lm_head(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.target.lm_head(hidden)
+
+    def layer_state_dict(self, layer_id: int) -> dict[str, torch.Tensor]:
+        return self.target.layer_state_dict(layer_id)
+
+    def score(self, input_ids: torch.Tensor, layer_ids: object) -> object:
+        key = tuple(layer_ids)  # type: ignore[call-overload]
+        last = self._last
+        if last is not None and last[1] == key and torch.equal(last[0], input_ids):
+            return last[2]
+        out = self.target.score(input_ids, key)
+        self._last = (input_ids.clone(), key, out)
+        return out
+
+
+def repeat_batches(chunks: Iterator[list[int]], batch_size: int, reuse: int) -> Iterator[list[int]]:
+    """Yield each group of ``batch_size`` sequences ``reuse`` times in a row."""
+    group: list[list[int]] = []
+    for chunk in chunks:
+        group.append(chunk)
+        if len(group) == batch_size:
+            for _ in range(reuse):
+                yield from group
+            group = []
+
+
 def eval_prompts(tokenizer: object, count: int, length: int) -> list[list[int]]:
     prompts = []
     for path in corpus_files(held_out=True):
@@ -90,6 +131,16 @@ def export(work_dir: Path, out_dir: Path) -> None:
         metadata={"format": "deepinfer-spec-drafter/1"},
     )
     (out_dir / CONFIG).write_text((work_dir / CONFIG).read_text())
+    evaluated = work_dir / "eval.json"
+    if evaluated.exists():  # STS temperatures fitted by the evaluation, per decoding mode
+        data = json.loads(evaluated.read_text())
+        (out_dir / "eval.json").write_text(evaluated.read_text())
+        sts = {
+            mode: data["eval"][key]["temperatures"]
+            for mode, key in (("greedy", "T=0.0"), ("sampling", "T=1.0"))
+            if key in data["eval"]
+        }
+        (out_dir / "sts.json").write_text(json.dumps(sts, indent=1))
     size = (out_dir / WEIGHTS).stat().st_size
     print(f"exported {out_dir} ({size / 2**20:.1f} MiB)")
 
@@ -102,6 +153,7 @@ def main() -> None:
     p.add_argument("--seq-len", type=int, default=128)
     p.add_argument("--batch-size", type=int, default=2)
     p.add_argument("--anchors", type=int, default=24, help="draft blocks per sequence per step")
+    p.add_argument("--reuse", type=int, default=4, help="updates per target forward")
     p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument("--markov-rank", type=int, default=32)
     p.add_argument("--window", type=int, default=128)
@@ -114,9 +166,13 @@ def main() -> None:
     p.add_argument("--eval-tokens", type=int, default=32)
     p.add_argument("--eval-only", action="store_true")
     p.add_argument("--export", action="store_true", help=f"write bf16 weights to {EXPORT_DIR}")
+    p.add_argument("--export-only", action="store_true", help="export --work-dir and exit")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
+    if args.export_only:
+        export(args.work_dir, EXPORT_DIR)
+        return
 
     loaded = load_model()
     cfg = loaded.config
@@ -168,8 +224,12 @@ def main() -> None:
     if resume:
         start_step = json.loads((args.work_dir / "trainer_state.json").read_text())["step"]
     deadline = time.monotonic() + args.minutes * 60
-    data = token_chunks(
-        loaded.tokenizer, corpus_files(held_out=False), args.seq_len, start_step, deadline
+    data = repeat_batches(
+        token_chunks(
+            loaded.tokenizer, corpus_files(held_out=False), args.seq_len, start_step, deadline
+        ),
+        args.batch_size,
+        args.reuse,
     )
     train = TrainConfig(
         steps=args.max_steps,
@@ -186,7 +246,7 @@ def main() -> None:
     )
     t0 = time.monotonic()
     result = train_drafter(
-        target,
+        ReusingTarget(target),  # type: ignore[arg-type]
         data,
         None if resume else config,
         train,
@@ -201,9 +261,6 @@ def main() -> None:
     )
     if args.export:
         export(args.work_dir, EXPORT_DIR)
-        (EXPORT_DIR / "eval.json").write_text(
-            json.dumps({"step": result.step, "eval": metrics}, indent=1)
-        )
 
 
 if __name__ == "__main__":
