@@ -21,6 +21,30 @@ from deepinfer.model.kv_pool import KVPool
 from deepinfer.model.rope import RotaryEmbedding
 
 
+class Linear(nn.Module):
+    """``y = x W^T (+ b)``. Storage starts uninitialised (``torch.empty``): weights are either
+    loaded or set by :meth:`LlamaModel.init_weights`, so building a model costs no random init."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = False) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(out_features, in_features))
+        self.bias = nn.Parameter(torch.empty(out_features)) if bias else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+
+class Embedding(nn.Module):
+    """Token embedding table ``[vocab, hidden]`` (uninitialised storage, like :class:`Linear`)."""
+
+    def __init__(self, num_embeddings: int, embedding_dim: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(num_embeddings, embedding_dim))
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return F.embedding(ids, self.weight)
+
+
 class RMSNorm(nn.Module):
     """``y = x / sqrt(mean(x^2) + eps) * weight``, the mean taken in fp32."""
 
@@ -30,6 +54,9 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype == torch.float32 and self.weight.dtype == torch.float32:
+            # One fused op instead of six small ones: decode steps are overhead-bound on CPU.
+            return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
         xf = x.float()
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * xf.to(x.dtype)
@@ -46,19 +73,21 @@ class LlamaAttention(nn.Module):
         self.q_size = config.q_size
         self.kv_size = config.kv_size
         self.scale = config.head_dim**-0.5
-        self.qkv_proj = nn.Linear(
+        self.qkv_proj = Linear(
             config.hidden_size, self.q_size + 2 * self.kv_size, bias=config.attention_bias
         )
-        self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=False)
+        self.o_proj = Linear(self.q_size, config.hidden_size)
 
     def project_qkv(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rope: RotaryEmbedding
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         qkv = F.linear(x, self.qkv_proj.weight, self.qkv_proj.bias)
-        q, k, v = torch.split(qkv, [self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = rope.apply(q.view(*q.shape[:-1], self.num_heads, self.head_dim), cos, sin)
-        k = rope.apply(k.view(*k.shape[:-1], self.num_kv_heads, self.head_dim), cos, sin)
-        return q, k, v.reshape(*v.shape[:-1], self.num_kv_heads, self.head_dim)
+        lead = qkv.shape[:-1]
+        heads = qkv.view(*lead, self.num_heads + 2 * self.num_kv_heads, self.head_dim)
+        # Q and K heads are rotated together: one rotation over Hq + Hkv heads.
+        qk = rope.apply(heads[..., : self.num_heads + self.num_kv_heads, :], cos, sin)
+        q, k = torch.split(qk, [self.num_heads, self.num_kv_heads], dim=-2)
+        return q, k, heads[..., self.num_heads + self.num_kv_heads :, :]
 
     def forward(
         self,
@@ -69,9 +98,12 @@ class LlamaAttention(nn.Module):
         attn: AttentionMetadata,
         k_cache: torch.Tensor,
         v_cache: torch.Tensor,
+        check_values: bool = True,
     ) -> torch.Tensor:
         q, k, v = self.project_qkv(x, cos, sin, rope)
-        deepinfer_kernels.write_kv(k, v, k_cache, v_cache, attn.slot_mapping)
+        deepinfer_kernels.write_kv(
+            k, v, k_cache, v_cache, attn.slot_mapping, check_values=check_values
+        )
         out: torch.Tensor = deepinfer_kernels.paged_attention(
             q,
             k_cache,
@@ -81,6 +113,7 @@ class LlamaAttention(nn.Module):
             attn.cu_seqlens_q,
             scale=self.scale,
             causal=True,
+            check_values=check_values,
         )
         return F.linear(out.flatten(-2), self.o_proj.weight)
 
@@ -106,8 +139,8 @@ class LlamaMLP(nn.Module):
     def __init__(self, config: LlamaConfig) -> None:
         super().__init__()
         self.intermediate_size = config.intermediate_size
-        self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+        self.gate_up_proj = Linear(config.hidden_size, 2 * config.intermediate_size)
+        self.down_proj = Linear(config.intermediate_size, config.hidden_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = torch.split(
@@ -138,20 +171,31 @@ class LlamaModel(nn.Module):
         next_id = model.compute_logits(hidden[-1:]).argmax(-1)
     """
 
-    def __init__(self, config: LlamaConfig) -> None:
+    def __init__(self, config: LlamaConfig, *, init: bool = True) -> None:
         super().__init__()
         self.config = config
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.embed_tokens = Embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(LlamaDecoderLayer(config) for _ in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.lm_head: nn.Linear | None = (
-            None
-            if config.tie_word_embeddings
-            else nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.lm_head: Linear | None = (
+            None if config.tie_word_embeddings else Linear(config.hidden_size, config.vocab_size)
         )
         self.rope = RotaryEmbedding(
             config.head_dim, config.rope_theta, config.rope_scaling, config.max_position_embeddings
         )
+        if init:
+            self.init_weights()
+
+    def init_weights(self, std: float = 0.02, generator: torch.Generator | None = None) -> None:
+        """Random init: matrices ~ N(0, std^2), biases 0, norm weights 1 (as HF Llama does)."""
+        with torch.no_grad():
+            for module in self.modules():
+                if isinstance(module, (Linear, Embedding)):
+                    module.weight.normal_(0.0, std, generator=generator)
+                if isinstance(module, Linear) and module.bias is not None:
+                    module.bias.zero_()
+                if isinstance(module, RMSNorm):
+                    module.weight.fill_(1.0)
 
     # ------------------------------------------------------------------ paged forward
     def forward(
@@ -194,6 +238,8 @@ class LlamaModel(nn.Module):
                 attn,
                 kv_pool.k_cache(i),
                 kv_pool.v_cache(i),
+                # Every layer sees the same metadata: validate its values once per forward.
+                check_values=i == 0,
             )
             residual = residual + h
             residual = residual + layer.mlp.forward(
@@ -271,7 +317,8 @@ class LlamaModel(nn.Module):
                     f"{tuple(own[name].shape)}"
                 )
         # A model built on the meta device (no random init) takes the tensors as they are.
-        self.load_state_dict(fused, strict=True, assign=self.embed_tokens.weight.is_meta)
+        # The model takes the given tensors (their dtype and device), no copy.
+        self.load_state_dict(fused, strict=True, assign=True)
 
     def hf_state_dict(self) -> dict[str, torch.Tensor]:
         """Weights under Hugging Face ``LlamaForCausalLM`` names (the inverse of loading)."""

@@ -37,8 +37,7 @@ def build_model(
     device: torch.device | str = "cpu",
 ) -> LlamaModel:
     """A `LlamaModel` holding ``state`` (HF names), skipping random initialisation."""
-    with torch.device("meta"):
-        model = LlamaModel(config)
+    model = LlamaModel(config, init=False)  # storage is replaced by ``state`` right away
     model.load_hf_state_dict({k: v.to(device=device, dtype=dtype) for k, v in state.items()})
     return model.eval().requires_grad_(False)
 

@@ -13,7 +13,7 @@ def inverse_frequencies(
     head_dim: int, theta: float, scaling: RopeScaling | None = None
 ) -> torch.Tensor:
     """``inv_freq[i] = theta^(-2i/D)`` for ``i < D/2`` (fp32), with optional Llama-3 scaling."""
-    # Explicit CPU device: models are built under ``torch.device("meta")`` to skip init.
+    # Explicit CPU device: independent of any default-device context the caller set.
     exponents = torch.arange(0, head_dim, 2, dtype=torch.int64, device="cpu").float() / head_dim
     inv = 1.0 / (theta**exponents)
     if scaling is None:

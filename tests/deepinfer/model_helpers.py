@@ -212,3 +212,41 @@ def dense_reference_logits(
     x = norm(x, d["model.norm.weight"])
     head = d.get("lm_head.weight", d["model.embed_tokens.weight"])
     return x @ head.T
+
+
+def greedy_paged(model, prompt: list[int], max_new: int, eos: tuple[int, ...] = ()) -> list[int]:
+    """Greedy decoding through the paged path: one prefill forward, then one token per step."""
+    from deepinfer.model import AttentionMetadata, KVPool
+
+    block = 16
+    pool = KVPool.for_model(
+        model.config,
+        -(-(len(prompt) + max_new) // block),
+        block,
+        dtype=model.embed_tokens.weight.dtype,
+    )
+    table = pool.allocate(pool.num_blocks)
+    out: list[int] = []
+    feed, done = list(prompt), 0
+    with torch.inference_mode():
+        while len(out) < max_new:
+            attn = AttentionMetadata.build([table], [done + len(feed)], [len(feed)], block)
+            hidden = model(torch.tensor(feed), attn.positions(), attn, pool)
+            token = int(model.compute_logits(hidden[-1]).argmax())
+            done += len(feed)
+            out.append(token)
+            if token in eos:
+                break
+            feed = [token]
+    return out
+
+
+def one_thread():
+    """Generator for a fixture: torch on one thread, restored afterwards.
+
+    The real-model tests run many small decode steps; on a shared 2-core runner (``pytest -n 2``)
+    two intra-op threads per worker only contend."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
