@@ -4,6 +4,14 @@ Example::
 
     import deepinfer_kernels
     print(deepinfer_kernels.__version__)
+
+    import torch
+    from deepinfer_kernels import sample, speculative_verify
+
+    p_t = torch.softmax(torch.randn(2, 4, 50), -1)  # target probs [B, G+1, V]
+    drafts = torch.tensor([[7, 3, 9], [1, -1, -1]])  # padded beyond num_draft_tokens
+    res = speculative_verify(drafts, None, p_t, torch.tensor([3, 1]))
+    tokens = sample(torch.randn(2, 50), temperature=0.7, top_k=20, top_p=0.9)
 """
 
 __version__ = "0.1.0"
