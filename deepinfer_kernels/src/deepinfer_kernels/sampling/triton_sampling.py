@@ -11,7 +11,8 @@ integer image of the float32 logits:
 * min-p: ``e_i >= min_p`` (that is ``p_i >= min_p * max p``).
 
 Then one inverse-CDF pass draws the token with the caller's uniform. A row pays for a
-bisection only when its tile needs it, so unfiltered sampling streams the row three times.
+bisection (and for a pass computing its kept mass) only when its tile needs it, so
+unfiltered sampling streams the row twice: once for the online max / sum, once to search.
 """
 
 from __future__ import annotations
@@ -119,16 +120,20 @@ def _sample_kernel(
             hi_p = tl.where(ok, hi_p, mid)
         lo_p = tl.where(need_p, lo_p, lo_k)
 
-    # Pass: kept mass; then the inverse-CDF search with u * mass.
-    total = tl.zeros([BLOCK_B], dtype=tl.float32)
-    for v0 in range(0, V, BLOCK_V):
-        cols = v0 + tl.arange(0, BLOCK_V)
-        m2 = rmask[:, None] & (cols < V)[None, :]
-        x = tl.load(row_ptr[:, None] + cols[None, :] * s_lg_v, mask=m2, other=float("-inf"))
-        x = x.to(tl.float32)
-        e = tl.exp(x * inv_t[:, None] - m[:, None])
-        keep = m2 & (_order_key(x) >= lo_p[:, None]) & (e >= min_p[:, None])
-        total += tl.sum(tl.where(keep, e, 0.0), axis=1)
+    # Kept mass (an unfiltered row already has it from pass 1); then the inverse-CDF search.
+    total = s
+    filtered = rmask & ~greedy & (need_k | need_p | (min_p > 0.0))
+    if tl.max(filtered.to(tl.int32), axis=0) > 0:
+        kept_mass = tl.zeros([BLOCK_B], dtype=tl.float32)
+        for v0 in range(0, V, BLOCK_V):
+            cols = v0 + tl.arange(0, BLOCK_V)
+            m2 = filtered[:, None] & (cols < V)[None, :]
+            x = tl.load(row_ptr[:, None] + cols[None, :] * s_lg_v, mask=m2, other=float("-inf"))
+            x = x.to(tl.float32)
+            e = tl.exp(x * inv_t[:, None] - m[:, None])
+            keep = m2 & (_order_key(x) >= lo_p[:, None]) & (e >= min_p[:, None])
+            kept_mass += tl.sum(tl.where(keep, e, 0.0), axis=1)
+        total = tl.where(filtered, kept_mass, s)
     target = tl.load(u_ptr + rows, mask=rmask, other=0.0) * total
     acc = tl.zeros([BLOCK_B], dtype=tl.float32)
     token = tl.full([BLOCK_B], -1, dtype=tl.int64)
