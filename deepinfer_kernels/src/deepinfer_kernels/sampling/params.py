@@ -73,9 +73,15 @@ def _check_values(logits: torch.Tensor, params: SamplingParams) -> None:
         raise ValueError("top_p: every entry must lie in (0, 1] (1 = disabled)")
     if bool((~(min_p >= 0) | (min_p > 1)).any()):
         raise ValueError("min_p: every entry must lie in [0, 1] (0 = disabled)")
-    if bool(torch.isnan(logits).any()):
+    # One pass: a row maximum is NaN if the row holds a NaN (amax propagates it), +inf if it
+    # holds +inf, and -inf only if the whole row is -inf.
+    row_max = logits.amax(dim=-1)
+    bad = torch.stack(
+        [torch.isnan(row_max).any(), torch.isposinf(row_max).any(), torch.isneginf(row_max).any()]
+    ).tolist()
+    if bad[0]:
         raise ValueError("logits: contains NaN")
-    if bool(torch.isposinf(logits).any()):
+    if bad[1]:
         raise ValueError("logits: contains +inf")
-    if bool(torch.isneginf(logits).all(dim=-1).any()):
+    if bad[2]:
         raise ValueError("logits: a row is entirely -inf")
