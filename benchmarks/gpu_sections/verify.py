@@ -199,8 +199,13 @@ def run() -> str:
         return "## Verification, sampling and KV movement\n\nskipped: torch is not installed\n"
     if not torch.cuda.is_available():
         return "## Verification, sampling and KV movement\n\nskipped: no CUDA device\n"
+    import traceback
+
     parts = ["## Verification, sampling and KV movement\n"]
     for table in (verify_table, sample_table, kv_table):
-        parts.append(table())
+        try:  # one failing table must not hide the others
+            parts.append(table())
+        except Exception:
+            parts.append(f"### {table.__name__}\n\nFAILED:\n```\n{traceback.format_exc()}\n```\n")
         torch.cuda.empty_cache()
     return "\n".join(parts)
