@@ -17,8 +17,7 @@ import multiprocessing as mp
 import time
 from collections.abc import Iterator
 from collections.abc import Sequence as Seq
-from dataclasses import dataclass, field
-from multiprocessing.connection import Connection, wait
+from multiprocessing.connection import wait
 from typing import Any
 
 from deepinfer.engine.config import EngineConfig
@@ -28,6 +27,7 @@ from deepinfer.pd.config import PDConfig
 from deepinfer.pd.decode_worker import decode_main
 from deepinfer.pd.messages import params_to_json, recv, send
 from deepinfer.pd.prefill_worker import prefill_main
+from deepinfer.pd.state import RequestState, WorkerProc
 from deepinfer.pd.transport import discard
 from deepinfer.pd.views import PDRequestView, WorkerView
 from deepinfer_sched.policies import (
@@ -43,27 +43,6 @@ from deepinfer_sched.policies.base import PDPolicy, Router
 
 class PDWorkerError(RuntimeError):
     """A PD worker process failed (crashed, failed to start, or stopped answering)."""
-
-
-@dataclass
-class _Proc:
-    view: WorkerView
-    process: Any  # multiprocessing's SpawnProcess
-    conn: Connection
-
-
-@dataclass
-class _Request:
-    prompt_ids: list[int]
-    params: SamplingParams
-    namespace: bytes
-    metrics: RequestMetrics
-    decode: _Proc | None = None
-    prefill: _Proc | None = None
-    delivered: int = 0
-    text: str = ""
-    token_ids: list[int] = field(default_factory=list)
-    shm: dict[str, Any] | None = None
 
 
 def _make_router(name: str) -> Router:
@@ -103,12 +82,12 @@ class PDCoordinator:
             else DisaggregatedPD()
         )
         self._ids = itertools.count()
-        self._requests: dict[str, _Request] = {}
+        self._requests: dict[str, RequestState] = {}
         self._failed: str | None = None
         self._closed = False
         ctx = mp.get_context("spawn")
-        self.prefill: list[_Proc] = []
-        self.decode: list[_Proc] = []
+        self.prefill: list[WorkerProc] = []
+        self.decode: list[WorkerProc] = []
         targets = [
             (prefill_main, "prefill", cfg.num_prefill_workers, self.prefill),
             (decode_main, "decode", cfg.num_decode_workers, self.decode),
@@ -123,7 +102,7 @@ class PDCoordinator:
                     )
                     proc.start()
                     child.close()
-                    procs.append(_Proc(WorkerView(len(procs), 1, 0, role), proc, parent))
+                    procs.append(WorkerProc(WorkerView(len(procs), 1, 0, role), proc, parent))
             self._await_ready()
         except BaseException:
             self.close()
@@ -131,7 +110,7 @@ class PDCoordinator:
 
     # ------------------------------------------------------------------ lifecycle
     @property
-    def workers(self) -> list[_Proc]:
+    def workers(self) -> list[WorkerProc]:
         return self.prefill + self.decode
 
     def _await_ready(self) -> None:
@@ -200,7 +179,7 @@ class PDCoordinator:
         """Route one request; returns its id, and an error output if it could not be sent."""
         self._check_usable()
         rid = f"pd-{next(self._ids)}"
-        req = _Request(
+        req = RequestState(
             list(prompt_ids),
             params,
             namespace,
@@ -217,20 +196,20 @@ class PDCoordinator:
         try:
             if local:
                 req.decode = self._pair(view, len(prompt_ids))
-                send(req.decode.conn, {"op": "generate", **body})
+                self._send(req.decode, {"op": "generate", **body})
                 req.decode.view.in_flight[rid] = len(prompt_ids)
             else:
                 req.prefill = self.prefill[
                     self.router.route(view, [p.view for p in self.prefill]).instance_id
                 ]
-                send(req.prefill.conn, {"op": "prefill", **body})
+                self._send(req.prefill, {"op": "prefill", **body})
                 req.prefill.view.in_flight[rid] = len(prompt_ids)
         except (TypeError, ValueError) as exc:  # not JSON-serialisable prompt ids
             return rid, self._error_output(rid, req, str(exc))
         self._requests[rid] = req
         return rid, None
 
-    def _pair(self, view: PDRequestView, kv_tokens: int) -> _Proc:
+    def _pair(self, view: PDRequestView, kv_tokens: int) -> WorkerProc:
         views = [p.view for p in self.decode]
         chosen = self.pairing.pick(view, views, kv_tokens)
         if chosen is None:
@@ -255,14 +234,20 @@ class PDCoordinator:
                     outputs.append(out)
         return outputs
 
-    def _recv(self, proc: _Proc) -> dict[str, Any]:
+    def _send(self, proc: WorkerProc, message: dict[str, Any]) -> None:
+        try:
+            send(proc.conn, message)
+        except OSError as exc:  # broken pipe: the worker is gone
+            self._fail(f"{proc.process.name} is unreachable ({type(exc).__name__})")
+
+    def _recv(self, proc: WorkerProc) -> dict[str, Any]:
         try:
             return recv(proc.conn)
         except (EOFError, OSError) as exc:
             self._fail(f"{proc.process.name} closed its pipe ({type(exc).__name__})")
             raise AssertionError("unreachable") from exc
 
-    def _handle(self, proc: _Proc, message: dict[str, Any]) -> RequestOutput | None:
+    def _handle(self, proc: WorkerProc, message: dict[str, Any]) -> RequestOutput | None:
         op = message["op"]
         if op == "fatal":
             self._fail(f"{proc.process.name} failed: {message['error']}")
@@ -279,8 +264,8 @@ class PDCoordinator:
                 PDRequestView(int(rid[3:]), len(req.prompt_ids), req.params.max_tokens),
                 int(message["num_tokens"]),
             )
-            send(
-                req.decode.conn,
+            self._send(
+                req.decode,
                 {
                     "op": "decode",
                     "request_id": rid,
@@ -306,7 +291,7 @@ class PDCoordinator:
         raise ValueError(f"unknown PD message op {op!r}")
 
     def _advance(
-        self, rid: str, req: _Request, new: list[int], new_text: str, reason: str | None
+        self, rid: str, req: RequestState, new: list[int], new_text: str, reason: str | None
     ) -> RequestOutput | None:
         if not new and reason is None:
             return None
@@ -331,7 +316,7 @@ class PDCoordinator:
             metrics=req.metrics,
         )
 
-    def _error_output(self, rid: str, req: _Request, error: str) -> RequestOutput:
+    def _error_output(self, rid: str, req: RequestState, error: str) -> RequestOutput:
         req.metrics.finish_time = time.perf_counter()
         self._forget(rid, req)
         return RequestOutput(
@@ -345,7 +330,7 @@ class PDCoordinator:
             metrics=req.metrics,
         )
 
-    def _forget(self, rid: str, req: _Request) -> None:
+    def _forget(self, rid: str, req: RequestState) -> None:
         self._requests.pop(rid, None)
         for proc in (req.prefill, req.decode):
             if proc is not None:
