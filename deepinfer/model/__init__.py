@@ -2,6 +2,7 @@
 
 Example::
 
+    import torch
     from deepinfer.model import load_model
 
     loaded = load_model()  # the embedded SmolLM2-135M-Instruct (GGUF, converted once)
@@ -20,6 +21,7 @@ from deepinfer.model.llama import LlamaModel
 from deepinfer.model.loader import LoadedModel, build_model, load_model
 from deepinfer.model.registry import default_model_path
 from deepinfer.model.safetensors_loader import load_hf_dir, save_hf_dir
+from deepinfer.model.spec_adapter import LlamaTargetAdapter
 from deepinfer.model.tokenizer import IncrementalDetokenizer, Tokenizer
 
 __all__ = [
@@ -30,6 +32,7 @@ __all__ = [
     "KVPool",
     "LlamaConfig",
     "LlamaModel",
+    "LlamaTargetAdapter",
     "LoadedModel",
     "OutOfBlocksError",
     "RopeScaling",
