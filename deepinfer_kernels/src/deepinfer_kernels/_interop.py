@@ -8,17 +8,23 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
-from typing import Any
+from typing import Any, overload
 
 import torch
+import torch.utils.dlpack
 
 
-def to_torch(x: Any, name: str) -> torch.Tensor:
-    """Return ``x`` as a torch tensor sharing memory; ``name`` is used in errors."""
+@overload
+def to_torch(x: None, name: str) -> None: ...
+@overload
+def to_torch(x: torch.Tensor | Any, name: str) -> torch.Tensor: ...
+def to_torch(x: Any, name: str) -> torch.Tensor | None:
+    """Return ``x`` as a torch tensor sharing memory (``None`` stays ``None``); ``name`` is
+    used in errors."""
     if x is None or isinstance(x, torch.Tensor):
         return x
     if hasattr(x, "__dlpack__"):
-        return torch.from_dlpack(x)
+        return torch.utils.dlpack.from_dlpack(x)
     raise TypeError(f"{name}: expected a torch.Tensor or a DLPack-capable array, got {type(x)!r}")
 
 

@@ -25,7 +25,7 @@ def _as_row_tensor(
         raise TypeError(f"{name}: expected a number or a tensor, got bool")
     if isinstance(value, (int, float)):
         return torch.full((batch,), value, dtype=dtype, device=device)
-    t = to_torch(value, name)
+    t: torch.Tensor = to_torch(value, name)
     if t.dim() == 0:
         t = t.expand(batch)
     if tuple(t.shape) != (batch,):
