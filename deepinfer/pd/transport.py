@@ -35,12 +35,11 @@ def export_pages(pool: KVPool, block_ids: list[int]) -> dict[str, Any]:
         dst = torch.frombuffer(shm.buf, dtype=pages.dtype, count=pages.numel())
         dst.copy_(pages.reshape(-1))
         del dst
-        name = shm.name
     finally:
         shm.close()
     # Ownership passes to the receiver, which unlinks it; this process must not clean it up.
-    resource_tracker.unregister(f"/{name}" if not name.startswith("/") else name, "shared_memory")
-    return {"shm": name, "shape": list(pages.shape), "dtype": str(pages.dtype)}
+    resource_tracker.unregister(shm._name, "shared_memory")  # type: ignore[attr-defined]
+    return {"shm": shm.name, "shape": list(pages.shape), "dtype": str(pages.dtype)}
 
 
 def import_pages(pool: KVPool, handle: dict[str, Any], block_ids: list[int]) -> None:

@@ -147,3 +147,22 @@ def test_prefilled_request_stop_on_first_token_and_bad_input(model: LlamaModel) 
         engine.add_prefilled_request(prompt, first, params, broken, request_id="x")
     assert engine.pool.num_free_blocks == engine.capacity_blocks
     assert not engine.has_unfinished()
+
+
+def test_views_fit_the_scheduler_protocols_and_drive_its_policies() -> None:
+    from deepinfer.pd.coordinator import _make_router
+    from deepinfer.pd.views import PDRequestView, WorkerView
+    from deepinfer_sched.policies import InstanceView, LeastLoadedPairing, RequestView
+
+    a = WorkerView(0, 8, 64, "decode", {"r1": 40})
+    b = WorkerView(1, 8, 64, "decode", {"r2": 10})
+    req = PDRequestView(7, 30, 4)
+    assert isinstance(a, InstanceView) and isinstance(req, RequestView)
+    assert LeastLoadedPairing().pick(req, [a, b], 30) is b
+    assert LeastLoadedPairing().pick(req, [a, b], 60) is None  # nobody has room
+    idle = WorkerView(2, 8, 64, "prefill")
+    assert _make_router("least_loaded").route(req, [a, idle]) is idle  # fewer in flight
+    assert _make_router("least_loaded").route(req, [a, b]) is a  # tie: lower position
+    rr = _make_router("round_robin")
+    assert [rr.route(req, [a, b]).instance_id for _ in range(4)] == [0, 1, 0, 1]
+    assert _make_router("power_of_two").route(req, [a, b]) in (a, b)
