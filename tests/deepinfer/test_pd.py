@@ -183,3 +183,15 @@ def _model_dir(gguf_path: Path, cache: Path) -> str:
     from deepinfer.model.convert import convert_gguf
 
     return str(convert_gguf(gguf_path, cache))
+
+
+def test_stream_of_a_bad_prompt_yields_one_error(pd_llm: LLM) -> None:
+    (out,) = list(pd_llm.stream([], SamplingParams(temperature=0, max_tokens=3)))
+    assert out.finished and out.finish_reason == "error" and "empty" in (out.error or "")
+
+
+def test_pd_argument_is_checked_before_any_worker_starts(gguf_path: Path, tmp_path: Path) -> None:
+    with pytest.raises(TypeError, match="pd must be"):
+        LLM(str(gguf_path), engine_config=ENGINE, cache_dir=tmp_path, pd="yes")
+    with pytest.raises(ValueError, match="speculative"):
+        LLM(str(gguf_path), engine_config=ENGINE, cache_dir=tmp_path, pd=True, speculative="x")
