@@ -9,16 +9,22 @@ from __future__ import annotations
 import email.parser
 import subprocess
 import sys
-import tomllib
 import zipfile
 from pathlib import Path
 
 import pytest
+import tomllib
 from packaging.requirements import Requirement
 
 ROOT = Path(__file__).resolve().parents[2]
 
-SIBLINGS = {"deepinfer-kernels", "deepinfer-cache", "deepinfer-sched", "deepinfer-spec", "deepinfer"}
+SIBLINGS = {
+    "deepinfer-kernels",
+    "deepinfer-cache",
+    "deepinfer-sched",
+    "deepinfer-spec",
+    "deepinfer",
+}
 
 # DESIGN.md's table: the runtime (non-extra) requirements each distribution may declare.
 ALLOWED_RUNTIME = {
