@@ -88,6 +88,11 @@ class PrefixIndex:
         self.persist_granularity = float(persist_granularity)
         self._nodes: dict[bytes, _Node] = {}
         self._lru: list[OrderedDict[bytes, _Node]] = [OrderedDict() for _ in range(num_tiers)]
+        # The LRU lists of each tier bitmask, precomputed so a touch does no bit arithmetic.
+        self._lru_by_mask = [
+            tuple(self._lru[i] for i in range(num_tiers) if mask >> i & 1)
+            for mask in range(1 << num_tiers)
+        ]
 
     # ------------------------------------------------------------------ queries
     def __len__(self) -> int:
@@ -339,15 +344,10 @@ class PrefixIndex:
 
     def _touch(self, path: list[_Node]) -> None:
         # Deepest first: ancestors end up more recent than descendants, so LRU takes leaves.
-        lrus = self._lru
+        by_mask = self._lru_by_mask
         for node in reversed(path):
-            t = node.tiers
-            i = 0
-            while t:
-                if t & 1:
-                    lrus[i].move_to_end(node.key)
-                t >>= 1
-                i += 1
+            for lru in by_mask[node.tiers]:
+                lru.move_to_end(node.key)
 
     def _drop(self, node: _Node, force: bool = False) -> list[Dropped]:
         if node.pins and not force:
