@@ -99,23 +99,46 @@ class LlamaAttention(nn.Module):
         k_cache: torch.Tensor,
         v_cache: torch.Tensor,
         check_values: bool = True,
+        plan: deepinfer_kernels.PagedAttentionPlan | None = None,
     ) -> torch.Tensor:
+        """``plan`` (from :meth:`plan_attention`, shared by every layer of a forward) skips
+        re-deriving the batch's tiles, page ids and mask in each layer."""
         q, k, v = self.project_qkv(x, cos, sin, rope)
         deepinfer_kernels.write_kv(
             k, v, k_cache, v_cache, attn.slot_mapping, check_values=check_values
         )
-        out: torch.Tensor = deepinfer_kernels.paged_attention(
-            q,
-            k_cache,
-            v_cache,
+        out: torch.Tensor
+        if plan is not None:
+            out = plan.run(q, k_cache, v_cache)
+        else:
+            out = deepinfer_kernels.paged_attention(
+                q,
+                k_cache,
+                v_cache,
+                attn.block_table,
+                attn.seq_lens,
+                attn.cu_seqlens_q,
+                scale=self.scale,
+                causal=True,
+                check_values=check_values,
+            )
+        return F.linear(out.flatten(-2), self.o_proj.weight)
+
+    def plan_attention(
+        self, attn: AttentionMetadata, block_size: int
+    ) -> deepinfer_kernels.PagedAttentionPlan:
+        """Validate ``attn`` once and precompute the layer-independent attention work."""
+        return deepinfer_kernels.plan_paged_attention(
             attn.block_table,
             attn.seq_lens,
             attn.cu_seqlens_q,
+            block_size=block_size,
+            num_q_heads=self.num_heads,
+            num_kv_heads=self.num_kv_heads,
+            head_dim=self.head_dim,
             scale=self.scale,
             causal=True,
-            check_values=check_values,
         )
-        return F.linear(out.flatten(-2), self.o_proj.weight)
 
     def forward_dense(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rope: RotaryEmbedding
@@ -229,7 +252,11 @@ class LlamaModel(nn.Module):
         x = F.embedding(input_ids, self.embed_tokens.weight)
         captured: dict[int, torch.Tensor] = {}
         residual = x
-        for i, layer in enumerate(self.decoder_layers()):
+        layers = self.decoder_layers()
+        # Every layer sees the same metadata: validate it and plan the attention once per
+        # forward (on CPU the per-layer planning cost more than the attention itself).
+        plan = layers[0].self_attn.plan_attention(attn, kv_pool.block_size) if layers else None
+        for i, layer in enumerate(layers):
             h = layer.self_attn.forward(
                 layer.input_layernorm.forward(residual),
                 cos,
@@ -238,8 +265,8 @@ class LlamaModel(nn.Module):
                 attn,
                 kv_pool.k_cache(i),
                 kv_pool.v_cache(i),
-                # Every layer sees the same metadata: validate its values once per forward.
                 check_values=i == 0,
+                plan=plan,
             )
             residual = residual + h
             residual = residual + layer.mlp.forward(

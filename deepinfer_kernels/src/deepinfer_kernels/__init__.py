@@ -17,9 +17,11 @@ Example::
 __version__ = "0.1.0"
 
 from deepinfer_kernels.attention import (
+    PagedAttentionPlan,
     merge_attention_states,
     paged_attention,
     paged_decode_attention,
+    plan_paged_attention,
 )
 from deepinfer_kernels.kv import gather_blocks, scatter_blocks, write_kv
 from deepinfer_kernels.sampling import sample, sampling_probs
@@ -28,9 +30,11 @@ from deepinfer_kernels.verify import VerifyResult, greedy_verify, speculative_ve
 __all__ = [
     "__version__",
     # paged attention
+    "PagedAttentionPlan",
     "merge_attention_states",
     "paged_attention",
     "paged_decode_attention",
+    "plan_paged_attention",
     # verification, sampling and KV movement
     "VerifyResult",
     "gather_blocks",

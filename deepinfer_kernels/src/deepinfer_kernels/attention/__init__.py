@@ -22,10 +22,13 @@ from deepinfer_kernels.attention.api import (
     paged_attention,
     paged_decode_attention,
 )
+from deepinfer_kernels.attention.plan import PagedAttentionPlan, plan_paged_attention
 
 __all__ = [
+    "PagedAttentionPlan",
     "choose_num_splits",
     "merge_attention_states",
     "paged_attention",
     "paged_decode_attention",
+    "plan_paged_attention",
 ]

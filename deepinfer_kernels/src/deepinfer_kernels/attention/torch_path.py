@@ -1,17 +1,20 @@
 """Fast torch path of paged attention for CPU (and any non-Triton device).
 
-Same maths as :mod:`deepinfer_kernels.reference.attention`, organised for speed:
+Same maths as :mod:`deepinfer_kernels.reference.attention`, organised for speed and split in
+two halves (FlashInfer-style *plan* / *run*):
 
-* Work is cut into *tiles* (a sequence's queries, or a chunk of a long prefill). All short
-  tiles (decode, verification) are padded to a common query length and computed as one
-  batch; long tiles run one at a time with their query chunk bounded so the score matrix
-  stays within a memory budget.
-* Each tile gathers only the pages its queries can see (window start to causal end), with
-  one vectorised ``index_select`` per batch, never per token.
-* GQA is handled by viewing the query heads as ``[Hkv, group]`` so each KV head is read
-  once for its whole group (no ``repeat_interleave`` of K and V).
-* Softmax is unnormalised: ``o = (exp(s - m) @ v) / l`` and ``lse = m + log(l)``, so the
-  log-sum-exp comes for free.
+* :func:`plan_tile_batches` does everything that depends only on the batch metadata (block
+  table, lengths, query offsets) and not on the layer: it cuts the work into *tiles* (a
+  sequence's queries, or a chunk of a long prefill), pads the short tiles (decode,
+  verification) to a common query length so they run as one batch, gathers the page ids each
+  tile reads (window start to causal end), and builds the additive ``0 / -inf`` mask. A model
+  plans once per forward and reuses the result in every layer.
+* :func:`run_tile_batches` does the per-layer work: one ``index_select`` of the pages per
+  batch, the attention itself and the write-back of the valid rows.
+
+GQA is handled by viewing the query heads as ``[Hkv, group]`` so each KV head is read once for
+its whole group (no ``repeat_interleave`` of K and V). Softmax is unnormalised:
+``o = (exp(s - m) @ v) / l`` and ``lse = m + log(l)``, so the log-sum-exp comes for free.
 """
 
 from __future__ import annotations
@@ -35,6 +38,38 @@ class _Tile:
     first_pos: int  # absolute position of the first query
     key_lo: int  # first key position it may read (block-aligned)
     key_hi: int  # one past the last key position it may read
+
+
+@dataclass(frozen=True)
+class TileBatch:
+    """The layer-independent part of one batch of tiles.
+
+    ``num_tiles`` tiles, each padded to ``max_q`` queries and reading ``num_pages`` pages of
+    which the first ``key_len`` positions are used. ``page_ids`` (int64
+    ``[num_tiles * num_pages]``) are the pages to gather. Query rows: ``row_start`` when the
+    padded rows are exactly ``q[row_start : row_start + num_tiles * max_q]`` (no gather, no
+    scatter), else ``q_rows`` (int64, padded rows repeat a valid one) with ``valid`` (positions
+    of the real rows among the padded ones, ``None`` = all) and ``out_rows`` (their rows in
+    ``q``). ``bias`` (fp32 ``[num_tiles, 1, group * max_q, key_len]``, ``0`` kept / ``-inf``
+    masked) and ``keep`` (bool ``[num_tiles, max_q, key_len]``) are ``None`` when every key of
+    the span is kept by every row (decode batches of equal lengths, a lone decode).
+    """
+
+    num_tiles: int
+    max_q: int
+    num_pages: int
+    key_len: int
+    page_ids: torch.Tensor
+    row_start: int | None
+    q_rows: torch.Tensor | None
+    valid: torch.Tensor | None
+    out_rows: torch.Tensor | None
+    bias: torch.Tensor | None
+    keep: torch.Tensor | None
+
+    @property
+    def num_rows(self) -> int:
+        return self.num_tiles * self.max_q
 
 
 def _make_tiles(
@@ -65,43 +100,135 @@ def _make_tiles(
     return tiles
 
 
+def _group_tiles(tiles: list[_Tile], num_q_heads: int) -> list[list[_Tile]]:
+    """Short tiles share batches as long as the padded scores fit the budget; long tiles run
+    alone."""
+    groups: list[list[_Tile]] = []
+    per_tile = num_q_heads * _SHORT_TILE
+    batch: list[_Tile] = []
+    batch_span = 0
+    for t in tiles:
+        if t.n_q > _SHORT_TILE:
+            continue
+        span = max(batch_span, t.key_hi - t.key_lo)
+        if batch and (len(batch) + 1) * span * per_tile > _SCORE_BUDGET:
+            groups.append(batch)
+            batch, span = [], t.key_hi - t.key_lo
+        batch.append(t)
+        batch_span = span
+    if batch:
+        groups.append(batch)
+    groups.extend([t] for t in tiles if t.n_q > _SHORT_TILE)
+    return groups
+
+
+def _plan_batch(
+    tiles: list[_Tile],
+    block_table: torch.Tensor,
+    seq_lens: list[int],
+    block_size: int,
+    group: int,
+    causal: bool,
+    window: int,
+) -> TileBatch:
+    device = block_table.device
+    nb = len(tiles)
+    max_q = max(t.n_q for t in tiles)
+    span = max(t.key_hi - t.key_lo for t in tiles)
+    n_blk = (span + block_size - 1) // block_size
+    max_blocks = block_table.shape[1]
+
+    def ints(values: list[int]) -> torch.Tensor:
+        return torch.tensor(values, dtype=torch.int64, device=device)
+
+    seq_idx = ints([t.seq for t in tiles])
+    key_lo = ints([t.key_lo for t in tiles])
+    lens = ints([seq_lens[t.seq] for t in tiles])
+    first_pos = ints([t.first_pos for t in tiles])
+    n_q = ints([t.n_q for t in tiles])
+
+    # Pages each tile reads; columns past the sequence's last block point at block 0 and are
+    # masked out below (the table may hold garbage there).
+    col = key_lo[:, None] // block_size + torch.arange(n_blk, device=device)[None, :]
+    used = (lens + block_size - 1) // block_size
+    blocks = torch.gather(block_table[seq_idx].long(), 1, col.clamp(max=max_blocks - 1))
+    blocks = torch.where(col < used[:, None], blocks, torch.zeros_like(blocks)).reshape(-1)
+
+    # Padded query rows repeat the tile's last valid row (same mask, never written back).
+    t_idx = torch.arange(max_q, device=device)
+    t_eff = torch.minimum(t_idx[None, :], n_q[:, None] - 1)
+    key_pos = key_lo[:, None] + torch.arange(n_blk * block_size, device=device)[None, :]
+    q_pos = first_pos[:, None] + t_eff
+    keep = (key_pos < lens[:, None])[:, None, :]
+    if causal:
+        keep = keep & (key_pos[:, None, :] <= q_pos[:, :, None])
+    if window > 0:
+        keep = keep & (key_pos[:, None, :] > q_pos[:, :, None] - window)
+    keep = keep.expand(nb, max_q, key_pos.shape[1])  # every row keeps at least its own key
+    # Trailing key columns no row keeps are not read at all.
+    kept_cols = keep.any(dim=1).any(dim=0).nonzero()
+    key_len = int(kept_cols[-1]) + 1
+    keep = keep[:, :, :key_len]
+    bias = None
+    keep_out: torch.Tensor | None = None
+    if not bool(keep.all()):
+        keep_out = keep.contiguous()
+        # fp32 bias: the CPU flash kernel accepts it for fp16/bf16 queries too.
+        b = torch.zeros(keep_out.shape, dtype=torch.float32, device=device)
+        b.masked_fill_(~keep_out, float("-inf"))
+        bias = b[:, None].expand(nb, group, max_q, key_len).reshape(nb, 1, group * max_q, key_len)
+
+    rows0 = tiles[0].row
+    all_valid = all(t.n_q == max_q for t in tiles)
+    in_order = all(t.row == rows0 + i * max_q for i, t in enumerate(tiles))
+    if all_valid and in_order:
+        return TileBatch(nb, max_q, n_blk, key_len, blocks, rows0, None, None, None, bias, keep_out)
+    rows = (ints([t.row for t in tiles])[:, None] + t_eff).reshape(-1)
+    valid = None if all_valid else (t_idx[None, :] < n_q[:, None]).reshape(-1).nonzero()[:, 0]
+    out_rows = rows if valid is None else rows[valid]
+    return TileBatch(nb, max_q, n_blk, key_len, blocks, None, rows, valid, out_rows, bias, keep_out)
+
+
+def plan_tile_batches(
+    block_table: torch.Tensor,
+    seq_lens: list[int],
+    cu_seqlens_q: list[int],
+    *,
+    block_size: int,
+    num_q_heads: int,
+    num_kv_heads: int,
+    causal: bool,
+    window: int,
+) -> list[TileBatch]:
+    """Cut a validated batch into tile batches and precompute their indices and masks."""
+    group = num_q_heads // num_kv_heads
+    tiles = _make_tiles(seq_lens, cu_seqlens_q, causal, window, block_size, group, num_kv_heads)
+    return [
+        _plan_batch(g, block_table, seq_lens, block_size, group, causal, window)
+        for g in _group_tiles(tiles, num_q_heads)
+    ]
+
+
 # CPU flash-attention kernel that also returns the natural-log LSE in fp32 (fp32 accumulation
 # for fp16/bf16 inputs, strided K/V accepted). Absent on some builds: then the manual path runs.
 _FUSED = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
-
-
-def _fused_softmax(
-    qt: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    keep: torch.Tensor,
-    scale: float,
-    group: int,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """``qt [nb, Hkv, G*M, D]``, ``k, v [nb, Hkv, L, D]``, ``keep [nb, M, L]`` ->
-    ``(o [nb, Hkv, G*M, D], lse [nb, Hkv, G*M] fp32)``."""
-    nb, m, n = keep.shape
-    bias = torch.zeros(keep.shape, dtype=qt.dtype, device=qt.device)
-    bias.masked_fill_(~keep, float("-inf"))
-    bias = bias[:, None].expand(nb, group, m, n).reshape(nb, 1, group * m, n)
-    assert _FUSED is not None
-    o, lse = _FUSED(qt, k, v, attn_mask=bias, scale=scale)
-    return o, lse
 
 
 def _manual_softmax(
     qt: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
-    keep: torch.Tensor,
+    keep: torch.Tensor | None,
     scale: float,
     soft_cap: float,
     group: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Same contract as :func:`_fused_softmax`, in explicit fp32 ops (soft-cap capable):
-    unnormalised ``exp(s - m)``, then ``o = (p @ v) / l`` and ``lse = m + log(l)``."""
-    nb, m, n = keep.shape
-    hkv, d = k.shape[1], k.shape[3]
+    """``qt [nb, Hkv, G*M, D]``, ``k, v [nb, Hkv, L, D]``, ``keep [nb, M, L]`` (``None`` = all)
+    -> ``(o [nb, Hkv, G*M, D], lse [nb, Hkv, G*M] fp32)`` in explicit fp32 ops (soft-cap
+    capable): unnormalised ``p = exp(s - m)``, then ``o = (p @ v) / l`` and ``lse = m + log(l)``
+    with ``l = sum(p)``."""
+    nb, hkv, gm, d = qt.shape
+    m, n = gm // group, k.shape[2]
     f32 = torch.float32
     kf = k.to(dtype=f32, memory_format=torch.contiguous_format)
     vf = v.to(dtype=f32, memory_format=torch.contiguous_format)
@@ -109,7 +236,8 @@ def _manual_softmax(
     if soft_cap > 0:
         scores = scores.div_(soft_cap).tanh_().mul_(soft_cap)
     scores = scores.view(nb, hkv, group, m, n)
-    scores.masked_fill_(~keep[:, None, None], float("-inf"))
+    if keep is not None:
+        scores.masked_fill_(~keep[:, None, None], float("-inf"))
     mx = scores.amax(dim=-1, keepdim=True)
     p = scores.sub_(mx).exp_()
     denom = p.sum(dim=-1, keepdim=True)
@@ -119,84 +247,84 @@ def _manual_softmax(
     return o.view(nb, hkv, group * m, d).to(qt.dtype), row_lse
 
 
-def _attend_tiles(
-    tiles: list[_Tile],
+def _attend(
+    tb: TileBatch,
     q: torch.Tensor,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
-    block_table: torch.Tensor,
-    seq_lens: list[int],
-    out: torch.Tensor,
-    lse: torch.Tensor,
     scale: float,
-    causal: bool,
-    window: int,
     soft_cap: float,
-) -> None:
-    """Compute a batch of tiles padded to a common query count and key span."""
-    device = q.device
-    nb = len(tiles)
+    want_lse: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One tile batch -> ``(o [num_rows, Hq, D], lse [num_rows, Hq] or None)`` over the padded
+    rows."""
+    nb, max_q = tb.num_tiles, tb.max_q
     _, block_size, hkv, d = k_cache.shape
     hq = q.shape[1]
     group = hq // hkv
-    max_q = max(t.n_q for t in tiles)
-    span = max(t.key_hi - t.key_lo for t in tiles)
-    n_blk = (span + block_size - 1) // block_size
-    max_blocks = block_table.shape[1]
-
-    seq_idx = torch.tensor([t.seq for t in tiles], device=device)
-    key_lo = torch.tensor([t.key_lo for t in tiles], device=device)
-    lens = torch.tensor([seq_lens[t.seq] for t in tiles], device=device)
-    first_pos = torch.tensor([t.first_pos for t in tiles], device=device)
-    rows0 = torch.tensor([t.row for t in tiles], device=device)
-    n_q = torch.tensor([t.n_q for t in tiles], device=device)
-
-    # Pages each tile reads; columns past the sequence's last block point at block 0 and
-    # are masked out below (the table may hold garbage there).
-    col = key_lo[:, None] // block_size + torch.arange(n_blk, device=device)[None, :]
-    used = (lens + block_size - 1) // block_size
-    col_ok = col < used[:, None]
-    bt_rows = block_table[seq_idx]
-    blocks = torch.gather(bt_rows, 1, col.clamp(max=max_blocks - 1))
-    blocks = torch.where(col_ok, blocks, torch.zeros_like(blocks)).reshape(-1).long()
+    keys = tb.num_pages * block_size
     # [nb, Hkv, L, D] views of the gathered pages (no transpose copy).
-    k = k_cache.index_select(0, blocks).view(nb, n_blk * block_size, hkv, d).transpose(1, 2)
-    v = v_cache.index_select(0, blocks).view(nb, n_blk * block_size, hkv, d).transpose(1, 2)
-
-    # Queries padded to max_q; padded rows repeat a valid row and are never written back.
-    t_idx = torch.arange(max_q, device=device)
-    q_ok = t_idx[None, :] < n_q[:, None]
-    rows = rows0[:, None] + torch.minimum(t_idx[None, :], n_q[:, None] - 1)
-    qt = q.index_select(0, rows.reshape(-1))
+    k = k_cache.index_select(0, tb.page_ids).view(nb, keys, hkv, d)
+    v = v_cache.index_select(0, tb.page_ids).view(nb, keys, hkv, d)
+    if tb.key_len < keys:
+        k, v = k[:, : tb.key_len], v[:, : tb.key_len]
+    k, v = k.transpose(1, 2), v.transpose(1, 2)
+    if tb.row_start is not None:
+        qs = q[tb.row_start : tb.row_start + tb.num_rows]
+    else:
+        assert tb.q_rows is not None
+        qs = q.index_select(0, tb.q_rows)
     # [nb, max_q, Hkv, G, D] -> [nb, Hkv, G * max_q, D]: the G heads of a KV head share it.
-    qt = qt.view(nb, max_q, hkv, group, d).permute(0, 2, 3, 1, 4).reshape(nb, hkv, -1, d)
-
-    key_pos = key_lo[:, None] + torch.arange(n_blk * block_size, device=device)[None, :]
-    q_pos = first_pos[:, None] + t_idx[None, :]
-    keep = (key_pos < lens[:, None])[:, None, :]
-    if causal:
-        keep = keep & (key_pos[:, None, :] <= q_pos[:, :, None])
-    if window > 0:
-        keep = keep & (key_pos[:, None, :] > q_pos[:, :, None] - window)
-    keep = keep.expand(nb, max_q, key_pos.shape[1])  # every row keeps at least its own key
-
+    qt = qs.view(nb, max_q, hkv, group, d).permute(0, 2, 3, 1, 4).reshape(nb, hkv, -1, d)
     if soft_cap <= 0 and _FUSED is not None:
-        o, row_lse = _fused_softmax(qt, k, v, keep, scale, group)
+        o, row_lse = _FUSED(qt, k, v, attn_mask=tb.bias, scale=scale)
     else:
-        o, row_lse = _manual_softmax(qt, k, v, keep, scale, soft_cap, group)
+        o, row_lse = _manual_softmax(qt, k, v, tb.keep, scale, soft_cap, group)
+    # [nb, Hkv, G, max_q, ...] back to [nb * max_q, Hq, ...].
+    o = o.view(nb, hkv, group, max_q, d).permute(0, 3, 1, 2, 4).reshape(nb * max_q, hq, d)
+    if not want_lse:
+        return o, None
+    row_lse = row_lse.view(nb, hkv, group, max_q).permute(0, 3, 1, 2).reshape(nb * max_q, hq)
+    return o, row_lse
 
-    # [nb, Hkv, G, max_q, ...] back to [nb, max_q, Hq, ...]; scatter the valid rows.
-    o = o.view(nb, hkv, group, max_q, d).permute(0, 3, 1, 2, 4).reshape(nb, max_q, hq, d)
-    row_lse = row_lse.view(nb, hkv, group, max_q).permute(0, 3, 1, 2).reshape(nb, max_q, hq)
-    if bool(q_ok.all()):
-        flat_rows = rows.reshape(-1)
-        out.index_copy_(0, flat_rows, o.reshape(-1, hq, d).to(out.dtype))
-        lse.index_copy_(0, flat_rows, row_lse.reshape(-1, hq))
-    else:
-        sel = q_ok.reshape(-1)
-        flat_rows = rows.reshape(-1)[sel]
-        out.index_copy_(0, flat_rows, o.reshape(-1, hq, d)[sel].to(out.dtype))
-        lse.index_copy_(0, flat_rows, row_lse.reshape(-1, hq)[sel])
+
+def run_tile_batches(
+    batches: list[TileBatch],
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    scale: float,
+    soft_cap: float,
+    want_lse: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Run planned tile batches over one layer's cache; ``soft_cap <= 0`` means off.
+
+    Returns ``(out like q, lse [total_q, Hq] fp32 or None when not wanted)``.
+    """
+    total = q.shape[0]
+    if len(batches) == 1 and batches[0].row_start == 0 and batches[0].num_rows == total:
+        # One batch covering every row in order (a decode batch, a lone prefill): its output
+        # is the answer, no scatter.
+        o, lse = _attend(batches[0], q, k_cache, v_cache, scale, soft_cap, want_lse)
+        return o.to(q.dtype), lse
+    out = torch.empty_like(q)
+    lse_out = torch.empty(q.shape[:2], dtype=torch.float32, device=q.device) if want_lse else None
+    for tb in batches:
+        o, lse = _attend(tb, q, k_cache, v_cache, scale, soft_cap, want_lse)
+        o = o.to(out.dtype)
+        if tb.row_start is not None:
+            out[tb.row_start : tb.row_start + tb.num_rows] = o
+            if lse_out is not None and lse is not None:
+                lse_out[tb.row_start : tb.row_start + tb.num_rows] = lse
+            continue
+        assert tb.out_rows is not None
+        if tb.valid is not None:
+            o = o.index_select(0, tb.valid)
+            lse = None if lse is None else lse.index_select(0, tb.valid)
+        out.index_copy_(0, tb.out_rows, o)
+        if lse_out is not None and lse is not None:
+            lse_out.index_copy_(0, tb.out_rows, lse)
+    return out, lse_out
 
 
 def paged_attention_torch(
@@ -211,36 +339,20 @@ def paged_attention_torch(
     window: int,
     soft_cap: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Paged attention for validated inputs; ``window <= 0`` / ``soft_cap <= 0`` mean off.
-
-    Returns ``(out like q, lse [total_q, Hq] fp32)``.
-    """
-    out = torch.empty_like(q)
-    lse = torch.empty(q.shape[:2], dtype=torch.float32, device=q.device)
-    if q.shape[0] == 0:
-        return out, lse
-    lens = seq_lens.tolist()
-    cu = cu_seqlens_q.tolist()
-    block_size, hkv = k_cache.shape[1], k_cache.shape[2]
-    tiles = _make_tiles(lens, cu, causal, window, block_size, q.shape[1] // hkv, hkv)
-    short = [t for t in tiles if t.n_q <= _SHORT_TILE]
-    long = [t for t in tiles if t.n_q > _SHORT_TILE]
-    args = (q, k_cache, v_cache, block_table, lens, out, lse, scale, causal, window, soft_cap)
-    # Short tiles share one batch as long as the padded scores fit the budget.
-    per_tile = q.shape[1] * _SHORT_TILE * 1
-    batch: list[_Tile] = []
-    batch_span = 0
-    for t in short:
-        span = max(batch_span, t.key_hi - t.key_lo)
-        if batch and (len(batch) + 1) * span * per_tile > _SCORE_BUDGET:
-            _attend_tiles(batch, *args)
-            batch, span = [], t.key_hi - t.key_lo
-        batch.append(t)
-        batch_span = span
-    if batch:
-        _attend_tiles(batch, *args)
-    for t in long:
-        _attend_tiles([t], *args)
+    """Paged attention for validated inputs (plan then run); ``window <= 0`` /
+    ``soft_cap <= 0`` mean off. Returns ``(out like q, lse [total_q, Hq] fp32)``."""
+    batches = plan_tile_batches(
+        block_table,
+        seq_lens.tolist(),
+        cu_seqlens_q.tolist(),
+        block_size=k_cache.shape[1],
+        num_q_heads=q.shape[1],
+        num_kv_heads=k_cache.shape[2],
+        causal=causal,
+        window=window,
+    )
+    out, lse = run_tile_batches(batches, q, k_cache, v_cache, scale, soft_cap, want_lse=True)
+    assert lse is not None
     return out, lse
 
 

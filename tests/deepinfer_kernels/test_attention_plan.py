@@ -1,0 +1,231 @@
+"""``plan_paged_attention`` / ``PagedAttentionPlan.run``: the plan/run split of paged attention."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import deepinfer_kernels as dk
+from deepinfer_kernels.reference import paged_attention_reference
+from deepinfer_kernels.testing import (
+    PagedAttentionCase,
+    PagedLayout,
+    assert_attention_close,
+    materialize,
+    paged_attention_cases,
+)
+
+
+def _plan(case: PagedAttentionCase, **extra: Any) -> dk.PagedAttentionPlan:
+    _, hq, d = case.q.shape
+    return dk.plan_paged_attention(
+        case.block_table,
+        case.seq_lens,
+        case.cu_seqlens_q,
+        block_size=case.k_cache.shape[1],
+        num_q_heads=hq,
+        num_kv_heads=case.k_cache.shape[2],
+        head_dim=d,
+        **case.options(),
+        **extra,
+    )
+
+
+@settings(max_examples=20)
+@given(
+    case=paged_attention_cases(
+        dtypes=(torch.float32, torch.float16, torch.bfloat16),
+        allow_non_causal=True,
+        kinds=("decode", "verify", "extend"),
+    )
+)
+def test_run_matches_reference_and_the_public_op(case):  # type: ignore[no-untyped-def]
+    out, lse = _plan(case, use_triton=False).run(
+        case.q, case.k_cache, case.v_cache, return_lse=True
+    )
+    ref_out, ref_lse = paged_attention_reference(*case.tensors(), **case.options(), return_lse=True)
+    assert out.dtype == case.q.dtype and lse.dtype == torch.float32
+    assert_attention_close(out, ref_out)
+    assert_attention_close(lse, ref_lse, dtype=case.q.dtype)
+    # The public op is plan + run on the torch path: the very same computation.
+    op_out, op_lse = dk.paged_attention(
+        *case.tensors(), **case.options(), return_lse=True, use_triton=False
+    )
+    assert torch.equal(out, op_out) and torch.equal(lse, op_lse)
+
+
+@settings(max_examples=15)
+@given(case=paged_attention_cases(max_seq_len=48), layers=st.integers(2, 4))
+def test_one_plan_serves_every_layer(case, layers):  # type: ignore[no-untyped-def]
+    plan = _plan(case)
+    for layer in range(layers):
+        # Each "layer" has its own cache contents and queries over the same page layout.
+        g = torch.Generator().manual_seed(layer)
+        k = torch.randn(case.k_cache.shape, generator=g).to(case.k_cache.dtype)
+        v = torch.randn(case.v_cache.shape, generator=g).to(case.v_cache.dtype)
+        q = torch.randn(case.q.shape, generator=g).to(case.q.dtype)
+        here = replace(case, q=q, k_cache=k, v_cache=v)
+        out = plan.run(q, k, v)
+        assert torch.equal(out, dk.paged_attention(*here.tensors(), **here.options()))
+        assert_attention_close(out, paged_attention_reference(*here.tensors(), **here.options()))
+
+
+@settings(max_examples=15)
+@given(
+    batch=st.integers(1, 5),
+    seq_len=st.integers(1, 40),
+    block_size=st.sampled_from([1, 4, 16]),
+    gqa=st.sampled_from([1, 3, 4]),
+    seed=st.integers(0, 2**16),
+)
+def test_equal_length_decode_needs_no_mask(batch, seq_len, block_size, gqa, seed):  # type: ignore[no-untyped-def]
+    per_seq = -(-seq_len // block_size)
+    physical = torch.randperm(batch * per_seq + 2, generator=torch.Generator().manual_seed(seed))
+    table = tuple(tuple(physical[b * per_seq : (b + 1) * per_seq].tolist()) for b in range(batch))
+    layout = PagedLayout(
+        (1,) * batch, (seq_len,) * batch, block_size, batch * per_seq + 2, table, 2 * gqa, 2, 16
+    )
+    case = materialize(layout, seed=seed)
+    plan = _plan(case)
+    assert not plan.masked and plan.num_tile_batches == 1
+    assert_attention_close(
+        plan.run(case.q, case.k_cache, case.v_cache), paged_attention_reference(*case.tensors())
+    )
+
+
+def test_mixed_lengths_and_windows_are_masked() -> None:
+    layout = PagedLayout((1, 1), (9, 3), 4, 8, ((6, 1, 3), (0, 2, 4)), 4, 2, 16)
+    case = materialize(layout, seed=1)
+    assert _plan(case).masked
+    assert _plan(replace(case, seq_lens=torch.tensor([9, 9], dtype=torch.int32))).masked is False
+    windowed = replace(case, seq_lens=torch.tensor([9, 9], dtype=torch.int32), sliding_window=3)
+    assert _plan(windowed).masked
+    assert_attention_close(
+        _plan(windowed).run(windowed.q, windowed.k_cache, windowed.v_cache),
+        paged_attention_reference(*windowed.tensors(), **windowed.options()),
+    )
+
+
+def test_long_prefill_in_chunks_and_empty_batch() -> None:
+    layout = PagedLayout(
+        (70, 1), (90, 33), 16, 9, ((4, 0, 7, 2, 8, 1), (3, 6, 5, -1, -1, -1)), 4, 2, 16
+    )
+    case = materialize(layout, seed=3, sliding_window=40)
+    plan = _plan(case)
+    assert plan.num_tile_batches >= 2
+    out = plan.run(case.q, case.k_cache, case.v_cache)
+    assert_attention_close(out, paged_attention_reference(*case.tensors(), **case.options()))
+
+    empty = dk.plan_paged_attention(
+        torch.zeros((0, 1), dtype=torch.int32),
+        torch.zeros(0, dtype=torch.int32),
+        torch.zeros(1, dtype=torch.int32),
+        block_size=16, num_q_heads=4, num_kv_heads=2, head_dim=16,
+    )  # fmt: skip
+    o, lse = empty.run(torch.zeros(0, 4, 16), case.k_cache, case.v_cache, return_lse=True)
+    assert o.shape == (0, 4, 16) and lse.shape == (0, 4)
+
+
+LAYOUT = PagedLayout((1, 3), (5, 7), 4, 6, ((2, 5), (0, 4)), 4, 2, 16)
+
+
+def _i32(values: Any) -> torch.Tensor:
+    return torch.tensor(values, dtype=torch.int32)
+
+
+def _plan_kwargs() -> dict[str, Any]:
+    case = materialize(LAYOUT, seed=0)
+    return {
+        "block_table": case.block_table,
+        "seq_lens": case.seq_lens,
+        "cu_seqlens_q": case.cu_seqlens_q,
+        "block_size": 4,
+        "num_q_heads": 4,
+        "num_kv_heads": 2,
+        "head_dim": 16,
+    }
+
+
+BAD_METADATA: list[tuple[str, Callable[[dict[str, Any]], None], str]] = [
+    ("block_table int64", lambda a: a.update(block_table=a["block_table"].long()), "block_table"),
+    ("block_table 1-D", lambda a: a.update(block_table=a["block_table"][0]), "block_table"),
+    ("negative block id", lambda a: a.update(block_table=_i32([[2, -1], [0, 4]])), "block_table"),
+    ("seq_lens shape", lambda a: a.update(seq_lens=_i32([5, 7, 1])), "seq_lens"),
+    ("negative seq_len", lambda a: a.update(seq_lens=_i32([-1, 7])), "seq_lens"),
+    ("beyond capacity", lambda a: a.update(seq_lens=_i32([9, 7])), "seq_lens"),
+    ("cu shape", lambda a: a.update(cu_seqlens_q=_i32([0, 4])), "cu_seqlens_q"),
+    ("q_len > seq_len", lambda a: a.update(seq_lens=_i32([5, 2])), "cu_seqlens_q"),
+    ("decreasing cu", lambda a: a.update(cu_seqlens_q=_i32([0, 3, 1])), "cu_seqlens_q"),
+    ("cu start", lambda a: a.update(cu_seqlens_q=_i32([1, 2, 4])), "cu_seqlens_q"),
+    ("block size 3", lambda a: a.update(block_size=3), "block_size"),
+    ("block size 0", lambda a: a.update(block_size=0), "block_size"),
+    ("heads", lambda a: a.update(num_q_heads=3), "num_q_heads"),
+    ("kv heads", lambda a: a.update(num_kv_heads=True), "num_kv_heads"),
+    ("head_dim", lambda a: a.update(head_dim=0), "head_dim"),
+    ("window", lambda a: a.update(sliding_window=0), "sliding_window"),
+    ("soft cap", lambda a: a.update(soft_cap=-1.0), "soft_cap"),
+    ("scale", lambda a: a.update(scale=float("nan")), "scale"),
+]
+
+
+@pytest.mark.parametrize(("what", "mutate", "name"), BAD_METADATA, ids=[b[0] for b in BAD_METADATA])
+def test_invalid_metadata_names_the_argument(what: str, mutate: Any, name: str) -> None:
+    kwargs = _plan_kwargs()
+    mutate(kwargs)
+    with pytest.raises(ValueError, match=name):
+        dk.plan_paged_attention(**kwargs)
+
+
+def test_causal_must_be_bool() -> None:
+    with pytest.raises(TypeError, match="causal"):
+        dk.plan_paged_attention(**_plan_kwargs(), causal=1)  # type: ignore[arg-type]
+
+
+BAD_RUN: list[tuple[str, Callable[[dict[str, Any]], None], str]] = [
+    ("q rows", lambda a: a.update(q=a["q"][:3]), "q"),
+    ("q heads", lambda a: a.update(q=a["q"][:, :2]), "q"),
+    ("q dtype", lambda a: a.update(q=a["q"].int()), "q"),
+    ("k block size", lambda a: a.update(k_cache=a["k_cache"][:, :2]), "k_cache"),
+    ("k dtype", lambda a: a.update(k_cache=a["k_cache"].half()), "k_cache"),
+    ("v pool", lambda a: a.update(v_cache=a["v_cache"][:5]), "v_cache"),
+    ("pool too small", lambda a: a.update(k_cache=a["k_cache"][:5], v_cache=a["v_cache"][:5]),
+     "block_table"),
+    ("not a tensor", lambda a: a.update(k_cache=[1.0]), "k_cache"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("what", "mutate", "name"), BAD_RUN, ids=[b[0] for b in BAD_RUN])
+def test_invalid_run_inputs_name_the_argument(what: str, mutate: Any, name: str) -> None:
+    case = materialize(LAYOUT, seed=0)
+    plan = _plan(case)
+    args = {"q": case.q, "k_cache": case.k_cache, "v_cache": case.v_cache}
+    mutate(args)
+    with pytest.raises((ValueError, TypeError), match=name):
+        plan.run(args["q"], args["k_cache"], args["v_cache"])
+
+
+def test_numpy_arrays_answer_in_kind() -> None:
+    case = materialize(LAYOUT, seed=5)
+    plan = dk.plan_paged_attention(
+        case.block_table.numpy(), case.seq_lens.numpy(), case.cu_seqlens_q.numpy(),
+        block_size=4, num_q_heads=4, num_kv_heads=2, head_dim=16,
+    )  # fmt: skip
+    out, lse = plan.run(case.q.numpy(), case.k_cache.numpy(), case.v_cache.numpy(), return_lse=True)
+    assert isinstance(out, np.ndarray) and isinstance(lse, np.ndarray)
+    assert_attention_close(torch.from_numpy(out), paged_attention_reference(*case.tensors()))
+
+
+def test_triton_plan_runs_the_kernel() -> None:
+    """On the Triton path (here under the interpreter) ``run`` calls the kernel."""
+    case = materialize(LAYOUT, seed=6, soft_cap=5.0)
+    plan = _plan(case, use_triton=True, check_values=False)
+    assert plan.use_triton and plan.total_q is None
+    out = plan.run(case.q, case.k_cache, case.v_cache)
+    assert_attention_close(out, paged_attention_reference(*case.tensors(), **case.options()))
