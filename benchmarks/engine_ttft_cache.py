@@ -143,6 +143,13 @@ def breakdown_table(title: str, total: float, rows: list[tuple[str, float]]) -> 
     ]
     out.append("|---|---|---|")
     out += [f"| {label} | {t:.3f} | {t / total:.0%} |" for label, t in rows]
+    parts = dict(rows)
+    admit, forward = parts[PARTS[0][1]], parts[PARTS[-2][1]]
+    out.append(
+        f"\nThe cache path (lookup + load into the pool) takes {admit / total:.0%} of this hit; "
+        "the forward over the uncached tokens (which attend over the whole prompt) "
+        f"{forward / total:.0%}."
+    )
     return [*out, ""]
 
 
@@ -234,17 +241,19 @@ def run(args: argparse.Namespace) -> str:
         f"median of {args.repeats} interleaved repeats. TTFT = `RequestOutput.metrics.ttft`; "
         "wall = around `LLM.generate` (includes saving the prompt's blocks after the token).",
         "",
-        "| mode | TTFT median (s) | TTFT min..max (s) | wall median (s) | cached tokens "
-        f"| ratio vs cold | target <= {TARGET}x |",
-        "|---|---|---|---|---|---|---|",
+        "| mode | TTFT median (s) | TTFT min..max (s) | wall median (s) | cached tokens (min) "
+        f"| ratio vs cold (medians) | ratio per repeat (median) | target <= {TARGET}x |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for m in (cold, host, disk_cold, disk_warm):
         ratio = m.median_ttft() / base
-        ok = "-" if m is cold else ("yes" if ratio <= TARGET else "NO")
+        # Each repeat's hit over the cold run next to it: robust to slow drifts in machine load.
+        paired = statistics.median(h / c for h, c in zip(m.ttft, cold.ttft))
+        ok = "-" if m is cold else ("yes" if max(ratio, paired) <= TARGET else "NO")
         lines.append(
             f"| {m.name} | {m.median_ttft():.3f} | {min(m.ttft):.3f}..{max(m.ttft):.3f} "
-            f"| {statistics.median(m.wall):.3f} | {statistics.median(m.cached)} "
-            f"| {ratio:.3f}x | {ok} |"
+            f"| {statistics.median(m.wall):.3f} | {min(m.cached)} "
+            f"| {ratio:.3f}x | {paired:.3f}x | {ok} |"
         )
     lines += [
         "",
