@@ -109,3 +109,85 @@ def test_decode_paged_attention_cpu(benchmark, inputs):  # type: ignore[no-untyp
     if "batched" in _TIMES:
         ratio = _TIMES["batched"] / _TIMES["ours"]
         print(f"paged_attention CPU decode speed-up over batched gather + SDPA: {ratio:.2f}x")
+
+
+# --- Per-call overhead: one decode attention call of SmolLM2-135M (the model runner's case) --
+# Batch 1, 9 query heads / 3 KV heads, head_dim 64, block 16, 140 keys: the maths is tiny, so
+# the cost is the planning (tiles, page ids, mask) and dispatch around it. A model plans once
+# per forward (``plan_paged_attention``) and calls ``plan.run`` in each of its 30 layers.
+#
+#     .venv/bin/pytest benchmarks/bench_kernels_attention.py --benchmark-only -s -k small
+
+S_BATCH, S_CONTEXT, S_HQ, S_HKV, S_D = 1, 140, 9, 3, 64
+
+
+@pytest.fixture(scope="module")
+def small_inputs() -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(1)
+    per_seq = -(-S_CONTEXT // BS)
+    num_blocks = S_BATCH * per_seq + 5
+    table = torch.randperm(num_blocks, generator=g)[: S_BATCH * per_seq].view(S_BATCH, per_seq)
+    return {
+        "q": torch.randn(S_BATCH, S_HQ, S_D, generator=g),
+        "k_cache": torch.randn(num_blocks, BS, S_HKV, S_D, generator=g),
+        "v_cache": torch.randn(num_blocks, BS, S_HKV, S_D, generator=g),
+        "block_table": table.to(torch.int32),
+        "seq_lens": torch.full((S_BATCH,), S_CONTEXT, dtype=torch.int32),
+        "cu_seqlens_q": torch.arange(S_BATCH + 1, dtype=torch.int32),
+    }
+
+
+def _small_plan(inputs: dict[str, torch.Tensor]) -> deepinfer_kernels.PagedAttentionPlan:
+    return deepinfer_kernels.plan_paged_attention(
+        inputs["block_table"], inputs["seq_lens"], inputs["cu_seqlens_q"],
+        block_size=BS, num_q_heads=S_HQ, num_kv_heads=S_HKV, head_dim=S_D,
+    )  # fmt: skip
+
+
+_SMALL: dict[str, float] = {}
+
+
+def test_small_decode_dense_sdpa(benchmark, small_inputs):  # type: ignore[no-untyped-def]
+    """Lower bound: SDPA over the same keys already gathered into dense tensors."""
+    out = benchmark(batched_gather_sdpa, **small_inputs)
+    _SMALL["dense"] = benchmark.stats.stats.median
+    assert out.shape == small_inputs["q"].shape
+
+
+def test_small_decode_public_op(benchmark, small_inputs):  # type: ignore[no-untyped-def]
+    out = benchmark(
+        deepinfer_kernels.paged_attention, **small_inputs, use_triton=False, check_values=False
+    )
+    _SMALL["op"] = benchmark.stats.stats.median
+    torch.testing.assert_close(out, naive_gather_sdpa(**small_inputs), atol=1e-5, rtol=1e-5)
+
+
+def test_small_decode_plan(benchmark, small_inputs):  # type: ignore[no-untyped-def]
+    benchmark(_small_plan, small_inputs)
+    _SMALL["plan"] = benchmark.stats.stats.median
+
+
+def test_small_decode_plan_run(benchmark, small_inputs):  # type: ignore[no-untyped-def]
+    plan = _small_plan(small_inputs)
+    q, k, v = small_inputs["q"], small_inputs["k_cache"], small_inputs["v_cache"]
+    out = benchmark(plan.run, q, k, v)
+    _SMALL["run"] = benchmark.stats.stats.median
+    torch.testing.assert_close(out, naive_gather_sdpa(**small_inputs), atol=1e-5, rtol=1e-5)
+    if {"op", "plan", "dense"} <= _SMALL.keys():
+        per_step_old = 30 * _SMALL["op"]
+        per_step_new = _SMALL["plan"] + 30 * _SMALL["run"]
+        print(
+            f"\none decode call: op {_SMALL['op'] * 1e6:.0f} us, plan {_SMALL['plan'] * 1e6:.0f} us,"
+            f" run {_SMALL['run'] * 1e6:.0f} us, dense SDPA {_SMALL['dense'] * 1e6:.0f} us"
+            f"\n30 layers: op per layer {per_step_old * 1e3:.2f} ms, plan once + 30 runs "
+            f"{per_step_new * 1e3:.2f} ms ({per_step_old / per_step_new:.1f}x less)"
+        )
+
+
+def test_small_write_kv(benchmark, small_inputs):  # type: ignore[no-untyped-def]
+    """One decode token's K/V write with ``check_values=False`` (layers after the first)."""
+    k_cache, v_cache = small_inputs["k_cache"], small_inputs["v_cache"]
+    k = torch.randn(S_BATCH, S_HKV, S_D)
+    slots = torch.arange(S_BATCH, dtype=torch.int64) * BS
+    benchmark(deepinfer_kernels.write_kv, k, k, k_cache, v_cache, slots, check_values=False)
+    assert torch.equal(k_cache.view(-1, S_HKV, S_D)[slots], k)
