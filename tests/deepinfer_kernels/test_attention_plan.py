@@ -229,3 +229,31 @@ def test_triton_plan_runs_the_kernel() -> None:
     assert plan.use_triton and plan.total_q is None
     out = plan.run(case.q, case.k_cache, case.v_cache)
     assert_attention_close(out, paged_attention_reference(*case.tensors(), **case.options()))
+
+
+@settings(max_examples=10)
+@given(
+    q_lens=st.lists(st.integers(1, 20), min_size=1, max_size=3),
+    extra=st.integers(0, 9),
+    block_size=st.sampled_from([1, 4, 16]),
+    strided_pool=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_consecutive_pages_are_read_without_a_gather(q_lens, extra, block_size, strided_pool, seed):  # type: ignore[no-untyped-def]
+    """Blocks allocated in order (one run of ids) are read as a slice of the pool: same result,
+    also when the pool is a strided view."""
+    seq_lens = [m + extra for m in q_lens]
+    used = [-(-n // block_size) for n in seq_lens]
+    width, rows, at = max(used), [], 2
+    for u in used:
+        rows.append(tuple(range(at, at + u)) + (-1,) * (width - u))
+        at += u
+    layout = PagedLayout(tuple(q_lens), tuple(seq_lens), block_size, at + 1, tuple(rows), 4, 2, 16)
+    case = materialize(layout, seed=seed)
+    if strided_pool:
+        big_k = torch.zeros((at + 1) * 2, block_size, 2, 16)
+        big_v = torch.zeros_like(big_k)
+        big_k[::2], big_v[::2] = case.k_cache, case.v_cache
+        case = replace(case, k_cache=big_k[::2], v_cache=big_v[::2])
+    out = _plan(case).run(case.q, case.k_cache, case.v_cache)
+    assert_attention_close(out, paged_attention_reference(*case.tensors(), **case.options()))

@@ -46,7 +46,9 @@ class TileBatch:
 
     ``num_tiles`` tiles, each padded to ``max_q`` queries and reading ``num_pages`` pages of
     which the first ``key_len`` positions are used. ``page_ids`` (int64
-    ``[num_tiles * num_pages]``) are the pages to gather. Query rows: ``row_start`` when the
+    ``[num_tiles * num_pages]``) are the pages to gather; ``page_start`` is set when they are one
+    run of consecutive ids (blocks allocated in order), which is read as a slice, no gather.
+    Query rows: ``row_start`` when the
     padded rows are exactly ``q[row_start : row_start + num_tiles * max_q]`` (no gather, no
     scatter), else ``q_rows`` (int64, padded rows repeat a valid one) with ``valid`` (positions
     of the real rows among the padded ones, ``None`` = all) and ``out_rows`` (their rows in
@@ -60,6 +62,7 @@ class TileBatch:
     num_pages: int
     key_len: int
     page_ids: torch.Tensor
+    page_start: int | None
     row_start: int | None
     q_rows: torch.Tensor | None
     valid: torch.Tensor | None
@@ -178,15 +181,22 @@ def _plan_batch(
         b.masked_fill_(~keep_out, float("-inf"))
         bias = b[:, None].expand(nb, group, max_q, key_len).reshape(nb, 1, group * max_q, key_len)
 
+    n_ids = blocks.shape[0]
+    run = torch.arange(n_ids, device=device) + blocks[0]
+    page_start = int(blocks[0]) if bool((blocks == run).all()) else None
     rows0 = tiles[0].row
     all_valid = all(t.n_q == max_q for t in tiles)
     in_order = all(t.row == rows0 + i * max_q for i, t in enumerate(tiles))
     if all_valid and in_order:
-        return TileBatch(nb, max_q, n_blk, key_len, blocks, rows0, None, None, None, bias, keep_out)
+        return TileBatch(
+            nb, max_q, n_blk, key_len, blocks, page_start, rows0, None, None, None, bias, keep_out
+        )
     rows = (ints([t.row for t in tiles])[:, None] + t_eff).reshape(-1)
     valid = None if all_valid else (t_idx[None, :] < n_q[:, None]).reshape(-1).nonzero()[:, 0]
     out_rows = rows if valid is None else rows[valid]
-    return TileBatch(nb, max_q, n_blk, key_len, blocks, None, rows, valid, out_rows, bias, keep_out)
+    return TileBatch(
+        nb, max_q, n_blk, key_len, blocks, page_start, None, rows, valid, out_rows, bias, keep_out
+    )
 
 
 def plan_tile_batches(
@@ -264,8 +274,14 @@ def _attend(
     group = hq // hkv
     keys = tb.num_pages * block_size
     # [nb, Hkv, L, D] views of the gathered pages (no transpose copy).
-    k = k_cache.index_select(0, tb.page_ids).view(nb, keys, hkv, d)
-    v = v_cache.index_select(0, tb.page_ids).view(nb, keys, hkv, d)
+    if tb.page_start is not None:
+        # A slice of the pool; a view when the cache is dense in its block dims (a pool slab is).
+        end = tb.page_start + nb * tb.num_pages
+        k = k_cache[tb.page_start : end].reshape(nb, keys, hkv, d)
+        v = v_cache[tb.page_start : end].reshape(nb, keys, hkv, d)
+    else:
+        k = k_cache.index_select(0, tb.page_ids).view(nb, keys, hkv, d)
+        v = v_cache.index_select(0, tb.page_ids).view(nb, keys, hkv, d)
     if tb.key_len < keys:
         k, v = k[:, : tb.key_len], v[:, : tb.key_len]
     k, v = k.transpose(1, 2), v.transpose(1, 2)
