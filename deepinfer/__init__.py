@@ -2,10 +2,30 @@
 
 Example::
 
-    import deepinfer
-    print(deepinfer.__version__)
+    from deepinfer import LLM, SamplingParams
+
+    with LLM() as llm:  # the embedded SmolLM2-135M-Instruct
+        out = llm.generate(["The capital of France is"], SamplingParams(temperature=0))
+        print(out[0].text)
 """
+
+from deepinfer.engine import (
+    LLM,
+    EngineConfig,
+    LLMEngine,
+    RequestMetrics,
+    RequestOutput,
+    SamplingParams,
+)
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__"]
+__all__ = [
+    "LLM",
+    "EngineConfig",
+    "LLMEngine",
+    "RequestMetrics",
+    "RequestOutput",
+    "SamplingParams",
+    "__version__",
+]
