@@ -23,13 +23,13 @@ import torch
 from deepinfer.engine.config import EngineConfig
 from deepinfer.engine.outputs import RequestMetrics, RequestOutput
 from deepinfer.engine.prefix_cache import PrefixCache
+from deepinfer.engine.sampler import sample_next_tokens
 from deepinfer.engine.sampling_params import SamplingParams
 from deepinfer.engine.sequence import SeqStatus, Sequence
 from deepinfer.model.attention_metadata import AttentionMetadata
 from deepinfer.model.kv_pool import KVPool
 from deepinfer.model.llama import LlamaModel
 from deepinfer.model.tokenizer import IncrementalDetokenizer, Tokenizer
-from deepinfer_kernels import sample
 from deepinfer_sched.policies.batch import BatchConfig, ContinuousBatchPolicy, SeqState
 
 
@@ -217,7 +217,7 @@ class LLMEngine:
         self.waiting.remove(seq)
         self.running.append(seq)
         seq.status = SeqStatus.RUNNING
-        return self._append(seq, [int(first_token)], time.perf_counter())
+        return self.append_tokens(seq, [int(first_token)], time.perf_counter())
 
     def kv_block_ids(self, request_id: str) -> list[int]:
         """The pool blocks holding an in-flight request's KV, in token order."""
@@ -267,26 +267,45 @@ class LLMEngine:
             return finished + self.speculator.run(self, chunks)
         return finished + self._run(chunks)
 
-    def _run(self, chunks: list[_Chunk]) -> list[RequestOutput]:
-        bs = self.config.block_size
-        input_ids: list[int] = []
-        positions: list[int] = []
-        for c in chunks:
-            input_ids.extend(c.seq.all_ids[c.start : c.start + c.length])
-            positions.extend(range(c.start, c.start + c.length))
+    def forward_batch(
+        self,
+        seqs: Seq[Sequence],
+        starts: Seq[int],
+        tokens: Seq[Seq[int]],
+        layer_ids: Seq[int] = (),
+    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """ONE model forward over a flat ragged batch: sequence ``i`` feeds ``tokens[i]`` at
+        positions ``starts[i]...`` (its KV up to ``starts[i]`` is already in its blocks).
+
+        Returns the final hidden states ``[T, H]`` and the outputs of ``layer_ids``.
+        """
+        input_ids = [t for toks in tokens for t in toks]
+        positions = [p for s, toks in zip(starts, tokens) for p in range(s, s + len(toks))]
         attn = AttentionMetadata.build(
-            [c.seq.block_ids for c in chunks],
-            seq_lens=[c.start + c.length for c in chunks],
-            query_lens=[c.length for c in chunks],
-            block_size=bs,
+            [seq.block_ids for seq in seqs],
+            seq_lens=[s + len(toks) for s, toks in zip(starts, tokens)],
+            query_lens=[len(toks) for toks in tokens],
+            block_size=self.config.block_size,
             device=self.device,
         )
         ids = torch.tensor(input_ids, dtype=torch.int64, device=self.device)
         pos = torch.tensor(positions, dtype=torch.int64, device=self.device)
         with torch.inference_mode():
-            hidden = self.model(ids, pos, attn, self.pool)
+            hidden, layers = self.model.forward_with_layers(ids, pos, attn, self.pool, layer_ids)
         self.num_steps += 1
         self.num_forward_tokens += len(input_ids)
+        return hidden, layers
+
+    def sample_next_tokens(self, seqs: Seq[Sequence], logits: torch.Tensor) -> list[int]:
+        """One token per row of ``logits`` with each request's parameters (and seed)."""
+        return sample_next_tokens(seqs, logits, self.generator)
+
+    def _run(self, chunks: list[_Chunk]) -> list[RequestOutput]:
+        hidden, _ = self.forward_batch(
+            [c.seq for c in chunks],
+            [c.start for c in chunks],
+            [c.seq.all_ids[c.start : c.start + c.length] for c in chunks],
+        )
 
         # Only sequences whose every token now has KV produce a next token.
         ready: list[_Chunk] = []
@@ -302,37 +321,14 @@ class LLMEngine:
         if ready:
             with torch.inference_mode():
                 logits = self.model.compute_logits(hidden[rows])
-            tokens = self._sample([c.seq for c in ready], logits)
+            tokens = self.sample_next_tokens([c.seq for c in ready], logits)
             now = time.perf_counter()
             for c, token in zip(ready, tokens):
-                outputs.append(self._append(c.seq, [token], now))
+                outputs.append(self.append_tokens(c.seq, [token], now))
         return outputs
 
-    # ------------------------------------------------------------------ sampling
-    def _sample(self, seqs: list[Sequence], logits: torch.Tensor) -> list[int]:
-        """Sample one token per row, each with its request's parameters (and seed, if any)."""
-        out: list[int] = [0] * len(seqs)
-        shared = [i for i, s in enumerate(seqs) if s.generator is None]
-        groups: list[tuple[list[int], torch.Generator]] = []
-        if shared:
-            groups.append((shared, self.generator))
-        groups.extend(([i], s.generator) for i, s in enumerate(seqs) if s.generator is not None)
-        for rows, gen in groups:
-            params = [seqs[i].params for i in rows]
-            drawn = sample(
-                logits[rows].float().cpu(),
-                torch.tensor([p.temperature for p in params], dtype=torch.float32),
-                torch.tensor([p.top_k for p in params], dtype=torch.int64),
-                torch.tensor([p.top_p for p in params], dtype=torch.float32),
-                torch.tensor([p.min_p for p in params], dtype=torch.float32),
-                generator=gen,
-            )
-            for i, token in zip(rows, drawn.tolist()):
-                out[i] = int(token)
-        return out
-
     # ------------------------------------------------------------------ bookkeeping
-    def _append(self, seq: Sequence, tokens: list[int], now: float) -> RequestOutput:
+    def append_tokens(self, seq: Sequence, tokens: list[int], now: float) -> RequestOutput:
         """Append newly emitted tokens, apply the stop rules, and build the step's output."""
         if seq.metrics.first_token_time is None:
             seq.metrics.first_token_time = now

@@ -30,8 +30,8 @@ from typing import TYPE_CHECKING
 import torch
 
 from deepinfer.engine.outputs import RequestOutput
+from deepinfer.engine.sampler import sampling_tensors
 from deepinfer.engine.sequence import Sequence
-from deepinfer.model.attention_metadata import AttentionMetadata
 from deepinfer_kernels import greedy_verify, sampling_probs, speculative_verify
 from deepinfer_spec import ContextRing, DSparkDrafter, VerifyScheduler, apply_temperatures, propose
 
@@ -146,26 +146,13 @@ class DSparkSpeculator:
         drafting = [w for w in works if w.chunk.max_drafts > 0 and self._in_sync(w)]
         draft = self._propose(drafting)
         model = engine.model
-        input_ids: list[int] = []
-        positions: list[int] = []
-        for w in works:
-            input_ids.extend(w.seq.all_ids[w.base : w.end])
-            input_ids.extend(w.drafts)
-            positions.extend(range(w.base, w.base + w.q_len))
-        attn = AttentionMetadata.build(
-            [w.seq.block_ids for w in works],
-            seq_lens=[w.base + w.q_len for w in works],
-            query_lens=[w.q_len for w in works],
-            block_size=engine.config.block_size,
-            device=engine.device,
+        hidden, layers = engine.forward_batch(
+            [w.seq for w in works],
+            [w.base for w in works],
+            [w.seq.all_ids[w.base : w.end] + w.drafts for w in works],
+            self.layer_ids,
         )
-        ids = torch.tensor(input_ids, dtype=torch.int64, device=engine.device)
-        pos = torch.tensor(positions, dtype=torch.int64, device=engine.device)
-        with torch.inference_mode():
-            hidden, layers = model.forward_with_layers(ids, pos, attn, engine.pool, self.layer_ids)
         features = torch.cat(layers, dim=-1)
-        engine.num_steps += 1
-        engine.num_forward_tokens += len(input_ids)
         if drafting:
             self.stats.num_steps += 1
             self.stats.verified_per_step.append(sum(len(w.drafts) for w in drafting))
@@ -185,7 +172,7 @@ class DSparkSpeculator:
                 w.seq.num_computed = w.chunk.start + 1 + num_acc
                 self._append_features(w, features[off : off + known + num_acc])
                 self._record(w, num_acc, len(tokens))
-                outputs.append(engine._append(w.seq, tokens, now))
+                outputs.append(engine.append_tokens(w.seq, tokens, now))
                 continue
             w.seq.num_computed = w.end
             self._append_features(w, features[off : off + known])
@@ -194,9 +181,9 @@ class DSparkSpeculator:
         if plain_ready:
             with torch.inference_mode():
                 logits = model.compute_logits(hidden[[row for _, row in plain_ready]])
-            sampled = engine._sample([w.seq for w, _ in plain_ready], logits)
+            sampled = engine.sample_next_tokens([w.seq for w, _ in plain_ready], logits)
             for (w, _), token in zip(plain_ready, sampled):
-                outputs.append(engine._append(w.seq, [token], now))
+                outputs.append(engine.append_tokens(w.seq, [token], now))
         return outputs
 
     # ------------------------------------------------------------------ steps
@@ -297,17 +284,9 @@ class DSparkSpeculator:
             s = torch.tensor(sampled)
             params = [rows[i][0].seq.params for i in sampled]
             flat = logits[s].reshape(-1, vocab)
-
-            def per_token(values: list[float] | list[int], dtype: torch.dtype) -> torch.Tensor:
-                return torch.tensor(values, dtype=dtype).repeat_interleave(width)
-
-            target = sampling_probs(
-                flat,
-                per_token([p.temperature for p in params], torch.float32),
-                per_token([p.top_k for p in params], torch.int64),
-                per_token([p.top_p for p in params], torch.float32),
-                per_token([p.min_p for p in params], torch.float32),
-            ).reshape(len(sampled), width, vocab)
+            target = sampling_probs(flat, *sampling_tensors(params, repeat=width)).reshape(
+                len(sampled), width, vocab
+            )
             assert "probs" in draft
             res = speculative_verify(
                 drafts[s],
