@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 
 class SlotMap:
     def __init__(self, slots: list[int]) -> None:
@@ -39,3 +41,38 @@ class SlotMap:
 
     def keys(self) -> list[bytes]:
         return list(self._slot)
+
+
+class SlotTier:
+    """What the in-memory tiers share: a ``SlotMap`` of keys to pool slots behind a lock.
+
+    Subclasses set ``_slots``, ``_lock`` and ``page_bytes`` and implement the page copies.
+    """
+
+    _slots: SlotMap
+    _lock: threading.Lock
+    page_bytes: int
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._slots
+
+    def __len__(self) -> int:
+        return len(self._slots)
+
+    def used_bytes(self) -> int:
+        return len(self._slots) * self.page_bytes
+
+    def has_room(self) -> bool:
+        with self._lock:
+            return self._slots.has_room()
+
+    def keys(self) -> list[bytes]:
+        with self._lock:
+            return self._slots.keys()
+
+    def delete(self, key: bytes) -> None:
+        with self._lock:
+            self._slots.release(key)
+
+    def close(self) -> None:
+        return None

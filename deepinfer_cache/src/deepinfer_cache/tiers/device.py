@@ -12,11 +12,11 @@ from collections.abc import Sequence
 
 import torch
 
-from ._slots import SlotMap
+from ._slots import SlotMap, SlotTier
 from .base import BlockMeta, GatherFn, ScatterFn, check_key, check_page, torch_gather, torch_scatter
 
 
-class DeviceTier:
+class DeviceTier(SlotTier):
     """Device-resident page pool.
 
     >>> pool = torch.zeros(4, 2, 3)             # 4 blocks, page shape (2, 3)
@@ -78,23 +78,6 @@ class DeviceTier:
         pool = torch.zeros((n, *page_shape), dtype=dtype, device=device)
         return cls(pool, **kwargs)  # type: ignore[arg-type]
 
-    def __contains__(self, key: object) -> bool:
-        return key in self._slots
-
-    def __len__(self) -> int:
-        return len(self._slots)
-
-    def used_bytes(self) -> int:
-        return len(self._slots) * self.page_bytes
-
-    def has_room(self) -> bool:
-        with self._lock:
-            return self._slots.has_room()
-
-    def keys(self) -> list[bytes]:
-        with self._lock:
-            return self._slots.keys()
-
     def slot_of(self, key: bytes) -> int | None:
         """The pool block id holding ``key`` (None if absent)."""
         return self._slots.get(key)
@@ -136,10 +119,3 @@ class DeviceTier:
                 return None
             ids = torch.tensor(slots, dtype=torch.long, device=self.device)
             return self._gather(self.pool, ids, block_dim=self.block_dim).movedim(self.block_dim, 0)
-
-    def delete(self, key: bytes) -> None:
-        with self._lock:
-            self._slots.release(key)
-
-    def close(self) -> None:
-        return None

@@ -8,11 +8,11 @@ from collections.abc import Sequence
 
 import torch
 
-from ._slots import SlotMap
+from ._slots import SlotMap, SlotTier
 from .base import BlockMeta, check_key, check_page, page_nbytes
 
 
-class HostTier:
+class HostTier(SlotTier):
     """Host-memory page pool of ``capacity_bytes // page_bytes`` pages.
 
     >>> tier = HostTier((2, 3), torch.float32, capacity_bytes=1024)
@@ -48,23 +48,6 @@ class HostTier:
         self._slots = SlotMap(list(range(n)))
         self._lock = threading.Lock()
 
-    def __contains__(self, key: object) -> bool:
-        return key in self._slots
-
-    def __len__(self) -> int:
-        return len(self._slots)
-
-    def used_bytes(self) -> int:
-        return len(self._slots) * self.page_bytes
-
-    def has_room(self) -> bool:
-        with self._lock:
-            return self._slots.has_room()
-
-    def keys(self) -> list[bytes]:
-        with self._lock:
-            return self._slots.keys()
-
     def put(self, key: bytes, page: torch.Tensor, meta: BlockMeta | None) -> bool:
         check_page(page, self.page_shape, self.dtype)
         with self._lock:
@@ -86,10 +69,3 @@ class HostTier:
             if any(s is None for s in slots):
                 return None
             return self.pool.index_select(0, torch.tensor(slots, dtype=torch.long))
-
-    def delete(self, key: bytes) -> None:
-        with self._lock:
-            self._slots.release(key)
-
-    def close(self) -> None:
-        return None
