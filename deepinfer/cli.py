@@ -54,6 +54,15 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--turns", type=int, default=3)
     demo.add_argument("--max-tokens", type=int, default=32)
     _add_model_args(demo)
+    # The demo reports DSpark's figures, so it drafts with the shipped drafter unless told not to.
+    demo.set_defaults(speculative="dspark")
+    demo.add_argument(
+        "--no-speculative",
+        dest="speculative",
+        action="store_const",
+        const=None,
+        help="plain decoding (no DSpark)",
+    )
     return parser
 
 
