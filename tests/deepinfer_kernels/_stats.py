@@ -32,3 +32,15 @@ def assert_matches(tokens: torch.Tensor, probs: torch.Tensor, min_expected: floa
     p_value = float(stats.chisquare(obs, exp * obs.sum() / exp.sum()).pvalue)
     assert p_value > 1e-3, f"chi-square p-value {p_value:.2e}"
     return p_value
+
+
+def device_generator(
+    generator: torch.Generator | None, device: torch.device | str
+) -> torch.Generator | None:
+    """A generator on ``device`` seeded from ``generator`` (a CPU one), so that kernel runs on any
+    device draw from a seeded stream rather than the process-global RNG, whose state depends on
+    which tests ran earlier in the same worker."""
+    if generator is None:
+        return None
+    seed = int(torch.randint(0, 2**62, (1,), generator=generator))
+    return torch.Generator(device=device).manual_seed(seed)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 from _sampling_stats import check_sample_frequencies
+from _stats import device_generator
 from _verify_cases import triton_device
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -64,6 +65,8 @@ def test_kernel_ties_and_masked_tokens():
 def test_kernel_frequencies_match_filtered_distribution():
     def triton_sample(logits, t, k, p, m, generator=None):
         args = (a.to(DEV) for a in (logits, t, k, p, m))
-        return dk.sample(*args, generator=None, use_triton=True, check_values=False).cpu()
+        return dk.sample(
+            *args, generator=device_generator(generator, DEV), use_triton=True, check_values=False
+        ).cpu()
 
     check_sample_frequencies(triton_sample, rows_per_setting=5_000, vocab=21, seed=6)

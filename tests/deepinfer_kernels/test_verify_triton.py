@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from _stats import device_generator
 from _verify_cases import random_problem, triton_device
 from _verify_stats import check_first_token, check_first_two_tokens
 from hypothesis import given, settings
@@ -92,7 +93,10 @@ def test_greedy_kernel_matches_torch_path(batch, gamma, vocab, seed):
 
 def _triton_verify(ids, draft, target, n, generator=None):
     got = dk.speculative_verify(
-        *_on(ids, draft, target, n), generator=None, use_triton=True, check_values=False
+        *_on(ids, draft, target, n),
+        generator=device_generator(generator, DEV),
+        use_triton=True,
+        check_values=False,
     )
     return type(got)(*(t.cpu() for t in got))
 
