@@ -18,6 +18,7 @@ import deepinfer_kernels
 from deepinfer.model.attention_metadata import AttentionMetadata
 from deepinfer.model.config import LlamaConfig
 from deepinfer.model.kv_pool import KVPool
+from deepinfer.model.linear import linear
 from deepinfer.model.rope import RotaryEmbedding
 
 
@@ -31,7 +32,7 @@ class Linear(nn.Module):
         self.bias = nn.Parameter(torch.empty(out_features)) if bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
+        return linear(x, self.weight, self.bias)
 
 
 class Embedding(nn.Module):
@@ -81,7 +82,7 @@ class LlamaAttention(nn.Module):
     def project_qkv(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rope: RotaryEmbedding
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        qkv = F.linear(x, self.qkv_proj.weight, self.qkv_proj.bias)
+        qkv = linear(x, self.qkv_proj.weight, self.qkv_proj.bias)
         lead = qkv.shape[:-1]
         heads = qkv.view(*lead, self.num_heads + 2 * self.num_kv_heads, self.head_dim)
         # Q and K heads are rotated together: one rotation over Hq + Hkv heads.
@@ -122,7 +123,7 @@ class LlamaAttention(nn.Module):
                 causal=True,
                 check_values=check_values,
             )
-        return F.linear(out.flatten(-2), self.o_proj.weight)
+        return linear(out.flatten(-2), self.o_proj.weight)
 
     def plan_attention(
         self, attn: AttentionMetadata, block_size: int
@@ -153,7 +154,7 @@ class LlamaAttention(nn.Module):
             scale=self.scale,
             enable_gqa=self.num_heads != self.num_kv_heads,
         )
-        return F.linear(out.transpose(1, 2).flatten(-2), self.o_proj.weight)
+        return linear(out.transpose(1, 2).flatten(-2), self.o_proj.weight)
 
 
 class LlamaMLP(nn.Module):
@@ -166,10 +167,8 @@ class LlamaMLP(nn.Module):
         self.down_proj = Linear(config.intermediate_size, config.hidden_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = torch.split(
-            F.linear(x, self.gate_up_proj.weight), self.intermediate_size, dim=-1
-        )
-        return F.linear(F.silu(gate) * up, self.down_proj.weight)
+        gate, up = torch.split(linear(x, self.gate_up_proj.weight), self.intermediate_size, dim=-1)
+        return linear(F.silu(gate) * up, self.down_proj.weight)
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -319,7 +318,7 @@ class LlamaModel(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits ``[..., vocab]`` in fp32 from final-norm hidden states."""
-        return F.linear(hidden, self.lm_head_weight).float()
+        return linear(hidden, self.lm_head_weight).float()
 
     # ------------------------------------------------------------------ weights (HF names)
     def load_hf_state_dict(self, state: Mapping[str, torch.Tensor]) -> None:

@@ -1,0 +1,75 @@
+"""CPU projections of the embedded SmolLM2-135M: ``F.linear`` vs ``deepinfer.model.linear``.
+
+Usage: python benchmarks/model_runner_linear.py [--threads 2] [--out results/model_runner_linear.md]
+
+Runs all 121 projections of one forward (30 layers x QKV, O, gate/up, down, plus the tied LM
+head) at several row counts, in the same process, best of 5. ``linear`` switches to the
+transposed product ``(W x^T)^T`` for the row counts in ``CPU_TRANSPOSED_ROWS``; the table shows
+why (and where the window should end on another CPU).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from deepinfer.model import load_model
+from deepinfer.model.linear import linear
+
+ROWS = (1, 2, 3, 4, 6, 8, 16, 32, 48, 64, 128)
+
+
+def _best_ms(fn: Callable[[], object], repeats: int = 5) -> float:
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - start)
+    return best * 1e3
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--out", type=Path, default=None)
+    args = p.parse_args()
+    torch.set_num_threads(args.threads)
+    model = load_model().model
+    weights = [model.lm_head_weight.detach()]
+    for layer in model.decoder_layers():
+        attn, mlp = layer.self_attn, layer.mlp
+        for w in (attn.qkv_proj.weight, attn.o_proj.weight, mlp.gate_up_proj.weight):
+            weights.append(w.detach())
+        weights.append(mlp.down_proj.weight.detach())
+    weights = [w.float() for w in weights]
+    lines = ["| rows | F.linear ms | linear ms | speed-up |", "|---|---|---|---|"]
+    with torch.inference_mode():
+        for rows in ROWS:
+            xs = [torch.randn(rows, w.shape[1]) for w in weights]
+            base = _best_ms(lambda xs=xs: [F.linear(x, w) for x, w in zip(xs, weights)])
+            ours = _best_ms(lambda xs=xs: [linear(x, w) for x, w in zip(xs, weights)])
+            lines.append(f"| {rows} | {base:.1f} | {ours:.1f} | {base / ours:.2f}x |")
+            print(lines[-1], flush=True)
+    cmd = ".venv/bin/python " + " ".join(sys.argv)
+    report = "\n".join(
+        [
+            "# CPU projections: F.linear vs deepinfer.model.linear",
+            "",
+            f"Command: `{cmd}` (torch threads {args.threads}, fp32, all 121 projections of one "
+            "SmolLM2-135M forward, best of 5).",
+            "",
+            *lines,
+        ]
+    )
+    if args.out is not None:
+        args.out.write_text(report + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,52 @@
+"""``deepinfer.model.linear``: equal to ``F.linear`` for every row count, dtype and shape."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from deepinfer.model.linear import CPU_TRANSPOSED_ROWS, linear
+
+
+@settings(max_examples=40)
+@given(
+    lead=st.lists(st.integers(1, 70), min_size=1, max_size=2),
+    in_features=st.sampled_from([1, 7, 64, 96]),
+    out_features=st.sampled_from([1, 5, 128]),
+    bias=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_matches_f_linear(lead, in_features, out_features, bias, seed) -> None:
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(*lead, in_features, generator=gen)
+    w = torch.randn(out_features, in_features, generator=gen)
+    b = torch.randn(out_features, generator=gen) if bias else None
+    got = linear(x, w, b)
+    want = F.linear(x, w, b)
+    assert got.shape == want.shape
+    assert got.is_contiguous()
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_transposed_product_is_used_and_exact_in_value() -> None:
+    """Inside the window the product is ``(W x^T)^T``; the result is a fresh contiguous tensor."""
+    rows = CPU_TRANSPOSED_ROWS.start
+    x = torch.randn(rows, 33)
+    w = torch.randn(17, 33)
+    torch.testing.assert_close(linear(x, w), torch.mm(w, x.t()).t(), rtol=0, atol=0)
+    assert linear(x, w).view(-1).shape == (rows * 17,)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_low_precision_falls_back_to_f_linear(dtype: torch.dtype) -> None:
+    x = torch.randn(8, 16).to(dtype)
+    w = torch.randn(4, 16).to(dtype)
+    assert torch.equal(linear(x, w), F.linear(x, w))
+
+
+def test_empty_inputs() -> None:
+    assert linear(torch.empty(0, 8), torch.randn(3, 8)).shape == (0, 3)
+    assert linear(torch.empty(5, 0), torch.randn(3, 0)).shape == (5, 3)
