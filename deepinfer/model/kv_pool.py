@@ -56,6 +56,9 @@ class KVPool:
             dtype=dtype,
             device=device,
         )
+        # Per-layer (K, V) views made once: indexing the 6-d tensor per layer per step costs
+        # more than the decode attention of a short sequence on CPU.
+        self._layer_views = [(layer[0], layer[1]) for layer in self.tensor.unbind(0)]
         self._ref = [0] * num_blocks
         self._free: deque[int] = deque(range(num_blocks))
 
@@ -85,10 +88,14 @@ class KVPool:
         return int(self.tensor.shape[0])
 
     def k_cache(self, layer: int) -> torch.Tensor:
-        return self.tensor[layer, 0]
+        return self._layer_views[layer][0]
 
     def v_cache(self, layer: int) -> torch.Tensor:
-        return self.tensor[layer, 1]
+        return self._layer_views[layer][1]
+
+    def layer_caches(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(k_cache, v_cache)`` of ``layer``, each ``[num_blocks, block_size, Hkv, D]``."""
+        return self._layer_views[layer]
 
     @property
     def bytes_per_block(self) -> int:

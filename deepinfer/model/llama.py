@@ -167,8 +167,8 @@ class LlamaMLP(nn.Module):
         self.down_proj = Linear(config.intermediate_size, config.hidden_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = torch.split(linear(x, self.gate_up_proj.weight), self.intermediate_size, dim=-1)
-        return linear(F.silu(gate) * up, self.down_proj.weight)
+        gate, up = linear(x, self.gate_up_proj.weight).chunk(2, dim=-1)
+        return linear(F.silu(gate).mul_(up), self.down_proj.weight)
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -256,14 +256,15 @@ class LlamaModel(nn.Module):
         # forward (on CPU the per-layer planning cost more than the attention itself).
         plan = layers[0].self_attn.plan_attention(attn, kv_pool.block_size) if layers else None
         for i, layer in enumerate(layers):
+            k_cache, v_cache = kv_pool.layer_caches(i)
             h = layer.self_attn.forward(
                 layer.input_layernorm.forward(residual),
                 cos,
                 sin,
                 self.rope,
                 attn,
-                kv_pool.k_cache(i),
-                kv_pool.v_cache(i),
+                k_cache,
+                v_cache,
                 check_values=i == 0,
                 plan=plan,
             )
