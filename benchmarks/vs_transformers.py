@@ -9,7 +9,10 @@ both engines in fp32), same machine, torch threads pinned. Measures:
    (``prompt_lookup_num_tokens``) and assisted generation with an assistant built from the
    same weights (the first ``--assistant-layers`` decoder layers + final norm + tied head), on
    a code-editing prompt and on a chat prompt;
-4. 16 concurrent requests: total tokens/s vs transformers' padded (left-padded) batch generate.
+4. 16 concurrent requests: total tokens/s vs transformers' padded (left-padded) batch generate,
+   once with every request asking for ``--batch-tokens`` tokens and once with per-request
+   lengths drawn lognormal (median ``--batch-tokens``, sigma 0.8, as in deepinfer_sched's
+   synthetic chat trace); a padded batch runs until its longest request is done.
 
 Tokens/s is end to end (prefill included) over ``--tokens`` new tokens; EOS is ignored on both
 sides (``ignore_eos`` / ``min_new_tokens``) so both generate the same count.
@@ -25,6 +28,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from deepinfer.engine import LLM, EngineConfig, SamplingParams
@@ -95,6 +99,10 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=16, help="concurrent requests")
     p.add_argument("--batch-tokens", type=int, default=32)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--seed", type=int, default=0, help="seed of the mixed output lengths")
+    p.add_argument(
+        "--only-batch", action="store_true", help="run only the concurrent-request comparison"
+    )
     p.add_argument("--assistant-layers", type=int, default=6)
     p.add_argument("--lookup", type=int, default=5, help="prompt_lookup_num_tokens")
     p.add_argument("--out", type=Path, default=None, help="write the markdown table here")
@@ -137,102 +145,124 @@ def main() -> None:
         params = SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)
         return llm.generate([ids], params)[0].token_ids
 
-    # 1. token identity
-    check = [tok.encode(t) for t in CHECK_PROMPTS[: args.check_prompts]]
-    params = SamplingParams(temperature=0, max_tokens=args.check_tokens, ignore_eos=True)
-    mine = [o.token_ids for o in plain.generate(check, params)]
-    mine_spec = [o.token_ids for o in spec.generate(check, params)]
-    theirs = [hf_generate(ids, args.check_tokens) for ids in check]
-    same = sum(a == b for a, b in zip(mine, theirs))
-    same_spec = sum(a == b for a, b in zip(mine_spec, theirs))
-    log(f"identity: plain {same}/{len(check)}, dspark {same_spec}/{len(check)} prompts equal")
-    rows.append(
-        (
-            "greedy token-identical to transformers (fp32)",
-            f"{same}/{len(check)} plain, {same_spec}/{len(check)} with DSpark",
-        )
-    )
-
-    chat_ids = tok.encode(loaded.chat_template.render(CHAT_MESSAGES))
-    code_ids = tok.encode(CODE_PROMPT)
-    n = args.tokens
-    # warm-up both engines once
-    ours(plain, code_ids, 4), ours(spec, code_ids, 4), hf_generate(code_ids, 4)
-
-    # 2. batch-1 greedy without speculation
-    t_plain, k = timed(lambda: len(ours(plain, chat_ids, n)))
-    t_hf, k_hf = timed(lambda: len(hf_generate(chat_ids, n)))
-    r_plain, r_hf = k / t_plain, k_hf / t_hf
-    log(f"batch-1 greedy chat: deepinfer {r_plain:.1f} tok/s, transformers {r_hf:.1f} tok/s")
-    rows.append(
-        (
-            "batch-1 greedy tok/s, no speculation (chat prompt)",
-            f"{r_plain:.1f} vs {r_hf:.1f} = **{r_plain / r_hf:.2f}x** (target >= 1.2x)",
-        )
-    )
-
-    # 3. DSpark vs transformers greedy and assisted modes
-    for name, ids in (("code-editing", code_ids), ("chat", chat_ids)):
-        before = spec.engine.speculator.stats  # type: ignore[union-attr]
-        rows0, emit0 = before.num_rows, before.num_emitted
-        ver0 = before.num_verified
-        t_spec, k_spec = timed(lambda ids=ids: len(ours(spec, ids, n)))
-        st = spec.engine.speculator.stats  # type: ignore[union-attr]
-        tau = (st.num_emitted - emit0) / max(1, st.num_rows - rows0)
-        verified = (st.num_verified - ver0) / max(1, st.num_rows - rows0)
-        t_g, k_g = timed(lambda ids=ids: len(hf_generate(ids, n)))
-        t_pl, k_pl = timed(
-            lambda ids=ids: len(hf_generate(ids, n, prompt_lookup_num_tokens=args.lookup))
-        )
-        t_as, k_as = timed(lambda ids=ids: len(hf_generate(ids, n, assistant_model=assistant)))
-        r_spec, r_g, r_pl, r_as = k_spec / t_spec, k_g / t_g, k_pl / t_pl, k_as / t_as
-        best = max(r_pl, r_as)
-        log(
-            f"{name}: dspark {r_spec:.1f} tok/s (tau {tau:.2f}, verified/step {verified:.2f}); "
-            f"hf greedy {r_g:.1f}, prompt lookup {r_pl:.1f}, assistant {r_as:.1f}"
-        )
+    if not args.only_batch:
+        # 1. token identity
+        check = [tok.encode(t) for t in CHECK_PROMPTS[: args.check_prompts]]
+        params = SamplingParams(temperature=0, max_tokens=args.check_tokens, ignore_eos=True)
+        mine = [o.token_ids for o in plain.generate(check, params)]
+        mine_spec = [o.token_ids for o in spec.generate(check, params)]
+        theirs = [hf_generate(ids, args.check_tokens) for ids in check]
+        same = sum(a == b for a, b in zip(mine, theirs))
+        same_spec = sum(a == b for a, b in zip(mine_spec, theirs))
+        log(f"identity: plain {same}/{len(check)}, dspark {same_spec}/{len(check)} prompts equal")
         rows.append(
             (
-                f"DSpark batch-1 tok/s, {name} prompt (tau {tau:.2f})",
-                f"{r_spec:.1f} vs hf greedy {r_g:.1f} = **{r_spec / r_g:.2f}x** (target >= 2x); "
-                f"vs best assisted {best:.1f} (lookup {r_pl:.1f}, assistant {r_as:.1f}) = "
-                f"**{r_spec / best:.2f}x** (target >= 1.3x)",
+                "greedy token-identical to transformers (fp32)",
+                f"{same}/{len(check)} plain, {same_spec}/{len(check)} with DSpark",
             )
         )
 
-    # 4. concurrent requests
-    batch_prompts = [tok.encode(t) for t in (CHECK_PROMPTS * 2)[: args.batch]]
-    m = args.batch_tokens
-    bparams = SamplingParams(temperature=0, max_tokens=m, ignore_eos=True)
-    t_ours, k_ours = timed(
-        lambda: sum(len(o.token_ids) for o in plain.generate(batch_prompts, bparams))
-    )
+        chat_ids = tok.encode(loaded.chat_template.render(CHAT_MESSAGES))
+        code_ids = tok.encode(CODE_PROMPT)
+        n = args.tokens
+        # warm-up both engines once
+        ours(plain, code_ids, 4), ours(spec, code_ids, 4), hf_generate(code_ids, 4)
 
-    def hf_batch() -> int:
+        # 2. batch-1 greedy without speculation
+        t_plain, k = timed(lambda: len(ours(plain, chat_ids, n)))
+        t_hf, k_hf = timed(lambda: len(hf_generate(chat_ids, n)))
+        r_plain, r_hf = k / t_plain, k_hf / t_hf
+        log(f"batch-1 greedy chat: deepinfer {r_plain:.1f} tok/s, transformers {r_hf:.1f} tok/s")
+        rows.append(
+            (
+                "batch-1 greedy tok/s, no speculation (chat prompt)",
+                f"{r_plain:.1f} vs {r_hf:.1f} = **{r_plain / r_hf:.2f}x** (target >= 1.2x)",
+            )
+        )
+
+        # 3. DSpark vs transformers greedy and assisted modes
+        for name, ids in (("code-editing", code_ids), ("chat", chat_ids)):
+            before = spec.engine.speculator.stats  # type: ignore[union-attr]
+            rows0, emit0 = before.num_rows, before.num_emitted
+            ver0 = before.num_verified
+            t_spec, k_spec = timed(lambda ids=ids: len(ours(spec, ids, n)))
+            st = spec.engine.speculator.stats  # type: ignore[union-attr]
+            tau = (st.num_emitted - emit0) / max(1, st.num_rows - rows0)
+            verified = (st.num_verified - ver0) / max(1, st.num_rows - rows0)
+            t_g, k_g = timed(lambda ids=ids: len(hf_generate(ids, n)))
+            t_pl, k_pl = timed(
+                lambda ids=ids: len(hf_generate(ids, n, prompt_lookup_num_tokens=args.lookup))
+            )
+            t_as, k_as = timed(lambda ids=ids: len(hf_generate(ids, n, assistant_model=assistant)))
+            r_spec, r_g, r_pl, r_as = k_spec / t_spec, k_g / t_g, k_pl / t_pl, k_as / t_as
+            best = max(r_pl, r_as)
+            log(
+                f"{name}: dspark {r_spec:.1f} tok/s (tau {tau:.2f}, verified/step {verified:.2f}); "
+                f"hf greedy {r_g:.1f}, prompt lookup {r_pl:.1f}, assistant {r_as:.1f}"
+            )
+            rows.append(
+                (
+                    f"DSpark batch-1 tok/s, {name} prompt (tau {tau:.2f})",
+                    f"{r_spec:.1f} vs hf greedy {r_g:.1f} = **{r_spec / r_g:.2f}x** (target >= 2x); "
+                    f"vs best assisted {best:.1f} (lookup {r_pl:.1f}, assistant {r_as:.1f}) = "
+                    f"**{r_spec / best:.2f}x** (target >= 1.3x)",
+                )
+            )
+
+    # 4. concurrent requests: all arrive at once; a uniform and a mixed-length workload
+    batch_prompts = [tok.encode(t) for t in (CHECK_PROMPTS * 2)[: args.batch]]
+    rng = np.random.default_rng(args.seed)
+    # Output lengths lognormal with sigma 0.8 (the spread deepinfer_sched's synthetic chat trace
+    # uses), median --batch-tokens, clipped to [4, 8 x median].
+    mixed = np.clip(
+        np.rint(args.batch_tokens * np.exp(0.8 * rng.standard_normal(args.batch))),
+        4,
+        8 * args.batch_tokens,
+    ).astype(int)
+    workloads = {
+        "uniform": [args.batch_tokens] * args.batch,
+        "mixed": [int(x) for x in mixed],
+    }
+
+    def ours_batch(lengths: list[int]) -> int:
+        params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in lengths]
+        return sum(len(o.token_ids) for o in plain.generate(batch_prompts, params))
+
+    def hf_batch(lengths: list[int]) -> int:
+        # One padded batch runs until its longest request is done; a request's tokens past its
+        # own max_tokens are discarded, so only the requested tokens count.
         width = max(len(x) for x in batch_prompts)
         pad = tok.eos_token_ids[0]
         ids = torch.tensor([[pad] * (width - len(x)) + x for x in batch_prompts])
         mask = torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x in batch_prompts])
+        longest = max(lengths)
         with torch.inference_mode():
             out = hf.generate(
                 ids,
                 attention_mask=mask,
-                max_new_tokens=m,
-                min_new_tokens=m,
+                max_new_tokens=longest,
+                min_new_tokens=longest,
                 do_sample=False,
                 pad_token_id=pad,
             )
-        return int(out.shape[0] * (out.shape[1] - width))
+        return sum(min(n, out.shape[1] - width) for n in lengths)
 
-    t_hfb, k_hfb = timed(hf_batch)
-    r_ours, r_hfb = k_ours / t_ours, k_hfb / t_hfb
-    log(f"{args.batch} concurrent: deepinfer {r_ours:.1f} tok/s, transformers padded {r_hfb:.1f}")
-    rows.append(
-        (
-            f"{args.batch} concurrent requests, total tok/s",
-            f"{r_ours:.1f} vs {r_hfb:.1f} = **{r_ours / r_hfb:.2f}x** (target >= 3x)",
+    ours_batch([4] * args.batch), hf_batch([4] * args.batch)  # warm-up at this batch size
+    for name, lengths in workloads.items():
+        t_ours, k_ours = timed(lambda lengths=lengths: ours_batch(lengths))
+        t_hfb, k_hfb = timed(lambda lengths=lengths: hf_batch(lengths))
+        r_ours, r_hfb = k_ours / t_ours, k_hfb / t_hfb
+        log(
+            f"{args.batch} concurrent, {name} max_tokens {lengths}: deepinfer {r_ours:.1f} tok/s "
+            f"({t_ours:.1f} s), transformers padded {r_hfb:.1f} tok/s ({t_hfb:.1f} s)"
         )
-    )
+        rows.append(
+            (
+                f"{args.batch} concurrent requests, {name} lengths "
+                f"(sum {sum(lengths)}, longest {max(lengths)} tokens), total tok/s",
+                f"{r_ours:.1f} vs {r_hfb:.1f} = **{r_ours / r_hfb:.2f}x** (target >= 3x)",
+            )
+        )
 
     cmd = ".venv/bin/python " + " ".join(sys.argv)
     table = ["| measurement | result |", "|---|---|"] + [f"| {a} | {b} |" for a, b in rows]
@@ -240,7 +270,7 @@ def main() -> None:
         [
             f"Command: `{cmd}`",
             "",
-            f"torch threads {args.threads}, {n} new tokens per speed run, fp32, CPU. "
+            f"torch threads {args.threads}, {args.tokens} new tokens per speed run, fp32, CPU. "
             f"Assistant model: the first {args.assistant_layers} of 30 layers of the same weights.",
             "",
             *table,
