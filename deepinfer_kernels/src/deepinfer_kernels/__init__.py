@@ -23,7 +23,7 @@ from deepinfer_kernels.attention import (
     paged_decode_attention,
     plan_paged_attention,
 )
-from deepinfer_kernels.kv import gather_blocks, scatter_blocks, write_kv
+from deepinfer_kernels.kv import WriteKVPlan, gather_blocks, plan_write_kv, scatter_blocks, write_kv
 from deepinfer_kernels.sampling import sample, sampling_probs
 from deepinfer_kernels.verify import VerifyResult, greedy_verify, speculative_verify
 
@@ -37,8 +37,10 @@ __all__ = [
     "plan_paged_attention",
     # verification, sampling and KV movement
     "VerifyResult",
+    "WriteKVPlan",
     "gather_blocks",
     "greedy_verify",
+    "plan_write_kv",
     "sample",
     "sampling_probs",
     "scatter_blocks",
