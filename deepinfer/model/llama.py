@@ -96,34 +96,17 @@ class LlamaAttention(nn.Module):
         cos: torch.Tensor,
         sin: torch.Tensor,
         rope: RotaryEmbedding,
-        attn: AttentionMetadata,
         k_cache: torch.Tensor,
         v_cache: torch.Tensor,
-        check_values: bool = True,
-        plan: deepinfer_kernels.PagedAttentionPlan | None = None,
+        plan: deepinfer_kernels.PagedAttentionPlan,
+        writer: deepinfer_kernels.WriteKVPlan,
     ) -> torch.Tensor:
-        """``plan`` (from :meth:`plan_attention`, shared by every layer of a forward) skips
-        re-deriving the batch's tiles, page ids and mask in each layer."""
+        """One layer's paged attention. ``plan`` (:meth:`plan_attention`) and ``writer``
+        (``deepinfer_kernels.plan_write_kv``) are built once per forward and shared by every
+        layer: the batch's metadata is checked and its tiles, pages and slots derived once."""
         q, k, v = self.project_qkv(x, cos, sin, rope)
-        deepinfer_kernels.write_kv(
-            k, v, k_cache, v_cache, attn.slot_mapping, check_values=check_values
-        )
-        out: torch.Tensor
-        if plan is not None:
-            out = plan.run(q, k_cache, v_cache)
-        else:
-            out = deepinfer_kernels.paged_attention(
-                q,
-                k_cache,
-                v_cache,
-                attn.block_table,
-                attn.seq_lens,
-                attn.cu_seqlens_q,
-                scale=self.scale,
-                causal=True,
-                check_values=check_values,
-            )
-        return linear(out.flatten(-2), self.o_proj.weight)
+        writer.run(k, v, k_cache, v_cache)
+        return linear(plan.run(q, k_cache, v_cache).flatten(-2), self.o_proj.weight)
 
     def plan_attention(
         self, attn: AttentionMetadata, block_size: int
@@ -252,9 +235,15 @@ class LlamaModel(nn.Module):
         captured: dict[int, torch.Tensor] = {}
         residual = x
         layers = self.decoder_layers()
-        # Every layer sees the same metadata: validate it and plan the attention once per
-        # forward (on CPU the per-layer planning cost more than the attention itself).
-        plan = layers[0].self_attn.plan_attention(attn, kv_pool.block_size) if layers else None
+        # Every layer sees the same metadata: validate it and plan the attention and the KV
+        # writes once per forward (on CPU the per-layer checks cost more than a decode
+        # attention).
+        if not layers:
+            return self.norm.forward(residual), []
+        plan = layers[0].self_attn.plan_attention(attn, kv_pool.block_size)
+        writer = deepinfer_kernels.plan_write_kv(
+            attn.slot_mapping, num_blocks=kv_pool.num_blocks, block_size=kv_pool.block_size
+        )
         for i, layer in enumerate(layers):
             k_cache, v_cache = kv_pool.layer_caches(i)
             h = layer.self_attn.forward(
@@ -262,11 +251,10 @@ class LlamaModel(nn.Module):
                 cos,
                 sin,
                 self.rope,
-                attn,
                 k_cache,
                 v_cache,
-                check_values=i == 0,
-                plan=plan,
+                plan,
+                writer,
             )
             residual = residual + h
             residual = residual + layer.mlp.forward(
