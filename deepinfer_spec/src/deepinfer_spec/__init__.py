@@ -31,6 +31,7 @@ from deepinfer_spec.drafter import DSparkDrafter
 from deepinfer_spec.propose import Draft, propose
 from deepinfer_spec.recompute_target import RecomputeTarget
 from deepinfer_spec.scheduling import (
+    DraftGate,
     FixedGammaScheduler,
     PrefixScheduler,
     SchedulePlan,
@@ -42,7 +43,7 @@ from deepinfer_spec.scheduling import (
 )
 from deepinfer_spec.state import ContextRing
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = [
     "__version__",
@@ -61,6 +62,7 @@ __all__ = [
     "TargetOutput",
     "propose",
     # calibration and verification scheduling (spec-B)
+    "DraftGate",
     "FixedGammaScheduler",
     "PrefixScheduler",
     "SPSCurve",

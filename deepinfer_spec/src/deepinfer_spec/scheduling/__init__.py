@@ -12,11 +12,13 @@ Example::
 
 from deepinfer_spec.scheduling.base import SchedulePlan, VerifyScheduler, evaluate_schedule
 from deepinfer_spec.scheduling.fixed import FixedGammaScheduler
+from deepinfer_spec.scheduling.gate import DraftGate
 from deepinfer_spec.scheduling.prefix import PrefixScheduler
 from deepinfer_spec.scheduling.sps import SPSCurve, profile_sps
 from deepinfer_spec.scheduling.threshold import ThresholdScheduler
 
 __all__ = [
+    "DraftGate",
     "FixedGammaScheduler",
     "PrefixScheduler",
     "SPSCurve",

@@ -1,0 +1,90 @@
+"""`DraftGate`: stop drafting while drafting does not pay, and probe now and then.
+
+The verification scheduler decides how many drafts to verify *after* the drafter has run, so a
+drafter whose drafts are rarely accepted (a weak or mismatched checkpoint, a workload unlike its
+training data) costs a drafter forward on every step for nothing. The gate tracks an exponential
+moving average of accepted drafts per drafting row (``tau - 1``). While that average is below
+``min_accepted`` only one step in ``probe_every`` drafts, so the average keeps following the
+workload and drafting resumes by itself once drafts are accepted again. Which steps draft never
+changes the output distribution: a step that does not draft is a plain decode step.
+"""
+
+from __future__ import annotations
+
+
+class DraftGate:
+    """Per-engine on/off switch for drafting, driven by the accepted drafts it observes.
+
+    Args:
+        min_accepted: drafting pauses while the average of accepted drafts per drafting row is
+            below this (0 never pauses).
+        probe_every: while paused, every ``probe_every``-th step drafts anyway.
+        decay: weight of the old average in each update, in ``[0, 1)``.
+        warmup_rows: drafting rows observed before the gate may pause.
+
+    Example::
+
+        gate = DraftGate(min_accepted=0.25)
+        if gate.should_draft():
+            ...  # propose, verify
+            gate.record(num_rows=4, num_accepted=1)
+    """
+
+    def __init__(
+        self,
+        min_accepted: float = 0.25,
+        probe_every: int = 8,
+        decay: float = 0.9,
+        warmup_rows: int = 16,
+    ) -> None:
+        if not min_accepted >= 0:
+            raise ValueError(f"min_accepted: expected a number >= 0, got {min_accepted!r}")
+        if not isinstance(probe_every, int) or isinstance(probe_every, bool) or probe_every < 1:
+            raise ValueError(f"probe_every: expected a positive int, got {probe_every!r}")
+        if not 0 <= decay < 1:
+            raise ValueError(f"decay: expected a number in [0, 1), got {decay!r}")
+        if not isinstance(warmup_rows, int) or isinstance(warmup_rows, bool) or warmup_rows < 0:
+            raise ValueError(f"warmup_rows: expected an int >= 0, got {warmup_rows!r}")
+        self.min_accepted = float(min_accepted)
+        self.probe_every = probe_every
+        self.decay = float(decay)
+        self.warmup_rows = warmup_rows
+        self.mean_accepted: float | None = None  # None until a drafting row is recorded
+        self.rows_seen = 0
+        self.num_skipped = 0  # steps that did not draft because the gate was closed
+        self._since_probe = 0
+
+    @property
+    def is_open(self) -> bool:
+        """True while every step drafts."""
+        if self.rows_seen < self.warmup_rows or self.mean_accepted is None:
+            return True
+        return self.mean_accepted >= self.min_accepted
+
+    def should_draft(self) -> bool:
+        """Whether this step drafts (call once per step that has rows able to draft)."""
+        if self.is_open:
+            self._since_probe = 0
+            return True
+        self._since_probe += 1
+        if self._since_probe >= self.probe_every:
+            self._since_probe = 0
+            return True
+        self.num_skipped += 1
+        return False
+
+    def record(self, num_rows: int, num_accepted: int) -> None:
+        """Fold in one drafting step: ``num_rows`` rows drafted, ``num_accepted`` drafts were
+        accepted over all of them (bonus tokens excluded)."""
+        if num_rows < 0 or num_accepted < 0:
+            raise ValueError(
+                f"num_rows and num_accepted must be >= 0, got {num_rows} and {num_accepted}"
+            )
+        if num_rows == 0:
+            return
+        rate = num_accepted / num_rows
+        if self.mean_accepted is None:
+            self.mean_accepted = rate
+        else:
+            self.mean_accepted = self.decay * self.mean_accepted + (1 - self.decay) * rate
+        self.rows_seen += num_rows
