@@ -24,7 +24,14 @@ from deepinfer.model.kv_pool import KVPool
 from deepinfer.model.llama import LlamaModel
 from deepinfer.model.spec_adapter import LlamaTargetAdapter
 from deepinfer.spec.speculator import DSparkSpeculator
-from deepinfer_spec import DSparkDrafter, PrefixScheduler, SPSCurve, VerifyScheduler, profile_sps
+from deepinfer_spec import (
+    DraftGate,
+    DSparkDrafter,
+    PrefixScheduler,
+    SPSCurve,
+    VerifyScheduler,
+    profile_sps,
+)
 from deepinfer_spec.training import load_drafter
 
 SHIPPED_DRAFTER = Path(__file__).resolve().parents[1] / "data" / "dspark-smollm2"
@@ -98,10 +105,13 @@ def build_speculator(
     *,
     max_seqs: int,
     scheduler: VerifyScheduler | None = None,
+    gate: DraftGate | str | None = "default",
 ) -> DSparkSpeculator | None:
     """Turn ``LLM(speculative=...)`` into a speculator for ``model`` (see module docstring).
 
     Without ``scheduler`` the prefix scheduler runs over an SPS curve profiled now on ``model``.
+    ``gate``: ``"default"`` pauses drafting while drafts are not accepted
+    (``DraftGate()``), ``None`` drafts on every step, or a configured :class:`DraftGate`.
     """
     if speculative is None or isinstance(speculative, DSparkSpeculator):
         return speculative
@@ -120,10 +130,15 @@ def build_speculator(
         sts = load_sts(directory)
     if scheduler is None:
         scheduler = PrefixScheduler(profile_target_sps(model, pool))
+    if isinstance(gate, str):
+        if gate != "default":
+            raise ValueError(f"gate: expected 'default', None or a DraftGate, got {gate!r}")
+        gate = DraftGate()
     return DSparkSpeculator(
         drafter,
         scheduler,
         max_seqs=max_seqs,
         sts_greedy=sts.get("greedy"),
         sts_sampling=sts.get("sampling"),
+        gate=gate,
     )

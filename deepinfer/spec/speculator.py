@@ -33,7 +33,14 @@ from deepinfer.engine.outputs import RequestOutput
 from deepinfer.engine.sampler import sampling_tensors
 from deepinfer.engine.sequence import Sequence
 from deepinfer_kernels import greedy_verify, sampling_probs, speculative_verify
-from deepinfer_spec import ContextRing, DSparkDrafter, VerifyScheduler, apply_temperatures, propose
+from deepinfer_spec import (
+    ContextRing,
+    DraftGate,
+    DSparkDrafter,
+    VerifyScheduler,
+    apply_temperatures,
+    propose,
+)
 
 if TYPE_CHECKING:
     from deepinfer.engine.engine import LLMEngine, _Chunk
@@ -48,6 +55,7 @@ class SpecStats:
     num_verified: int = 0
     num_accepted: int = 0
     num_emitted: int = 0
+    num_gated_steps: int = 0  # steps whose rows could draft but the draft gate said no
     verified_per_step: list[int] = field(default_factory=list)
 
     @property
@@ -92,6 +100,8 @@ class DSparkSpeculator:
         max_seqs: drafter state slots (the engine's ``max_num_seqs``).
         sts_greedy / sts_sampling: STS temperatures ``[gamma]`` calibrating the confidence of
             greedy / sampled requests (``None``: raw confidence).
+        gate: a :class:`deepinfer_spec.DraftGate` that pauses drafting while drafts are not
+            accepted (``None``: draft on every step).
     """
 
     def __init__(
@@ -102,6 +112,7 @@ class DSparkSpeculator:
         max_seqs: int,
         sts_greedy: torch.Tensor | None = None,
         sts_sampling: torch.Tensor | None = None,
+        gate: DraftGate | None = None,
     ) -> None:
         if not isinstance(drafter, DSparkDrafter):
             raise TypeError(f"drafter: expected DSparkDrafter, got {type(drafter).__name__}")
@@ -116,6 +127,9 @@ class DSparkSpeculator:
             if temps is not None and tuple(temps.shape) != (self.gamma,):
                 raise ValueError(f"{name}: expected shape ({self.gamma},), got {temps.shape}")
         self.sts_greedy, self.sts_sampling = sts_greedy, sts_sampling
+        if gate is not None and not isinstance(gate, DraftGate):
+            raise TypeError(f"gate: expected DraftGate or None, got {type(gate).__name__}")
+        self.gate = gate
         weight = drafter.context_proj.weight
         self.device = weight.device
         self.ring = ContextRing(
@@ -144,6 +158,10 @@ class DSparkSpeculator:
         """Run one engine step (prefill chunks and decodes) with speculative decodes."""
         works = [self._prepare(c) for c in chunks]
         drafting = [w for w in works if w.chunk.max_drafts > 0 and self._in_sync(w)]
+        if drafting and self.gate is not None and not self.gate.should_draft():
+            # A step without drafts is a plain decode step; the ring still gets its features.
+            drafting = []
+            self.stats.num_gated_steps += 1
         draft = self._propose(drafting)
         model = engine.model
         hidden, layers = engine.forward_batch(
@@ -165,6 +183,8 @@ class DSparkSpeculator:
         now = time.perf_counter()
         outputs: list[RequestOutput] = []
         plain_ready: list[tuple[_Work, int]] = []
+        if drafting and self.gate is not None:
+            self.gate.record(len(drafting), sum(num for num, _ in accepted.values()))
         for w, off in zip(works, offsets):
             known = w.end - w.base
             if w.draft_row >= 0:

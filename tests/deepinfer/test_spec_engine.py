@@ -7,6 +7,7 @@ every path (full acceptance, partial rejection, ragged verify lengths) is exerci
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections import Counter, defaultdict
 
@@ -19,8 +20,9 @@ from deepinfer.engine.engine import LLMEngine
 from deepinfer.engine.sampling_params import SamplingParams
 from deepinfer.model import KVPool, build_model
 from deepinfer.model.spec_adapter import LlamaTargetAdapter
-from deepinfer.spec import DSparkSpeculator, profile_target_sps
+from deepinfer.spec import DSparkSpeculator, build_speculator, profile_target_sps
 from deepinfer_spec import (
+    DraftGate,
     DSparkConfig,
     DSparkDrafter,
     FixedGammaScheduler,
@@ -282,3 +284,54 @@ def test_num_draft_slots_caps(model, greedy_reference) -> None:
         DSparkSpeculator(spec.drafter, spec.scheduler, max_seqs=0)
     with pytest.raises(ValueError, match="sts_greedy"):
         DSparkSpeculator(spec.drafter, spec.scheduler, max_seqs=1, sts_greedy=torch.ones(2))
+
+
+def test_draft_gate_pauses_a_useless_drafter_and_stays_lossless(model, greedy_reference) -> None:
+    """A drafter that always proposes a token the target never emits, behind a DraftGate:
+    most steps stop drafting, and the outputs are unchanged."""
+    reqs, expected = greedy_reference
+    never = next(t for t in range(model.config.vocab_size) if all(t not in o for o in expected))
+    drafter = oracle_drafter(model, [])
+    with torch.no_grad():
+        drafter.markov_out.weight[never] = 60.0  # every successor is `never`
+    gate = DraftGate(min_accepted=0.5, probe_every=4, warmup_rows=4)
+    spec = DSparkSpeculator(drafter, FixedGammaScheduler(3), max_seqs=8, gate=gate)
+    engine = LLMEngine(model, None, CFG, speculator=spec)
+    assert [o.token_ids for o in run(engine, reqs)] == expected
+    assert gate.mean_accepted == 0.0
+    assert spec.stats.num_gated_steps == gate.num_skipped > 0
+    assert spec.stats.num_steps > 0  # the probes still drafted
+
+
+def test_draft_gate_keeps_a_good_drafter_drafting(model, greedy_reference) -> None:
+    reqs, expected = greedy_reference
+    gate = DraftGate(min_accepted=0.25, probe_every=4, warmup_rows=4)
+    spec = DSparkSpeculator(
+        oracle_drafter(model, expected), FixedGammaScheduler(3), max_seqs=8, gate=gate
+    )
+    engine = LLMEngine(model, None, CFG, speculator=spec)
+    assert [o.token_ids for o in run(engine, reqs)] == expected
+    assert spec.stats.num_gated_steps == 0
+
+
+def test_speculator_rejects_a_bad_gate(model, greedy_reference) -> None:
+    _, expected = greedy_reference
+    with pytest.raises(TypeError, match="gate"):
+        DSparkSpeculator(
+            oracle_drafter(model, expected), FixedGammaScheduler(3), max_seqs=2, gate=0.5
+        )  # type: ignore[arg-type]
+
+
+def test_build_speculator_gate_option(model, greedy_reference) -> None:
+    _, expected = greedy_reference
+    pool = KVPool.for_model(model.config, 16, 4)
+    drafter = oracle_drafter(model, expected)
+    build = functools.partial(
+        build_speculator, drafter, model, pool, max_seqs=2, scheduler=FixedGammaScheduler(3)
+    )
+    assert isinstance(build().gate, DraftGate)
+    assert build(gate=None).gate is None
+    mine = DraftGate(min_accepted=1.0)
+    assert build(gate=mine).gate is mine
+    with pytest.raises(ValueError, match="gate"):
+        build(gate="sometimes")
