@@ -23,6 +23,7 @@ sides (``ignore_eos`` / ``min_new_tokens``) so both generate the same count.
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -85,10 +86,14 @@ CHECK_PROMPTS = [
 ]
 
 
-def timed(fn: Callable[[], int]) -> tuple[float, int]:
-    start = time.perf_counter()
-    tokens = fn()
-    return time.perf_counter() - start, tokens
+def timed(fn: Callable[[], int], repeats: int) -> tuple[float, int]:
+    """Median wall time of ``repeats`` runs of ``fn`` and the tokens one run produced."""
+    times, tokens = [], 0
+    for _ in range(repeats):
+        start = time.perf_counter()
+        tokens = fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times), tokens
 
 
 def main() -> None:
@@ -100,6 +105,7 @@ def main() -> None:
     p.add_argument("--batch-tokens", type=int, default=32)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--seed", type=int, default=0, help="seed of the mixed output lengths")
+    p.add_argument("--repeats", type=int, default=3, help="timed runs per figure (median)")
     p.add_argument(
         "--only-batch", action="store_true", help="run only the concurrent-request comparison"
     )
@@ -169,8 +175,8 @@ def main() -> None:
         ours(plain, code_ids, 4), ours(spec, code_ids, 4), hf_generate(code_ids, 4)
 
         # 2. batch-1 greedy without speculation
-        t_plain, k = timed(lambda: len(ours(plain, chat_ids, n)))
-        t_hf, k_hf = timed(lambda: len(hf_generate(chat_ids, n)))
+        t_plain, k = timed(lambda: len(ours(plain, chat_ids, n)), args.repeats)
+        t_hf, k_hf = timed(lambda: len(hf_generate(chat_ids, n)), args.repeats)
         r_plain, r_hf = k / t_plain, k_hf / t_hf
         log(f"batch-1 greedy chat: deepinfer {r_plain:.1f} tok/s, transformers {r_hf:.1f} tok/s")
         rows.append(
@@ -185,15 +191,18 @@ def main() -> None:
             before = spec.engine.speculator.stats  # type: ignore[union-attr]
             rows0, emit0 = before.num_rows, before.num_emitted
             ver0 = before.num_verified
-            t_spec, k_spec = timed(lambda ids=ids: len(ours(spec, ids, n)))
+            t_spec, k_spec = timed(lambda ids=ids: len(ours(spec, ids, n)), args.repeats)
             st = spec.engine.speculator.stats  # type: ignore[union-attr]
             tau = (st.num_emitted - emit0) / max(1, st.num_rows - rows0)
             verified = (st.num_verified - ver0) / max(1, st.num_rows - rows0)
-            t_g, k_g = timed(lambda ids=ids: len(hf_generate(ids, n)))
+            t_g, k_g = timed(lambda ids=ids: len(hf_generate(ids, n)), args.repeats)
             t_pl, k_pl = timed(
-                lambda ids=ids: len(hf_generate(ids, n, prompt_lookup_num_tokens=args.lookup))
+                lambda ids=ids: len(hf_generate(ids, n, prompt_lookup_num_tokens=args.lookup)),
+                args.repeats,
             )
-            t_as, k_as = timed(lambda ids=ids: len(hf_generate(ids, n, assistant_model=assistant)))
+            t_as, k_as = timed(
+                lambda ids=ids: len(hf_generate(ids, n, assistant_model=assistant)), args.repeats
+            )
             r_spec, r_g, r_pl, r_as = k_spec / t_spec, k_g / t_g, k_pl / t_pl, k_as / t_as
             best = max(r_pl, r_as)
             log(
@@ -249,8 +258,8 @@ def main() -> None:
 
     ours_batch([4] * args.batch), hf_batch([4] * args.batch)  # warm-up at this batch size
     for name, lengths in workloads.items():
-        t_ours, k_ours = timed(lambda lengths=lengths: ours_batch(lengths))
-        t_hfb, k_hfb = timed(lambda lengths=lengths: hf_batch(lengths))
+        t_ours, k_ours = timed(lambda lengths=lengths: ours_batch(lengths), args.repeats)
+        t_hfb, k_hfb = timed(lambda lengths=lengths: hf_batch(lengths), args.repeats)
         r_ours, r_hfb = k_ours / t_ours, k_hfb / t_hfb
         log(
             f"{args.batch} concurrent, {name} max_tokens {lengths}: deepinfer {r_ours:.1f} tok/s "
@@ -270,7 +279,8 @@ def main() -> None:
         [
             f"Command: `{cmd}`",
             "",
-            f"torch threads {args.threads}, {args.tokens} new tokens per speed run, fp32, CPU. "
+            f"torch threads {args.threads}, {args.tokens} new tokens per speed run, fp32, CPU, "
+            f"median of {args.repeats} runs per figure. "
             f"Assistant model: the first {args.assistant_layers} of 30 layers of the same weights.",
             "",
             *table,
