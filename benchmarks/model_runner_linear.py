@@ -65,6 +65,9 @@ def main() -> None:
             "SmolLM2-135M forward, best of 5).",
             "",
             *lines,
+            "",
+            "Rows outside `CPU_TRANSPOSED_ROWS` (4..48) run the same `F.linear` call on both sides:",
+            "their ratio is this machine's run-to-run noise, not a difference between the two.",
         ]
     )
     if args.out is not None:

@@ -86,14 +86,18 @@ CHECK_PROMPTS = [
 ]
 
 
-def timed(fn: Callable[[], int], repeats: int) -> tuple[float, int]:
-    """Median wall time of ``repeats`` runs of ``fn`` and the tokens one run produced."""
-    times, tokens = [], 0
+def timed(fns: dict[str, Callable[[], int]], repeats: int) -> dict[str, tuple[float, int]]:
+    """Run every function ``repeats`` times, interleaved (A B C A B C ...) so that drift in the
+    machine's speed hits all of them alike; per function the median wall time and the tokens
+    one run produced."""
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    tokens: dict[str, int] = {}
     for _ in range(repeats):
-        start = time.perf_counter()
-        tokens = fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times), tokens
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            tokens[name] = fn()
+            times[name].append(time.perf_counter() - start)
+    return {name: (statistics.median(times[name]), tokens[name]) for name in fns}
 
 
 def main() -> None:
@@ -175,9 +179,14 @@ def main() -> None:
         ours(plain, code_ids, 4), ours(spec, code_ids, 4), hf_generate(code_ids, 4)
 
         # 2. batch-1 greedy without speculation
-        t_plain, k = timed(lambda: len(ours(plain, chat_ids, n)), args.repeats)
-        t_hf, k_hf = timed(lambda: len(hf_generate(chat_ids, n)), args.repeats)
-        r_plain, r_hf = k / t_plain, k_hf / t_hf
+        got = timed(
+            {
+                "ours": lambda: len(ours(plain, chat_ids, n)),
+                "hf": lambda: len(hf_generate(chat_ids, n)),
+            },
+            args.repeats,
+        )
+        r_plain, r_hf = (got[x][1] / got[x][0] for x in ("ours", "hf"))
         log(f"batch-1 greedy chat: deepinfer {r_plain:.1f} tok/s, transformers {r_hf:.1f} tok/s")
         rows.append(
             (
@@ -191,19 +200,25 @@ def main() -> None:
             before = spec.engine.speculator.stats  # type: ignore[union-attr]
             rows0, emit0 = before.num_rows, before.num_emitted
             ver0 = before.num_verified
-            t_spec, k_spec = timed(lambda ids=ids: len(ours(spec, ids, n)), args.repeats)
+            got = timed(
+                {
+                    "dspark": lambda ids=ids: len(ours(spec, ids, n)),
+                    "greedy": lambda ids=ids: len(hf_generate(ids, n)),
+                    "lookup": lambda ids=ids: len(
+                        hf_generate(ids, n, prompt_lookup_num_tokens=args.lookup)
+                    ),
+                    "assistant": lambda ids=ids: len(
+                        hf_generate(ids, n, assistant_model=assistant)
+                    ),
+                },
+                args.repeats,
+            )
             st = spec.engine.speculator.stats  # type: ignore[union-attr]
             tau = (st.num_emitted - emit0) / max(1, st.num_rows - rows0)
             verified = (st.num_verified - ver0) / max(1, st.num_rows - rows0)
-            t_g, k_g = timed(lambda ids=ids: len(hf_generate(ids, n)), args.repeats)
-            t_pl, k_pl = timed(
-                lambda ids=ids: len(hf_generate(ids, n, prompt_lookup_num_tokens=args.lookup)),
-                args.repeats,
+            r_spec, r_g, r_pl, r_as = (
+                got[x][1] / got[x][0] for x in ("dspark", "greedy", "lookup", "assistant")
             )
-            t_as, k_as = timed(
-                lambda ids=ids: len(hf_generate(ids, n, assistant_model=assistant)), args.repeats
-            )
-            r_spec, r_g, r_pl, r_as = k_spec / t_spec, k_g / t_g, k_pl / t_pl, k_as / t_as
             best = max(r_pl, r_as)
             log(
                 f"{name}: dspark {r_spec:.1f} tok/s (tau {tau:.2f}, verified/step {verified:.2f}); "
@@ -258,8 +273,14 @@ def main() -> None:
 
     ours_batch([4] * args.batch), hf_batch([4] * args.batch)  # warm-up at this batch size
     for name, lengths in workloads.items():
-        t_ours, k_ours = timed(lambda lengths=lengths: ours_batch(lengths), args.repeats)
-        t_hfb, k_hfb = timed(lambda lengths=lengths: hf_batch(lengths), args.repeats)
+        got = timed(
+            {
+                "ours": lambda lengths=lengths: ours_batch(lengths),
+                "hf": lambda lengths=lengths: hf_batch(lengths),
+            },
+            args.repeats,
+        )
+        (t_ours, k_ours), (t_hfb, k_hfb) = got["ours"], got["hf"]
         r_ours, r_hfb = k_ours / t_ours, k_hfb / t_hfb
         log(
             f"{args.batch} concurrent, {name} max_tokens {lengths}: deepinfer {r_ours:.1f} tok/s "
@@ -280,7 +301,7 @@ def main() -> None:
             f"Command: `{cmd}`",
             "",
             f"torch threads {args.threads}, {args.tokens} new tokens per speed run, fp32, CPU, "
-            f"median of {args.repeats} runs per figure. "
+            f"median of {args.repeats} interleaved runs per figure. "
             f"Assistant model: the first {args.assistant_layers} of 30 layers of the same weights.",
             "",
             *table,
