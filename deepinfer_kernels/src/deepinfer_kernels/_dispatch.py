@@ -8,8 +8,12 @@ CUDA tensors run Triton. CPU tensors run the torch path, unless the caller passe
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
+from typing import TypeVar
 
 import torch
+
+T = TypeVar("T")
 
 FORCE_TRITON_ENV = "DEEPINFER_FORCE_TRITON"
 
@@ -44,3 +48,14 @@ def should_use_triton(device: torch.device, use_triton: bool | None = None) -> b
             "use_triton: Triton on a non-CUDA device needs TRITON_INTERPRET=1 set before import"
         )
     return True
+
+
+def eager_or_op(op: Callable[..., T], impl: Callable[..., T]) -> Callable[..., T]:
+    """``impl`` (the op's body) when running eagerly, the registered custom ``op`` while
+    ``torch.compile`` traces.
+
+    Calling a ``torch.library`` op eagerly costs a dispatcher round trip per call and, on the
+    first call in a process, about two seconds of importing torch's compiler stack; eager callers
+    need neither. The op exists for tracing, where its fake gives the compiler the shapes.
+    """
+    return op if torch.compiler.is_compiling() else impl

@@ -13,12 +13,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from deepinfer_kernels._dispatch import should_use_triton
+from deepinfer_kernels._dispatch import eager_or_op, should_use_triton
 from deepinfer_kernels._interop import result_converter, to_torch
 from deepinfer_kernels.attention.merge import check_merge_inputs
 from deepinfer_kernels.attention.ops import (
+    merge_attention_states_impl,
     merge_attention_states_op,
+    paged_attention_impl,
     paged_attention_op,
+    paged_decode_attention_impl,
     paged_decode_attention_op,
 )
 from deepinfer_kernels.attention.torch_path import default_scale
@@ -94,7 +97,7 @@ def paged_attention(
     if want_value_checks(check_values):
         check_paged_values(shape, block_table, seq_lens, cu_seqlens_q)
     triton = should_use_triton(q.device, use_triton)
-    out, lse = paged_attention_op(
+    out, lse = eager_or_op(paged_attention_op, paged_attention_impl)(
         q, k_cache, v_cache, block_table, seq_lens, cu_seqlens_q,
         default_scale(shape.head_dim, scale), causal, window, cap, triton,
     )  # fmt: skip
@@ -144,7 +147,7 @@ def paged_decode_attention(
     if want_value_checks(check_values):
         check_paged_values(shape, block_table, seq_lens, None)
     triton = should_use_triton(q.device, use_triton)
-    out, lse = paged_decode_attention_op(
+    out, lse = eager_or_op(paged_decode_attention_op, paged_decode_attention_impl)(
         q, k_cache, v_cache, block_table, seq_lens,
         default_scale(shape.head_dim, scale), window, cap, num_splits, triton,
     )  # fmt: skip
@@ -165,5 +168,7 @@ def merge_attention_states(
     o_b, lse_b = to_torch(o_b, "o_b"), to_torch(lse_b, "lse_b")
     check_merge_inputs(o_a, lse_a, o_b, lse_b)
     triton = should_use_triton(o_a.device, use_triton)
-    out, lse = merge_attention_states_op(o_a, lse_a, o_b, lse_b, triton)
+    out, lse = eager_or_op(merge_attention_states_op, merge_attention_states_impl)(
+        o_a, lse_a, o_b, lse_b, triton
+    )
     return convert(out), convert(lse)

@@ -14,8 +14,7 @@ from deepinfer_kernels.attention.merge import merge_attention_states_torch
 from deepinfer_kernels.attention.torch_path import paged_attention_torch
 
 
-@torch.library.custom_op("deepinfer::paged_attention", mutates_args=())
-def paged_attention_op(
+def paged_attention_impl(
     q: torch.Tensor,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
@@ -41,6 +40,11 @@ def paged_attention_op(
     )  # fmt: skip
 
 
+paged_attention_op = torch.library.custom_op(
+    "deepinfer::paged_attention", paged_attention_impl, mutates_args=()
+)
+
+
 @paged_attention_op.register_fake
 def _(
     q: torch.Tensor,
@@ -58,8 +62,7 @@ def _(
     return torch.empty_like(q), q.new_empty(q.shape[:2], dtype=torch.float32)
 
 
-@torch.library.custom_op("deepinfer::paged_decode_attention", mutates_args=())
-def paged_decode_attention_op(
+def paged_decode_attention_impl(
     q: torch.Tensor,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
@@ -84,6 +87,11 @@ def paged_decode_attention_op(
     )
 
 
+paged_decode_attention_op = torch.library.custom_op(
+    "deepinfer::paged_decode_attention", paged_decode_attention_impl, mutates_args=()
+)
+
+
 @paged_decode_attention_op.register_fake
 def _(
     q: torch.Tensor,
@@ -100,8 +108,7 @@ def _(
     return torch.empty_like(q), q.new_empty(q.shape[:2], dtype=torch.float32)
 
 
-@torch.library.custom_op("deepinfer::merge_attention_states", mutates_args=())
-def merge_attention_states_op(
+def merge_attention_states_impl(
     o_a: torch.Tensor,
     lse_a: torch.Tensor,
     o_b: torch.Tensor,
@@ -113,6 +120,11 @@ def merge_attention_states_op(
 
         return merge_attention_states_triton(o_a, lse_a, o_b, lse_b)
     return merge_attention_states_torch(o_a, lse_a, o_b, lse_b)
+
+
+merge_attention_states_op = torch.library.custom_op(
+    "deepinfer::merge_attention_states", merge_attention_states_impl, mutates_args=()
+)
 
 
 @merge_attention_states_op.register_fake

@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-from deepinfer_kernels._dispatch import should_use_triton
+from deepinfer_kernels._dispatch import eager_or_op, should_use_triton
 from deepinfer_kernels._interop import result_converter, to_torch
 from deepinfer_kernels.attention.torch_path import (
     TileBatch,
@@ -184,9 +184,9 @@ class PagedAttentionPlan:
         )
         self._check(q, k_cache, v_cache)
         if self.use_triton:
-            from deepinfer_kernels.attention.ops import paged_attention_op
+            from deepinfer_kernels.attention.ops import paged_attention_impl, paged_attention_op
 
-            out, lse = paged_attention_op(
+            out, lse = eager_or_op(paged_attention_op, paged_attention_impl)(
                 q, k_cache, v_cache, self.block_table, self.seq_lens, self.cu_seqlens_q,
                 self.scale, self.causal, self.window, self.soft_cap, True,
             )  # fmt: skip

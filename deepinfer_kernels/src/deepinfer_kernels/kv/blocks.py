@@ -6,14 +6,13 @@ from typing import Any
 
 import torch
 
-from deepinfer_kernels._dispatch import should_use_triton
+from deepinfer_kernels._dispatch import eager_or_op, should_use_triton
 from deepinfer_kernels._interop import result_converter, to_torch
 from deepinfer_kernels.kv.validate import check_block_ids, normalize_dim
 from deepinfer_kernels.verify.validate import want_value_checks
 
 
-@torch.library.custom_op("deepinfer::gather_blocks", mutates_args=())
-def _gather_blocks_op(
+def _gather_blocks_impl(
     cache: torch.Tensor, block_ids: torch.Tensor, block_dim: int, use_triton: bool
 ) -> torch.Tensor:
     if use_triton and cache.is_contiguous():
@@ -21,6 +20,11 @@ def _gather_blocks_op(
 
         return gather_blocks_triton(cache, block_ids, block_dim)
     return torch.index_select(cache, block_dim, block_ids.to(torch.int64)).contiguous()
+
+
+_gather_blocks_op = torch.library.custom_op(
+    "deepinfer::gather_blocks", _gather_blocks_impl, mutates_args=()
+)
 
 
 @_gather_blocks_op.register_fake
@@ -32,8 +36,7 @@ def _(
     return cache.new_empty(shape)
 
 
-@torch.library.custom_op("deepinfer::scatter_blocks", mutates_args=("cache",))
-def _scatter_blocks_op(
+def _scatter_blocks_impl(
     cache: torch.Tensor,
     block_ids: torch.Tensor,
     src: torch.Tensor,
@@ -46,6 +49,11 @@ def _scatter_blocks_op(
         scatter_blocks_triton(cache, block_ids, src.contiguous(), block_dim)
         return
     cache.index_copy_(block_dim, block_ids.to(torch.int64), src)
+
+
+_scatter_blocks_op = torch.library.custom_op(
+    "deepinfer::scatter_blocks", _scatter_blocks_impl, mutates_args=("cache",)
+)
 
 
 @_scatter_blocks_op.register_fake
@@ -80,7 +88,11 @@ def gather_blocks(
     ids = to_torch(block_ids, "block_ids")
     dim = normalize_dim(block_dim, c.dim())
     check_block_ids(c, ids, dim, unique=False, check_values=want_value_checks(check_values))
-    return convert(_gather_blocks_op(c, ids, dim, should_use_triton(c.device, use_triton)))
+    return convert(
+        eager_or_op(_gather_blocks_op, _gather_blocks_impl)(
+            c, ids, dim, should_use_triton(c.device, use_triton)
+        )
+    )
 
 
 def scatter_blocks(
@@ -113,4 +125,6 @@ def scatter_blocks(
         raise TypeError(f"src: expected dtype {c.dtype} (the cache's), got {s.dtype}")
     if s.device != c.device:
         raise ValueError(f"src: expected device {c.device}, got {s.device}")
-    _scatter_blocks_op(c, ids, s, dim, should_use_triton(c.device, use_triton))
+    eager_or_op(_scatter_blocks_op, _scatter_blocks_impl)(
+        c, ids, s, dim, should_use_triton(c.device, use_triton)
+    )

@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from deepinfer_kernels._dispatch import should_use_triton
+from deepinfer_kernels._dispatch import eager_or_op, should_use_triton
 from deepinfer_kernels._interop import to_torch
 from deepinfer_kernels.kv.validate import check_slot_values, check_write_kv
 from deepinfer_kernels.verify.validate import want_value_checks
@@ -48,8 +48,7 @@ def write_kv_torch(
     v_cache[blocks, offsets] = v[valid].to(v_cache.dtype)
 
 
-@torch.library.custom_op("deepinfer::write_kv", mutates_args=("k_cache", "v_cache"))
-def _write_kv_op(
+def _write_kv_impl(
     k: torch.Tensor,
     v: torch.Tensor,
     k_cache: torch.Tensor,
@@ -63,6 +62,11 @@ def _write_kv_op(
         write_kv_triton(k, v, k_cache, v_cache, slot_mapping)
         return
     write_kv_torch(k, v, k_cache, v_cache, slot_mapping)
+
+
+_write_kv_op = torch.library.custom_op(
+    "deepinfer::write_kv", _write_kv_impl, mutates_args=("k_cache", "v_cache")
+)
 
 
 @_write_kv_op.register_fake
@@ -105,9 +109,4 @@ def write_kv(
     if want_value_checks(check_values):
         check_slot_values(slots, kc.shape[0] * kc.shape[1])
     triton = should_use_triton(kc.device, use_triton)
-    if not triton and not torch.compiler.is_compiling():
-        # Eager torch path: the op's own body, without the custom-op dispatch round trip
-        # (tens of microseconds, paid once per layer per step on CPU).
-        write_kv_torch(k_t, v_t, kc, vc, slots)
-        return
-    _write_kv_op(k_t, v_t, kc, vc, slots, triton)
+    eager_or_op(_write_kv_op, _write_kv_impl)(k_t, v_t, kc, vc, slots, triton)

@@ -6,15 +6,14 @@ from typing import Any
 
 import torch
 
-from deepinfer_kernels._dispatch import should_use_triton
+from deepinfer_kernels._dispatch import eager_or_op, should_use_triton
 from deepinfer_kernels._interop import result_converter, to_torch
 from deepinfer_kernels.sampling.params import normalize_params
 from deepinfer_kernels.sampling.torch_sampling import sample_torch, sampling_probs_torch
 from deepinfer_kernels.verify.validate import want_value_checks
 
 
-@torch.library.custom_op("deepinfer::sample", mutates_args=())
-def _sample_op(
+def _sample_impl(
     logits: torch.Tensor,
     temperature: torch.Tensor,
     top_k: torch.Tensor,
@@ -28,6 +27,9 @@ def _sample_op(
 
         return sample_triton(logits, temperature, top_k, top_p, min_p, uniforms)
     return sample_torch(logits, temperature, top_k, top_p, min_p, uniforms)
+
+
+_sample_op = torch.library.custom_op("deepinfer::sample", _sample_impl, mutates_args=())
 
 
 @_sample_op.register_fake
@@ -78,7 +80,7 @@ def sample(
     params = normalize_params(x, temperature, top_k, top_p, min_p, want_value_checks(check_values))
     triton = should_use_triton(x.device, use_triton)
     uniforms = torch.rand((x.shape[0],), generator=generator, device=x.device)
-    return convert(_sample_op(x, *params, uniforms, triton))
+    return convert(eager_or_op(_sample_op, _sample_impl)(x, *params, uniforms, triton))
 
 
 def sampling_probs(

@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from deepinfer_kernels._dispatch import should_use_triton
+from deepinfer_kernels._dispatch import eager_or_op, should_use_triton
 from deepinfer_kernels._interop import result_converter, to_torch
 from deepinfer_kernels.verify.torch_verify import greedy_verify_torch
 from deepinfer_kernels.verify.types import VerifyResult
@@ -17,8 +17,7 @@ from deepinfer_kernels.verify.validate import (
 )
 
 
-@torch.library.custom_op("deepinfer::greedy_verify", mutates_args=())
-def _greedy_verify_op(
+def _greedy_verify_impl(
     draft_token_ids: torch.Tensor,
     target_logits: torch.Tensor,
     num_draft_tokens: torch.Tensor,
@@ -29,6 +28,11 @@ def _greedy_verify_op(
 
         return greedy_verify_triton(draft_token_ids, target_logits, num_draft_tokens)
     return greedy_verify_torch(draft_token_ids, target_logits, num_draft_tokens)
+
+
+_greedy_verify_op = torch.library.custom_op(
+    "deepinfer::greedy_verify", _greedy_verify_impl, mutates_args=()
+)
 
 
 @_greedy_verify_op.register_fake
@@ -71,5 +75,5 @@ def greedy_verify(
         if logits.numel() and bool(torch.isnan(logits.amax(dim=-1)).any()):  # amax keeps NaN
             raise ValueError("target_logits: contains NaN")
     triton = should_use_triton(logits.device, use_triton)
-    out, acc, emitted = _greedy_verify_op(ids, logits, n, triton)
+    out, acc, emitted = eager_or_op(_greedy_verify_op, _greedy_verify_impl)(ids, logits, n, triton)
     return VerifyResult(convert(out), convert(acc), convert(emitted))

@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from deepinfer_kernels._dispatch import should_use_triton
+from deepinfer_kernels._dispatch import eager_or_op, should_use_triton
 from deepinfer_kernels._interop import result_converter, to_torch
 from deepinfer_kernels.verify.torch_verify import speculative_verify_torch
 from deepinfer_kernels.verify.types import VerifyResult
@@ -17,8 +17,7 @@ from deepinfer_kernels.verify.validate import (
 )
 
 
-@torch.library.custom_op("deepinfer::speculative_verify", mutates_args=())
-def _speculative_verify_op(
+def _speculative_verify_impl(
     draft_token_ids: torch.Tensor,
     draft_probs: torch.Tensor | None,
     target_probs: torch.Tensor,
@@ -49,6 +48,11 @@ def _speculative_verify_op(
         sample_uniforms,
         check_values,
     )
+
+
+_speculative_verify_op = torch.library.custom_op(
+    "deepinfer::speculative_verify", _speculative_verify_impl, mutates_args=()
+)
 
 
 @_speculative_verify_op.register_fake
@@ -117,5 +121,7 @@ def speculative_verify(
     triton = should_use_triton(p_t.device, use_triton)
     accept_u = torch.rand((batch, gamma), generator=generator, device=p_t.device)
     sample_u = torch.rand((batch,), generator=generator, device=p_t.device)
-    out, acc, emitted = _speculative_verify_op(ids, p_d, p_t, n, accept_u, sample_u, triton, checks)
+    out, acc, emitted = eager_or_op(_speculative_verify_op, _speculative_verify_impl)(
+        ids, p_d, p_t, n, accept_u, sample_u, triton, checks
+    )
     return VerifyResult(convert(out), convert(acc), convert(emitted))
