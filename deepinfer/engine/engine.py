@@ -15,12 +15,12 @@ import time
 from collections import deque
 from collections.abc import Callable
 from collections.abc import Sequence as Seq
-from dataclasses import dataclass
-from typing import Protocol
 
 import torch
 
+from deepinfer.engine.chunk import Chunk, Speculator
 from deepinfer.engine.config import EngineConfig
+from deepinfer.engine.output_processor import OutputProcessor
 from deepinfer.engine.outputs import RequestMetrics, RequestOutput
 from deepinfer.engine.prefix_cache import PrefixCache
 from deepinfer.engine.sampler import sample_next_tokens
@@ -29,31 +29,8 @@ from deepinfer.engine.sequence import SeqStatus, Sequence
 from deepinfer.model.attention_metadata import AttentionMetadata
 from deepinfer.model.kv_pool import KVPool
 from deepinfer.model.llama import LlamaModel
-from deepinfer.model.tokenizer import IncrementalDetokenizer, Tokenizer
+from deepinfer.model.tokenizer import Tokenizer
 from deepinfer_sched.policies.batch import BatchConfig, ContinuousBatchPolicy, SeqState
-
-
-@dataclass
-class _Chunk:
-    """One sequence's slice of the flat batch: tokens ``start .. start + length``.
-
-    ``max_drafts``: KV slots reserved past a decode token for speculative drafts.
-    """
-
-    seq: Sequence
-    start: int
-    length: int
-    max_drafts: int = 0
-
-
-class Speculator(Protocol):
-    """Runs the engine's steps with speculative decodes (``deepinfer.spec.DSparkSpeculator``)."""
-
-    def num_draft_slots(self, seq: Sequence, max_model_len: int) -> int: ...
-
-    def run(self, engine: LLMEngine, chunks: Seq[_Chunk]) -> list[RequestOutput]: ...
-
-    def release(self, seq_id: int) -> None: ...
 
 
 class LLMEngine:
@@ -103,14 +80,11 @@ class LLMEngine:
         # Blocks a prefix cache's device tier reserved are not ours to hand out.
         self.capacity_blocks = self.pool.num_free_blocks
         self.max_model_len = cfg.max_model_len or model.config.max_position_embeddings
-        self.eos_token_ids: frozenset[int] = frozenset(
-            tokenizer.eos_token_ids if tokenizer is not None else ()
-        )
         self.generator = torch.Generator(device="cpu").manual_seed(cfg.seed)
         self._ids = itertools.count()
         self._seqs: dict[int, Sequence] = {}
         self._by_request: dict[str, Sequence] = {}
-        self._detok: dict[int, IncrementalDetokenizer] = {}
+        self.outputs = OutputProcessor(tokenizer, self.max_model_len)
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_steps = 0
@@ -171,8 +145,7 @@ class LLMEngine:
             seq.generator = torch.Generator(device="cpu").manual_seed(params.seed)
         self._seqs[seq_id] = seq
         self._by_request[request_id] = seq
-        if self.tokenizer is not None:
-            self._detok[seq_id] = self.tokenizer.detokenizer()
+        self.outputs.track(seq)
         self.waiting.append(seq)
         return request_id
 
@@ -243,7 +216,7 @@ class LLMEngine:
         )
         for seq_id in plan.preempted:
             self._preempt(self._seqs[seq_id])
-        chunks: list[_Chunk] = []
+        chunks: list[Chunk] = []
         for seq_id in plan.decode_ids:
             seq = self._seqs[seq_id]
             extra = 0
@@ -252,14 +225,14 @@ class LLMEngine:
                 if extra and not self._reserve(seq, seq.num_computed + 1 + extra):
                     extra = 0
             if self._reserve(seq, seq.num_computed + 1):
-                chunks.append(_Chunk(seq, seq.num_computed, 1, extra))
+                chunks.append(Chunk(seq, seq.num_computed, 1, extra))
         for seq_id, length in plan.prefill_chunks:
             seq = self._seqs[seq_id]
             if seq.status is SeqStatus.WAITING and not self._admit(seq):
                 continue
             length = min(length, seq.prefill_target - seq.num_computed)
             if length > 0 and self._reserve(seq, seq.num_computed + length):
-                chunks.append(_Chunk(seq, seq.num_computed, length))
+                chunks.append(Chunk(seq, seq.num_computed, length))
         finished = self._reject_unschedulable() if not chunks else []
         if not chunks:
             return finished
@@ -300,7 +273,7 @@ class LLMEngine:
         """One token per row of ``logits`` with each request's parameters (and seed)."""
         return sample_next_tokens(seqs, logits, self.generator)
 
-    def _run(self, chunks: list[_Chunk]) -> list[RequestOutput]:
+    def _run(self, chunks: list[Chunk]) -> list[RequestOutput]:
         hidden, _ = self.forward_batch(
             [c.seq for c in chunks],
             [c.start for c in chunks],
@@ -308,7 +281,7 @@ class LLMEngine:
         )
 
         # Only sequences whose every token now has KV produce a next token.
-        ready: list[_Chunk] = []
+        ready: list[Chunk] = []
         rows: list[int] = []
         offset = 0
         for c in chunks:
@@ -332,47 +305,10 @@ class LLMEngine:
         """Append newly emitted tokens, apply the stop rules, and build the step's output."""
         if seq.metrics.first_token_time is None:
             seq.metrics.first_token_time = now
-        new: list[int] = []
-        reason: str | None = None
-        for token in tokens:
-            seq.output_ids.append(token)
-            new.append(token)
-            reason = self._stop_reason(seq, token)
-            if reason is not None:
-                break
-        new_text = ""
-        detok = self._detok.get(seq.seq_id)
-        if detok is not None:
-            new_text = "".join(detok.push(t) for t in new)
-            if reason is not None:
-                new_text += detok.flush()
-            seq.text += new_text
+        new, new_text, reason = self.outputs.append(seq, tokens)
         if reason is not None:
             self._finish(seq, reason, save=True)
-        return self._output(seq, new, new_text)
-
-    def _stop_reason(self, seq: Sequence, token: int) -> str | None:
-        p = seq.params
-        if token in p.stop_token_ids:
-            return "stop"
-        if not p.ignore_eos and token in self.eos_token_ids:
-            return "stop"
-        if len(seq.output_ids) >= p.max_tokens or seq.num_tokens >= self.max_model_len:
-            return "length"
-        return None
-
-    def _output(self, seq: Sequence, new: list[int], new_text: str) -> RequestOutput:
-        return RequestOutput(
-            request_id=seq.request_id,
-            prompt_token_ids=seq.prompt_ids,
-            token_ids=list(seq.output_ids),
-            text=seq.text,
-            new_token_ids=new,
-            new_text=new_text,
-            finished=seq.status is SeqStatus.FINISHED,
-            finish_reason=seq.finish_reason,
-            metrics=seq.metrics,
-        )
+        return self.outputs.output(seq, new, new_text)
 
     def _finish(self, seq: Sequence, reason: str, *, save: bool) -> None:
         if save and self.prefix_cache is not None and seq.num_computed >= self.config.block_size:
@@ -393,7 +329,7 @@ class LLMEngine:
         seq.metrics.finish_time = time.perf_counter()
         del self._seqs[seq.seq_id]
         del self._by_request[seq.request_id]
-        self._detok.pop(seq.seq_id, None)
+        self.outputs.forget(seq)
 
     def _state(self, seq: Sequence) -> SeqState:
         # A waiting sequence's cached prefix is only looked up (and counted) when it is admitted.
@@ -457,7 +393,7 @@ class LLMEngine:
         if self.running or not self.waiting:
             return []
         seq = self.waiting[0]
-        out = self._output(seq, [], "")
+        out = self.outputs.output(seq, [], "")
         self._finish(seq, "error", save=False)
         out.finished = True
         out.finish_reason = "error"

@@ -43,7 +43,8 @@ from deepinfer_spec import (
 )
 
 if TYPE_CHECKING:
-    from deepinfer.engine.engine import LLMEngine, _Chunk
+    from deepinfer.engine.chunk import Chunk
+    from deepinfer.engine.engine import LLMEngine
 
 
 @dataclass
@@ -72,7 +73,7 @@ class SpecStats:
 class _Work:
     """One chunk of this step: tokens ``base .. end`` of the sequence, then ``drafts``."""
 
-    chunk: _Chunk
+    chunk: Chunk
     base: int
     drafts: list[int]
     draft_row: int = -1  # row in the step's draft tensors, -1 if it did not draft
@@ -154,7 +155,7 @@ class DSparkSpeculator:
             self._free.append(slot)
 
     @torch.no_grad()
-    def run(self, engine: LLMEngine, chunks: Seq[_Chunk]) -> list[RequestOutput]:
+    def run(self, engine: LLMEngine, chunks: Seq[Chunk]) -> list[RequestOutput]:
         """Run one engine step (prefill chunks and decodes) with speculative decodes."""
         works = [self._prepare(c) for c in chunks]
         drafting = [w for w in works if w.chunk.max_drafts > 0 and self._in_sync(w)]
@@ -207,7 +208,7 @@ class DSparkSpeculator:
         return outputs
 
     # ------------------------------------------------------------------ steps
-    def _prepare(self, chunk: _Chunk) -> _Work:
+    def _prepare(self, chunk: Chunk) -> _Work:
         """Give the sequence a ring slot and extend the chunk back over positions the ring
         never saw (at most ``window`` of them; older ones can never be attended to)."""
         seq = chunk.seq
