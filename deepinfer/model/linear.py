@@ -3,7 +3,7 @@
 For a handful of rows (a decode batch, a speculative verification, a short prefill chunk),
 MKL's fp32 ``x @ W^T`` with a row-major ``W`` ``[out, in]`` runs a kernel that is 2-3x slower
 than the mathematically identical ``(W @ x^T)^T``: on the 2-core AVX-512 machine we measured
-the 30-layer SmolLM2 projections at 16 rows in 145 ms vs 59 ms, with a cross-over at 4 rows
+the 121 SmolLM2 projections of a 16-row step in 143 ms vs 78 ms, with a cross-over at 4 rows
 below and about 64 rows above (``benchmarks/model_runner_linear.py`` prints the sweep). Keeping
 the weights in their usual layout means no second copy and unchanged state dicts; only the
 product order changes, so results agree with ``F.linear`` to fp32 rounding (not bitwise).
