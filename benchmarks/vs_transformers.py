@@ -23,6 +23,7 @@ sides (``ignore_eos`` / ``min_new_tokens``) so both generate the same count.
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
 import sys
 import time
@@ -123,10 +124,12 @@ def main() -> None:
 
     loaded = load_model()
     tok = loaded.tokenizer
-    hf = LlamaForCausalLM.from_pretrained(loaded.path, dtype=torch.float32).eval()
+    hf = LlamaForCausalLM.from_pretrained(loaded.path, dtype=torch.float32)
+    hf.eval()  # type: ignore[no-untyped-call]
     assistant = LlamaForCausalLM.from_pretrained(
         loaded.path, dtype=torch.float32, num_hidden_layers=args.assistant_layers
-    ).eval()
+    )
+    assistant.eval()  # type: ignore[no-untyped-call]
     cfg = EngineConfig(num_blocks=1024, max_num_seqs=max(32, args.batch))
     plain = LLM(loaded, engine_config=cfg, enable_prefix_caching=False)
     spec = LLM(loaded, engine_config=cfg, enable_prefix_caching=False, speculative="dspark")
@@ -155,6 +158,12 @@ def main() -> None:
         params = SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)
         return llm.generate([ids], params)[0].token_ids
 
+    def count_ours(llm: LLM, ids: list[int], n: int) -> int:
+        return len(ours(llm, ids, n))
+
+    def count_hf(ids: list[int], n: int, **kw: object) -> int:
+        return len(hf_generate(ids, n, **kw))
+
     if not args.only_batch:
         # 1. token identity
         check = [tok.encode(t) for t in CHECK_PROMPTS[: args.check_prompts]]
@@ -181,8 +190,8 @@ def main() -> None:
         # 2. batch-1 greedy without speculation
         got = timed(
             {
-                "ours": lambda: len(ours(plain, chat_ids, n)),
-                "hf": lambda: len(hf_generate(chat_ids, n)),
+                "ours": functools.partial(count_ours, plain, chat_ids, n),
+                "hf": functools.partial(count_hf, chat_ids, n),
             },
             args.repeats,
         )
@@ -202,14 +211,12 @@ def main() -> None:
             ver0 = before.num_verified
             got = timed(
                 {
-                    "dspark": lambda ids=ids: len(ours(spec, ids, n)),
-                    "greedy": lambda ids=ids: len(hf_generate(ids, n)),
-                    "lookup": lambda ids=ids: len(
-                        hf_generate(ids, n, prompt_lookup_num_tokens=args.lookup)
+                    "dspark": functools.partial(count_ours, spec, ids, n),
+                    "greedy": functools.partial(count_hf, ids, n),
+                    "lookup": functools.partial(
+                        count_hf, ids, n, prompt_lookup_num_tokens=args.lookup
                     ),
-                    "assistant": lambda ids=ids: len(
-                        hf_generate(ids, n, assistant_model=assistant)
-                    ),
+                    "assistant": functools.partial(count_hf, ids, n, assistant_model=assistant),
                 },
                 args.repeats,
             )
@@ -275,8 +282,8 @@ def main() -> None:
     for name, lengths in workloads.items():
         got = timed(
             {
-                "ours": lambda lengths=lengths: ours_batch(lengths),
-                "hf": lambda lengths=lengths: hf_batch(lengths),
+                "ours": functools.partial(ours_batch, lengths),
+                "hf": functools.partial(hf_batch, lengths),
             },
             args.repeats,
         )
