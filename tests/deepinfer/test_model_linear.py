@@ -50,3 +50,19 @@ def test_low_precision_falls_back_to_f_linear(dtype: torch.dtype) -> None:
 def test_empty_inputs() -> None:
     assert linear(torch.empty(0, 8), torch.randn(3, 8)).shape == (0, 3)
     assert linear(torch.empty(5, 0), torch.randn(3, 0)).shape == (5, 3)
+
+
+@pytest.mark.parametrize("rows", [1, 4, 16, 48, 64])
+def test_non_contiguous_result_has_the_same_values(rows: int) -> None:
+    gen = torch.Generator().manual_seed(rows)
+    x = torch.randn(rows, 24, generator=gen)
+    w = torch.randn(40, 24, generator=gen)
+    b = torch.randn(40, generator=gen)
+    got = linear(x, w, b, contiguous=False)
+    torch.testing.assert_close(got, F.linear(x, w, b), rtol=1e-5, atol=1e-5)
+    assert got.is_contiguous() == (rows not in CPU_TRANSPOSED_ROWS)
+    # A following projection of the transposed view equals one of a contiguous copy.
+    w2 = torch.randn(8, 40, generator=gen)
+    torch.testing.assert_close(
+        linear(got, w2), F.linear(got.contiguous(), w2), rtol=1e-5, atol=1e-5
+    )
