@@ -20,6 +20,18 @@ def _slot_view(cache: torch.Tensor) -> torch.Tensor | None:
     return cache.view(cache.shape[0] * cache.shape[1], *cache.shape[2:])
 
 
+def copy_rows(
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_flat: torch.Tensor,
+    v_flat: torch.Tensor,
+    slots: torch.Tensor,
+) -> None:
+    """Every slot written: one row copy per flattened cache (``slots`` int64, all in range)."""
+    k_flat.index_copy_(0, slots, k.to(k_flat.dtype))
+    v_flat.index_copy_(0, slots, v.to(v_flat.dtype))
+
+
 def write_kv_torch(
     k: torch.Tensor,
     v: torch.Tensor,
@@ -36,9 +48,8 @@ def write_kv_torch(
     if k_flat is not None and v_flat is not None:
         lo, hi = torch.aminmax(s)
         if int(lo) >= 0 and int(hi) < num_slots:
-            # Every slot is written (the usual case): one row copy per cache, no masking.
-            k_flat.index_copy_(0, s, k.to(k_cache.dtype))
-            v_flat.index_copy_(0, s, v.to(v_cache.dtype))
+            # Every slot is written (the usual case): no masking.
+            copy_rows(k, v, k_flat, v_flat, s)
             return
     # Out-of-range slots are skipped like -1, so an unchecked call can never write out of bounds.
     valid = (s >= 0) & (s < num_slots)

@@ -16,7 +16,7 @@ import torch
 from deepinfer_kernels._dispatch import should_use_triton
 from deepinfer_kernels._interop import to_torch
 from deepinfer_kernels.kv.validate import check_slot_values
-from deepinfer_kernels.kv.write import _slot_view, write_kv
+from deepinfer_kernels.kv.write import _slot_view, copy_rows, write_kv
 from deepinfer_kernels.verify.validate import check_int_tensor
 
 
@@ -80,8 +80,7 @@ class WriteKVPlan:
                 f"k/v: expected trailing dims {tuple(k_flat.shape[1:])} and "
                 f"{tuple(v_flat.shape[1:])}, got {tuple(k_t.shape)} and {tuple(v_t.shape)}"
             )
-        k_flat.index_copy_(0, self._slots, k_t.to(kc.dtype))
-        v_flat.index_copy_(0, self._slots, v_t.to(vc.dtype))
+        copy_rows(k_t, v_t, k_flat, v_flat, self._slots)
 
 
 def plan_write_kv(
