@@ -1,12 +1,22 @@
-"""``linear(x, w, b) = x W^T + b``, choosing the faster of two equal products on CPU.
+"""``linear(x, w, b) = x W^T + b`` on the fastest exact fp32 product this CPU offers.
 
-For a handful of rows (a decode batch, a speculative verification, a short prefill chunk),
-MKL's fp32 ``x @ W^T`` with a row-major ``W`` ``[out, in]`` runs a kernel that is 2-3x slower
-than the mathematically identical ``(W @ x^T)^T``: on the 2-core AVX-512 machine we measured
-the 121 SmolLM2 projections of a 16-row step in 143 ms vs 78 ms, with a cross-over at 4 rows
-below and about 64 rows above (``benchmarks/model_runner_linear.py`` prints the sweep). Keeping
-the weights in their usual layout means no second copy and unchanged state dicts; only the
-product order changes, so results agree with ``F.linear`` to fp32 rounding (not bitwise).
+Two measured facts about fp32 projections with few rows (a decode batch, a speculative
+verification, a short prefill chunk) on an x86 CPU (``benchmarks/model_runner_linear.py``
+prints the sweep; ``benchmarks/results/model_runner_linear.md`` holds the table):
+
+* MKL's ``x @ W^T`` with a row-major ``W`` ``[out, in]`` runs a kernel 2-3x slower than the
+  mathematically identical ``(W @ x^T)^T`` for about 4 to 48 rows.
+* Faster still is MKL's packed GEMM: ``cblas_sgemm_pack`` lays ``W`` out once in the order its
+  micro-kernel reads, and ``cblas_sgemm_compute`` then streams it. torch exposes the pair as
+  ``torch.ops.mkl._mkl_reorder_linear_weight`` / ``torch.ops.mkl._mkl_linear`` (what
+  ``torch.compile`` uses for frozen CPU linears). All 121 SmolLM2-135M projections of a 16-row
+  step take about 40 ms packed vs 60 ms transposed vs 115 ms plain.
+
+:class:`PackedWeight` keeps the packed copy next to a weight (rebuilt whenever the weight is
+replaced or modified in place); :func:`linear` uses it for CPU fp32 products without autograd,
+else the transposed product for the row counts where that wins, else ``F.linear``. Every path
+computes the same fp32 dot products; results agree with ``F.linear`` to fp32 rounding, not
+bitwise. The packed copy costs one more copy of the weight in memory.
 """
 
 from __future__ import annotations
@@ -14,8 +24,65 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-# Row counts for which ``W @ x^T`` wins on CPU (measured; see the module docstring).
+# Row counts for which ``W @ x^T`` beats ``x @ W^T`` on CPU when packing is unavailable.
 CPU_TRANSPOSED_ROWS = range(4, 49)
+# Row count the weights are packed for. Any row count can use the packed copy; packing for 256
+# was the fastest or within noise of it from 1 to 512 rows in the sweep (packing for 1 row
+# made 16-row products 1.5x slower).
+PACK_ROWS_HINT = 256
+# One row (a lone decode step) stays on MKL's GEMV: in a whole decode step the packed kernel
+# was ~15% slower there (``F.linear`` 1.54 s vs packed 1.86 s for 32 tokens, medians of 5).
+PACKED_MIN_ROWS = 2
+
+
+def mkl_packing_available() -> bool:
+    """Whether this torch build has MKL's packed fp32 GEMM (x86 CPU builds do)."""
+    return torch.backends.mkl.is_available() and hasattr(torch.ops.mkl, "_mkl_linear")
+
+
+class PackedWeight:
+    """The MKL-packed copy of one fp32 CPU weight ``[out, in]``, built on first use.
+
+    :meth:`get` returns the packed copy of the weight it is given, repacking when that is a
+    different tensor, has new storage, or was modified in place (its version counter moved),
+    so a reloaded or re-initialised weight is never served stale. The weight last packed is
+    held, so its address cannot be reused by another tensor while the copy is kept.
+    """
+
+    def __init__(self) -> None:
+        self._source: torch.Tensor | None = None
+        self._key: tuple[int, int] = (0, -1)
+        self._packed: torch.Tensor | None = None
+
+    @staticmethod
+    def _key_of(weight: torch.Tensor) -> tuple[int, int]:
+        # Inference tensors have no version counter (and cannot be modified outside
+        # inference mode); their storage pointer is the whole key.
+        version = 0 if weight.is_inference() else weight._version
+        return weight.data_ptr(), version
+
+    def get(self, weight: torch.Tensor) -> torch.Tensor:
+        key = self._key_of(weight)
+        if self._packed is None or self._source is not weight or self._key != key:
+            with torch.no_grad():
+                self._packed = torch.ops.mkl._mkl_reorder_linear_weight(
+                    weight.detach(), PACK_ROWS_HINT
+                )
+            self._source, self._key = weight, key
+        return self._packed
+
+    @property
+    def is_packed(self) -> bool:
+        """Whether a packed copy is held."""
+        return self._packed is not None
+
+    def clear(self) -> None:
+        """Drop the packed copy (and the reference to its weight)."""
+        self._source, self._key, self._packed = None, (0, -1), None
+
+
+def _cpu_fp32(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    return x.device.type == "cpu" and x.dtype == torch.float32 and weight.dtype == torch.float32
 
 
 def linear(
@@ -24,17 +91,32 @@ def linear(
     bias: torch.Tensor | None = None,
     *,
     contiguous: bool = True,
+    pack: PackedWeight | None = None,
 ) -> torch.Tensor:
     """``F.linear(x, weight, bias)`` for ``x`` ``[..., in]``, ``weight`` ``[out, in]``.
 
-    ``contiguous=False``: for 2-d ``x`` the result may be the transposed view of ``W x^T``
-    (no copy). Element-wise consumers and a following ``linear`` take it as it is (its
-    transpose is then the contiguous operand the next product wants); the SwiGLU block runs
-    about 5% faster per 8-16 row step that way.
+    ``pack``: the weight's :class:`PackedWeight`; used for CPU fp32 products of at least
+    ``PACKED_MIN_ROWS`` rows when autograd is off (the packed kernel has no backward) and MKL
+    packing is available.
+
+    ``contiguous=False``: for 2-d ``x`` on the transposed path the result may be the
+    transposed view of ``W x^T`` (no copy). Element-wise consumers and a following ``linear``
+    take it as it is.
     """
-    if x.device.type != "cpu" or x.dtype != torch.float32 or weight.dtype != torch.float32:
+    if not _cpu_fp32(x, weight):
         return F.linear(x, weight, bias)
     rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
+    if (
+        pack is not None
+        and rows >= PACKED_MIN_ROWS
+        and weight.dim() == 2
+        and not torch.is_grad_enabled()
+        and mkl_packing_available()
+        and (bias is None or bias.dtype == torch.float32)
+    ):
+        flat = x.reshape(rows, x.shape[-1])
+        out = torch.ops.mkl._mkl_linear(flat, pack.get(weight), weight, bias, rows)
+        return out.view(*x.shape[:-1], weight.shape[0])
     if rows not in CPU_TRANSPOSED_ROWS:
         return F.linear(x, weight, bias)
     flat = x.reshape(rows, x.shape[-1])

@@ -18,21 +18,25 @@ import deepinfer_kernels
 from deepinfer.model.attention_metadata import AttentionMetadata
 from deepinfer.model.config import LlamaConfig
 from deepinfer.model.kv_pool import KVPool
-from deepinfer.model.linear import linear
+from deepinfer.model.linear import PackedWeight, linear
 from deepinfer.model.rope import RotaryEmbedding
 
 
 class Linear(nn.Module):
     """``y = x W^T (+ b)``. Storage starts uninitialised (``torch.empty``): weights are either
-    loaded or set by :meth:`LlamaModel.init_weights`, so building a model costs no random init."""
+    loaded or set by :meth:`LlamaModel.init_weights`, so building a model costs no random init.
+
+    Without autograd on CPU in fp32 the product runs on an MKL-packed copy of the weight, made
+    on first use (see :mod:`deepinfer.model.linear`)."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool = False) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.empty(out_features, in_features))
         self.bias = nn.Parameter(torch.empty(out_features)) if bias else None
+        self.packed = PackedWeight()
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return linear(x, self.weight, self.bias)
+    def forward(self, x: torch.Tensor, contiguous: bool = True) -> torch.Tensor:
+        return linear(x, self.weight, self.bias, contiguous=contiguous, pack=self.packed)
 
 
 class Embedding(nn.Module):
@@ -82,7 +86,7 @@ class LlamaAttention(nn.Module):
     def project_qkv(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rope: RotaryEmbedding
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        qkv = linear(x, self.qkv_proj.weight, self.qkv_proj.bias)
+        qkv = self.qkv_proj.forward(x)
         lead = qkv.shape[:-1]
         heads = qkv.view(*lead, self.num_heads + 2 * self.num_kv_heads, self.head_dim)
         # Q and K heads are rotated together: one rotation over Hq + Hkv heads.
@@ -106,7 +110,7 @@ class LlamaAttention(nn.Module):
         layer: the batch's metadata is checked and its tiles, pages and slots derived once."""
         q, k, v = self.project_qkv(x, cos, sin, rope)
         writer.run(k, v, k_cache, v_cache)
-        return linear(plan.run(q, k_cache, v_cache).flatten(-2), self.o_proj.weight)
+        return self.o_proj.forward(plan.run(q, k_cache, v_cache).flatten(-2))
 
     def plan_attention(
         self, attn: AttentionMetadata, block_size: int
@@ -137,7 +141,7 @@ class LlamaAttention(nn.Module):
             scale=self.scale,
             enable_gqa=self.num_heads != self.num_kv_heads,
         )
-        return linear(out.transpose(1, 2).flatten(-2), self.o_proj.weight)
+        return self.o_proj.forward(out.transpose(1, 2).flatten(-2))
 
 
 class LlamaMLP(nn.Module):
@@ -152,8 +156,8 @@ class LlamaMLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # Transposed views are fine here: chunk, silu and mul are element-wise, and the down
         # projection's transposed product wants exactly the transposed operand.
-        gate, up = linear(x, self.gate_up_proj.weight, contiguous=False).chunk(2, dim=-1)
-        return linear(F.silu(gate).mul_(up), self.down_proj.weight, contiguous=False)
+        gate, up = self.gate_up_proj.forward(x, contiguous=False).chunk(2, dim=-1)
+        return self.down_proj.forward(F.silu(gate).mul_(up), contiguous=False)
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -187,6 +191,8 @@ class LlamaModel(nn.Module):
         self.lm_head: Linear | None = (
             None if config.tie_word_embeddings else Linear(config.hidden_size, config.vocab_size)
         )
+        # The head's packed copy lives here: with tied embeddings its weight is the embedding's.
+        self._head_packed = PackedWeight()
         self.rope = RotaryEmbedding(
             config.head_dim, config.rope_theta, config.rope_scaling, config.max_position_embeddings
         )
@@ -309,7 +315,7 @@ class LlamaModel(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits ``[..., vocab]`` in fp32 from final-norm hidden states."""
-        return linear(hidden, self.lm_head_weight).float()
+        return linear(hidden, self.lm_head_weight, pack=self._head_packed).float()
 
     # ------------------------------------------------------------------ weights (HF names)
     def load_hf_state_dict(self, state: Mapping[str, torch.Tensor]) -> None:

@@ -2,13 +2,25 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from deepinfer.model.linear import CPU_TRANSPOSED_ROWS, linear
+from deepinfer.model.linear import (
+    CPU_TRANSPOSED_ROWS,
+    PACKED_MIN_ROWS,
+    PackedWeight,
+    linear,
+    mkl_packing_available,
+)
+
+needs_mkl = pytest.mark.skipif(
+    not mkl_packing_available(), reason="this torch build has no MKL packed GEMM"
+)
 
 
 @settings(max_examples=40)
@@ -66,3 +78,70 @@ def test_non_contiguous_result_has_the_same_values(rows: int) -> None:
     torch.testing.assert_close(
         linear(got, w2), F.linear(got.contiguous(), w2), rtol=1e-5, atol=1e-5
     )
+
+
+@needs_mkl
+@settings(max_examples=40)
+@given(
+    lead=st.lists(st.integers(1, 70), min_size=1, max_size=2),
+    in_features=st.sampled_from([1, 7, 64, 96]),
+    out_features=st.sampled_from([1, 5, 128]),
+    bias=st.booleans(),
+    transposed_input=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_packed_matches_f_linear(
+    lead, in_features, out_features, bias, transposed_input, seed
+) -> None:
+    gen = torch.Generator().manual_seed(seed)
+    if transposed_input:
+        x = torch.randn(in_features, *lead, generator=gen).movedim(0, -1)
+    else:
+        x = torch.randn(*lead, in_features, generator=gen)
+    w = torch.randn(out_features, in_features, generator=gen)
+    b = torch.randn(out_features, generator=gen) if bias else None
+    pack = PackedWeight()
+    with torch.inference_mode():
+        got = linear(x, w, b, pack=pack)
+    assert pack.is_packed == (math.prod(lead) >= PACKED_MIN_ROWS)
+    want = F.linear(x, w, b)
+    assert got.shape == want.shape and got.is_contiguous()
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+@needs_mkl
+def test_pack_follows_the_weight() -> None:
+    """In-place changes and a new weight tensor are never served from a stale pack."""
+    gen = torch.Generator().manual_seed(0)
+    w = torch.randn(32, 16, generator=gen)
+    x = torch.randn(5, 16, generator=gen)
+    pack = PackedWeight()
+    with torch.no_grad():
+        torch.testing.assert_close(linear(x, w, pack=pack), F.linear(x, w))
+        w.mul_(-3.0)  # same storage, version counter moves
+        torch.testing.assert_close(linear(x, w, pack=pack), F.linear(x, w))
+        w2 = torch.randn(32, 16, generator=gen)
+        torch.testing.assert_close(linear(x, w2, pack=pack), F.linear(x, w2))
+        torch.testing.assert_close(linear(x, w, pack=pack), F.linear(x, w))
+    pack.clear()
+    assert not pack.is_packed
+
+
+@needs_mkl
+def test_autograd_takes_the_plain_path() -> None:
+    """With autograd on the packed kernel (no backward) is not used and gradients flow."""
+    w = torch.randn(8, 4, requires_grad=True)
+    x = torch.randn(6, 4, requires_grad=True)
+    pack = PackedWeight()
+    linear(x, w, pack=pack).sum().backward()
+    assert not pack.is_packed
+    assert x.grad is not None and w.grad is not None
+    torch.testing.assert_close(x.grad, w.sum(0).expand(6, 4).detach())
+
+
+def test_pack_ignored_off_cpu_fp32() -> None:
+    pack = PackedWeight()
+    x, w = torch.randn(8, 16).bfloat16(), torch.randn(4, 16).bfloat16()
+    with torch.inference_mode():
+        assert torch.equal(linear(x, w, pack=pack), F.linear(x, w))
+    assert not pack.is_packed

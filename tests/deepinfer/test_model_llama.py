@@ -183,3 +183,21 @@ def test_paged_forward_on_cuda_matches_dense(dtype: torch.dtype) -> None:
     tol = 1e-4 if dtype == torch.float32 else 3e-2
     torch.testing.assert_close(hidden[:17], dense[0], atol=tol, rtol=tol)
     torch.testing.assert_close(hidden[17:], dense[1], atol=tol, rtol=tol)
+
+
+def test_reloaded_weights_are_used_after_an_inference_forward() -> None:
+    """The CPU packed weight copies follow a reload: outputs match the new checkpoint's
+    reference, never the old weights'."""
+    cfg = tiny_config(tie_word_embeddings=False, attention_bias=True)
+    first, second = random_hf_state(cfg, seed=3), random_hf_state(cfg, seed=4)
+    model = build_model(cfg, first)
+    ids = [4, 8, 15, 16, 23, 42]
+    with torch.inference_mode():
+        hidden, _ = model.forward_dense(torch.tensor([ids]))
+        model.compute_logits(hidden)
+    model.load_hf_state_dict(second)
+    with torch.inference_mode():
+        hidden, _ = model.forward_dense(torch.tensor([ids]))
+        logits = model.compute_logits(hidden)[0]
+    ref = dense_reference_logits(cfg, second, ids)
+    torch.testing.assert_close(logits.double(), ref, atol=2e-4, rtol=2e-4)
