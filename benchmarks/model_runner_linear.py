@@ -3,9 +3,10 @@
 Usage: python benchmarks/model_runner_linear.py [--threads 2] [--out results/model_runner_linear.md]
 
 Runs all 121 projections of one forward (30 layers x QKV, O, gate/up, down, plus the tied LM
-head) at several row counts, in the same process, best of 5. ``linear`` switches to the
-transposed product ``(W x^T)^T`` for the row counts in ``CPU_TRANSPOSED_ROWS``; the table shows
-why (and where the window should end on another CPU).
+head) at several row counts, in the same process, best of 5, three ways: plain ``F.linear``
+(what transformers runs), ``linear`` without a pack (the transposed product ``(W x^T)^T`` for
+the row counts in ``CPU_TRANSPOSED_ROWS``), and ``linear`` with MKL-packed weights
+(``PackedWeight``, what the model runner uses from ``PACKED_MIN_ROWS`` rows on).
 """
 
 from __future__ import annotations
@@ -20,9 +21,9 @@ import torch
 import torch.nn.functional as F
 
 from deepinfer.model import load_model
-from deepinfer.model.linear import linear
+from deepinfer.model.linear import PackedWeight, linear, mkl_packing_available
 
-ROWS = (1, 2, 3, 4, 6, 8, 16, 32, 48, 64, 128)
+ROWS = (1, 2, 3, 4, 6, 8, 16, 32, 48, 64, 128, 256, 512)
 
 
 def _best_ms(fn: Callable[[], object], repeats: int = 5) -> float:
@@ -48,13 +49,26 @@ def main() -> None:
             weights.append(w.detach())
         weights.append(mlp.down_proj.weight.detach())
     weights = [w.float() for w in weights]
-    lines = ["| rows | F.linear ms | linear ms | speed-up |", "|---|---|---|---|"]
+    packs = [PackedWeight() for _ in weights]
+    if not mkl_packing_available():
+        print("this torch build has no MKL packed GEMM: the packed column repeats `linear`")
+    lines = [
+        "| rows | F.linear ms | transposed ms | packed ms | transposed speed-up "
+        "| packed speed-up |",
+        "|---|---|---|---|---|---|",
+    ]
     with torch.inference_mode():
         for rows in ROWS:
             xs = [torch.randn(rows, w.shape[1]) for w in weights]
             base = _best_ms(lambda xs=xs: [F.linear(x, w) for x, w in zip(xs, weights)])
             ours = _best_ms(lambda xs=xs: [linear(x, w) for x, w in zip(xs, weights)])
-            lines.append(f"| {rows} | {base:.1f} | {ours:.1f} | {base / ours:.2f}x |")
+            packed = _best_ms(
+                lambda xs=xs: [linear(x, w, pack=p) for x, w, p in zip(xs, weights, packs)]
+            )
+            lines.append(
+                f"| {rows} | {base:.1f} | {ours:.1f} | {packed:.1f} | {base / ours:.2f}x "
+                f"| {base / packed:.2f}x |"
+            )
             print(lines[-1], flush=True)
     cmd = ".venv/bin/python " + " ".join(sys.argv)
     report = "\n".join(
@@ -66,8 +80,10 @@ def main() -> None:
             "",
             *lines,
             "",
-            "Rows outside `CPU_TRANSPOSED_ROWS` (4..48) run the same `F.linear` call on both sides:",
-            "their ratio is this machine's run-to-run noise, not a difference between the two.",
+            "Rows outside `CPU_TRANSPOSED_ROWS` (4..48) run the same `F.linear` call in the first",
+            "two columns: their ratio is this machine's run-to-run noise. The packed column is",
+            "`F.linear` again below `PACKED_MIN_ROWS` (2): one row stays on MKL's GEMV, which was",
+            "faster inside a whole decode step.",
         ]
     )
     if args.out is not None:

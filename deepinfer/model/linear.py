@@ -37,7 +37,7 @@ PACKED_MIN_ROWS = 2
 
 def mkl_packing_available() -> bool:
     """Whether this torch build has MKL's packed fp32 GEMM (x86 CPU builds do)."""
-    return torch.backends.mkl.is_available() and hasattr(torch.ops.mkl, "_mkl_linear")
+    return bool(torch._C.has_mkl) and hasattr(torch.ops.mkl, "_mkl_linear")
 
 
 class PackedWeight:
@@ -115,7 +115,7 @@ def linear(
         and (bias is None or bias.dtype == torch.float32)
     ):
         flat = x.reshape(rows, x.shape[-1])
-        out = torch.ops.mkl._mkl_linear(flat, pack.get(weight), weight, bias, rows)
+        out: torch.Tensor = torch.ops.mkl._mkl_linear(flat, pack.get(weight), weight, bias, rows)
         return out.view(*x.shape[:-1], weight.shape[0])
     if rows not in CPU_TRANSPOSED_ROWS:
         return F.linear(x, weight, bias)
