@@ -82,8 +82,7 @@ def main() -> None:
             "",
             "Rows outside `CPU_TRANSPOSED_ROWS` (4..48) run the same `F.linear` call in the first",
             "two columns: their ratio is this machine's run-to-run noise. The packed column is",
-            "`F.linear` again below `PACKED_MIN_ROWS` (2): one row stays on MKL's GEMV, which was",
-            "faster inside a whole decode step.",
+            "`F.linear` again below `PACKED_MIN_ROWS` (4).",
         ]
     )
     if args.out is not None:

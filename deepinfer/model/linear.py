@@ -30,9 +30,10 @@ CPU_TRANSPOSED_ROWS = range(4, 49)
 # was the fastest or within noise of it from 1 to 512 rows in the sweep (packing for 1 row
 # made 16-row products 1.5x slower).
 PACK_ROWS_HINT = 256
-# One row (a lone decode step) stays on MKL's GEMV: in a whole decode step the packed kernel
-# was ~15% slower there (``F.linear`` 1.54 s vs packed 1.86 s for 32 tokens, medians of 5).
-PACKED_MIN_ROWS = 2
+# Fewer rows stay on ``F.linear`` (MKL's GEMV for one row): for one row the packed kernel was
+# ~15% slower inside whole decode steps (1.54 s vs 1.86 s for 32 tokens, medians of 5), for 2-3
+# rows the two were within run-to-run noise of each other, from 4 rows on packing wins 1.8-3.3x.
+PACKED_MIN_ROWS = 4
 
 
 def mkl_packing_available() -> bool:
