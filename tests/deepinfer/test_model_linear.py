@@ -23,20 +23,33 @@ needs_mkl = pytest.mark.skipif(
 )
 
 
+@pytest.mark.parametrize("packed", [False, pytest.param(True, marks=needs_mkl)])
 @settings(max_examples=40)
 @given(
     lead=st.lists(st.integers(1, 70), min_size=1, max_size=2),
     in_features=st.sampled_from([1, 7, 64, 96]),
     out_features=st.sampled_from([1, 5, 128]),
     bias=st.booleans(),
+    transposed_input=st.booleans(),
     seed=st.integers(0, 2**16),
 )
-def test_matches_f_linear(lead, in_features, out_features, bias, seed) -> None:
+def test_matches_f_linear(
+    packed, lead, in_features, out_features, bias, transposed_input, seed
+) -> None:
+    """Plain calls (transposed product inside its window) and calls with a pack under
+    inference mode (packed from ``PACKED_MIN_ROWS`` rows) both equal ``F.linear``."""
     gen = torch.Generator().manual_seed(seed)
-    x = torch.randn(*lead, in_features, generator=gen)
+    if transposed_input:
+        x = torch.randn(in_features, *lead, generator=gen).movedim(0, -1)
+    else:
+        x = torch.randn(*lead, in_features, generator=gen)
     w = torch.randn(out_features, in_features, generator=gen)
     b = torch.randn(out_features, generator=gen) if bias else None
-    got = linear(x, w, b)
+    pack = PackedWeight() if packed else None
+    with torch.inference_mode():
+        got = linear(x, w, b, pack=pack)
+    if pack is not None:
+        assert pack.is_packed == (math.prod(lead) >= PACKED_MIN_ROWS)
     want = F.linear(x, w, b)
     assert got.shape == want.shape
     assert got.is_contiguous()
@@ -78,35 +91,6 @@ def test_non_contiguous_result_has_the_same_values(rows: int) -> None:
     torch.testing.assert_close(
         linear(got, w2), F.linear(got.contiguous(), w2), rtol=1e-5, atol=1e-5
     )
-
-
-@needs_mkl
-@settings(max_examples=40)
-@given(
-    lead=st.lists(st.integers(1, 70), min_size=1, max_size=2),
-    in_features=st.sampled_from([1, 7, 64, 96]),
-    out_features=st.sampled_from([1, 5, 128]),
-    bias=st.booleans(),
-    transposed_input=st.booleans(),
-    seed=st.integers(0, 2**16),
-)
-def test_packed_matches_f_linear(
-    lead, in_features, out_features, bias, transposed_input, seed
-) -> None:
-    gen = torch.Generator().manual_seed(seed)
-    if transposed_input:
-        x = torch.randn(in_features, *lead, generator=gen).movedim(0, -1)
-    else:
-        x = torch.randn(*lead, in_features, generator=gen)
-    w = torch.randn(out_features, in_features, generator=gen)
-    b = torch.randn(out_features, generator=gen) if bias else None
-    pack = PackedWeight()
-    with torch.inference_mode():
-        got = linear(x, w, b, pack=pack)
-    assert pack.is_packed == (math.prod(lead) >= PACKED_MIN_ROWS)
-    want = F.linear(x, w, b)
-    assert got.shape == want.shape and got.is_contiguous()
-    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
 @needs_mkl
