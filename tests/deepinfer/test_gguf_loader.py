@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -104,12 +108,70 @@ def test_conversion_is_cached_and_redone_when_source_changes(tiny_gguf, tmp_path
     for name in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"):
         assert (first / name).is_file()
     assert json.loads((first / "config.json").read_text())["num_hidden_layers"] == cfg.num_layers
-    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temp leftovers
+    leftovers = [p for p in tmp_path.iterdir() if p.name.startswith(".") and p.suffix != ".lock"]
+    assert not leftovers  # no temporary directories left behind
 
+    # Touching the file without changing it keeps the conversion: the source is identified
+    # by content, so the same file installed elsewhere shares it too.
     os.utime(path, ns=(stamp + 10**9, stamp + 10**9))
-    again = convert_gguf(path, tmp_path)
+    assert convert_gguf(path, tmp_path) == first
+    assert marker.stat().st_mtime_ns == stamp
+    copy = tmp_path / "elsewhere" / path.name
+    copy.parent.mkdir()
+    shutil.copyfile(path, copy)
+    assert convert_gguf(copy, tmp_path) == first
+    assert marker.stat().st_mtime_ns == stamp
+
+    # New content under the same name is converted again.
+    changed = random_hf_state(cfg, seed=11)
+    write_tiny_gguf(copy, cfg, changed)
+    again = convert_gguf(copy, tmp_path)
     assert again == first
-    assert json.loads(marker.read_text())["source_mtime_ns"] == stamp + 10**9
+    recorded = json.loads(marker.read_text())
+    assert recorded["source_size"] == copy.stat().st_size
+    assert recorded["source_sha256"] == hashlib.sha256(copy.read_bytes()).hexdigest()
+    reloaded = load_model(copy, cache_dir=tmp_path)
+    lm_head = reloaded.model.embed_tokens.weight
+    assert torch.equal(lm_head, changed["model.embed_tokens.weight"].to(torch.bfloat16).float())
+
+
+def test_concurrent_conversions_convert_once(tiny_gguf, tmp_path: Path) -> None:
+    """Processes loading the same model at once take turns: one converts, the rest reuse it."""
+    _, _, path = tiny_gguf
+    # Each conversion is logged and held open for a second, so that without the lock the three
+    # processes (started together) would all be converting at the same time.
+    log = tmp_path / "conversions.log"
+    code = (
+        "import os, sys, time\n"
+        "import deepinfer.model.convert as c\n"
+        "real = c._convert_into\n"
+        "def logged(*args):\n"
+        "    with open(sys.argv[3], 'a') as fh:\n"
+        "        fh.write(f'{os.getpid()}\\n')\n"
+        "    time.sleep(1.0)\n"
+        "    real(*args)\n"
+        "c._convert_into = logged\n"
+        "print(c.convert_gguf(sys.argv[1], sys.argv[2]))\n"
+    )
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", code, str(path), str(tmp_path / "models"), str(log)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(3)
+    ]
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [err for _, err in outs]
+    root = tmp_path / "models"
+    assert len(log.read_text().split()) == 1  # converted once
+    assert {out.strip() for out, _ in outs} == {str(root / "tiny")}
+    marker = root / "tiny" / MARKER
+    stamp = marker.stat().st_mtime_ns
+    assert convert_gguf(path, root) == root / "tiny"
+    assert marker.stat().st_mtime_ns == stamp
+    assert not [p for p in root.iterdir() if p.name.startswith(".") and p.suffix != ".lock"]
 
 
 def test_incomplete_conversion_is_not_trusted(tiny_gguf, tmp_path: Path) -> None:
