@@ -4,17 +4,29 @@ The device tier is a reserved slice of the engine's KV pool (cached pages stay w
 can read them after a copy), the host tier is CPU memory (pinned on CUDA machines), and the disk
 tier is a directory under the cache directory, so a restarted engine still hits. Pages move with
 `deepinfer_kernels.gather_blocks` / `scatter_blocks`, plugged in at the cache's seam.
+
+A disk directory has one writer at a time (`deepinfer_cache` holds a lock file). When the
+default directory is held by another running engine, this one starts without a disk tier and
+warns; a directory named explicitly in `PrefixCacheConfig` raises instead.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
 from deepinfer.model.kv_pool import KVPool
-from deepinfer_cache import DeviceTier, DiskTier, HostTier, KVCacheAdapter, TieredKVStore
+from deepinfer_cache import (
+    CacheLockedError,
+    DeviceTier,
+    DiskTier,
+    HostTier,
+    KVCacheAdapter,
+    TieredKVStore,
+)
 from deepinfer_kernels import gather_blocks, scatter_blocks
 
 
@@ -72,7 +84,19 @@ def build_prefix_cache(
     if config.disk_bytes:
         directory = Path(config.directory) if config.directory else default_kv_dir(model_key)
         directory.mkdir(parents=True, exist_ok=True)
-        tiers.append(DiskTier(directory, page_shape, dtype, config.disk_bytes))
+        try:
+            tiers.append(DiskTier(directory, page_shape, dtype, config.disk_bytes))
+        except CacheLockedError as exc:
+            if config.directory:
+                raise
+            # Another engine on this machine owns the default directory; serving without the
+            # disk tier beats refusing to start.
+            warnings.warn(
+                f"prefix cache: no disk tier for this engine ({exc}); pass "
+                "PrefixCacheConfig(directory=...) to give it its own",
+                RuntimeWarning,
+                stacklevel=2,
+            )
     if not tiers:
         raise ValueError("the prefix cache needs at least one tier with capacity")
     store = TieredKVStore(tiers, pool.block_size, write_policy=config.write_policy)

@@ -16,6 +16,7 @@ from deepinfer.engine import LLM, EngineConfig, SamplingParams
 from deepinfer.engine.cache_setup import PrefixCacheConfig
 from deepinfer.model import load_model
 from deepinfer.model.loader import LoadedModel
+from deepinfer_cache import CacheLockedError
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
 CFG = EngineConfig(block_size=8, num_blocks=48)
@@ -88,3 +89,24 @@ def test_disk_only_cache_serves_the_prefix_after_a_restart(
     assert disk.hit_blocks == 5
     assert disk.bytes_read > 0  # served from block files, not from memory
     assert hit.token_ids == _cold(loaded, second)
+
+
+def test_second_engine_on_a_locked_default_directory_runs_without_disk(
+    loaded: LoadedModel, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two engines on one machine: the one that finds the default disk directory held starts
+    with device and host tiers and a warning; an explicitly named directory raises."""
+    monkeypatch.setenv("DEEPINFER_CACHE_DIR", str(tmp_path))
+    first, _ = _prompts(loaded.config.vocab_size)
+    with LLM(loaded, engine_config=CFG) as owner:
+        assert owner.store is not None and "disk" in [t.name for t in owner.store.tiers]
+        with pytest.warns(RuntimeWarning, match="no disk tier"):
+            other = LLM(loaded, engine_config=CFG)
+        with other:
+            assert other.store is not None
+            assert [t.name for t in other.store.tiers] == ["device", "host"]
+            assert other.generate([first], GREEDY)[0].token_ids == _cold(loaded, first)
+        disk_dir = next(p for p in (tmp_path / "kv").iterdir() if p.is_dir())
+        named = PrefixCacheConfig(device_blocks=0, host_bytes=0, directory=str(disk_dir))
+        with pytest.raises(CacheLockedError):
+            LLM(loaded, engine_config=CFG, prefix_cache_config=named)
