@@ -196,10 +196,12 @@ class LLMEngine:
         """The pool blocks holding an in-flight request's KV, in token order."""
         return list(self._by_request[request_id].block_ids)
 
-    def abort(self, request_id: str) -> None:
+    def abort(self, request_id: str, *, save_prefix: bool = False) -> None:
+        """Drop a request and free its KV. ``save_prefix``: first store the full blocks it has
+        computed in the prefix cache (a PD prefill worker hands requests off this way)."""
         seq = self._by_request.get(request_id)
         if seq is not None:
-            self._finish(seq, "abort", save=False)
+            self._finish(seq, "abort", save=save_prefix)
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)

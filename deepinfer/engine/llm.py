@@ -76,6 +76,11 @@ class LLM:
                 device=device,
                 engine_config=config,
                 config=PDConfig.coerce(pd),
+                prefix_cache=(
+                    prefix_cache_config or PrefixCacheConfig(device_blocks=config.num_blocks // 8)
+                )
+                if enable_prefix_caching
+                else None,
             )
             return
         net = self.loaded.model

@@ -20,6 +20,7 @@ from collections.abc import Sequence as Seq
 from multiprocessing.connection import wait
 from typing import Any
 
+from deepinfer.engine.cache_setup import PrefixCacheConfig
 from deepinfer.engine.config import EngineConfig
 from deepinfer.engine.outputs import RequestMetrics, RequestOutput
 from deepinfer.engine.sampling_params import SamplingParams
@@ -70,7 +71,11 @@ class PDCoordinator:
         device: str = "cpu",
         engine_config: EngineConfig | None = None,
         config: PDConfig | None = None,
+        prefix_cache: PrefixCacheConfig | None = None,
     ) -> None:
+        """``prefix_cache``: each prefill worker keeps a prefix cache with these tiers (a disk
+        tier in its own ``...-pd-prefill-<i>`` directory: a directory has one writer); decode
+        workers receive every page and keep none."""
         self.config = config or PDConfig()
         cfg = self.config
         engine_json = json.dumps(dataclasses.asdict(engine_config or EngineConfig()))
@@ -96,7 +101,11 @@ class PDCoordinator:
             for target, role, count, procs in targets:
                 for i in range(count):
                     parent, child = ctx.Pipe(duplex=True)
-                    args = (child, str(model_dir), dtype, device, engine_json, cfg.worker_threads)
+                    args: tuple[Any, ...] = (
+                        child, str(model_dir), dtype, device, engine_json, cfg.worker_threads
+                    )  # fmt: skip
+                    if role == "prefill" and prefix_cache is not None:
+                        args += (_worker_cache_json(prefix_cache, i),)
                     proc = ctx.Process(
                         target=target, args=args, daemon=True, name=f"deepinfer-pd-{role}-{i}"
                     )
@@ -260,6 +269,7 @@ class PDCoordinator:
         if op == "prefilled":
             proc.view.in_flight.pop(rid, None)
             req.shm = message["kv"]
+            req.metrics.num_cached_tokens = int(message.get("num_cached_tokens", 0))
             req.decode = self._pair(
                 PDRequestView(int(rid[3:]), len(req.prompt_ids), req.params.max_tokens),
                 int(message["num_tokens"]),
@@ -405,3 +415,14 @@ class PDCoordinator:
         for out in self.run_until({rid}):
             if out.request_id == rid:
                 yield out
+
+
+def _worker_cache_json(cache: PrefixCacheConfig, index: int) -> str:
+    """Prefill worker ``index``'s cache settings. Its disk tier goes to a sibling of the named
+    directory (or of the default one, which the worker resolves) suffixed ``-pd-prefill-<i>``:
+    never inside another tier's directory, and never shared by two writers."""
+    fields = dataclasses.asdict(cache)
+    if cache.directory is not None:
+        fields["directory"] = f"{cache.directory}-pd-prefill-{index}"
+    fields["suffix"] = f"-pd-prefill-{index}"
+    return json.dumps(fields)

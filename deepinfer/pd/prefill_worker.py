@@ -4,6 +4,8 @@ Each prompt runs through the worker's own `LLMEngine` (batched and chunked like 
 with at most two tokens to generate; as soon as the first token is sampled, the prompt's KV
 pages (every block, including the partial last one) are exported to shared memory, the request
 is dropped from the engine, and a ``prefilled`` message carries the handle to the coordinator.
+With a prefix cache, a prompt's cached leading blocks are loaded instead of computed, and its
+full blocks are stored when it is handed off, so a conversation's next turn hits.
 """
 
 from __future__ import annotations
@@ -53,13 +55,15 @@ class PrefillWorker(Worker):
         blocks = self.engine.kv_block_ids(rid)
         bs = self.engine.config.block_size
         handle = export_pages(self.engine.pool, blocks[: -(-num_tokens // bs)])
-        self.engine.abort(rid)
+        # The prompt's full blocks stay in this worker's prefix cache for the next turn.
+        self.engine.abort(rid, save_prefix=True)
         send(
             self.conn,
             {
                 "op": "prefilled",
                 "request_id": rid,
                 "num_tokens": num_tokens,
+                "num_cached_tokens": out.metrics.num_cached_tokens if out.metrics else 0,
                 "first_token": out.new_token_ids[0],
                 "first_text": out.new_text,
                 "kv": handle,
@@ -68,7 +72,14 @@ class PrefillWorker(Worker):
 
 
 def prefill_main(
-    conn: Connection, model_dir: str, dtype: str, device: str, engine_json: str, threads: int
+    conn: Connection,
+    model_dir: str,
+    dtype: str,
+    device: str,
+    engine_json: str,
+    threads: int,
+    cache_json: str = "",
 ) -> None:
-    """Process entry point (spawn target)."""
-    serve(conn, model_dir, dtype, device, engine_json, threads, PrefillWorker)
+    """Process entry point (spawn target). ``cache_json``: the worker's prefix cache settings
+    (see `deepinfer.pd.worker.build_engine`), empty for none."""
+    serve(conn, model_dir, dtype, device, engine_json, threads, PrefillWorker, cache_json)

@@ -8,6 +8,7 @@ alternates between reading JSON messages and stepping its own `LLMEngine`.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import traceback
 from collections.abc import Callable
@@ -16,12 +17,20 @@ from typing import Any
 
 import torch
 
+from deepinfer.engine.cache_setup import (
+    PrefixCacheConfig,
+    build_prefix_cache,
+    default_kv_dir,
+    model_cache_key,
+)
 from deepinfer.engine.config import EngineConfig
 from deepinfer.engine.engine import LLMEngine
 from deepinfer.engine.outputs import RequestOutput
 from deepinfer.engine.sampling_params import SamplingParams
+from deepinfer.model.kv_pool import KVPool
 from deepinfer.model.loader import load_model
 from deepinfer.pd.messages import recv, send
+from deepinfer_cache import TieredKVStore
 from deepinfer_kernels import gather_blocks
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -30,17 +39,39 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 IDLE_POLL_S = 1.0
 
 
-def build_engine(model_dir: str, dtype: str, device: str, engine_json: str) -> LLMEngine:
+def build_engine(
+    model_dir: str, dtype: str, device: str, engine_json: str, cache_json: str = ""
+) -> tuple[LLMEngine, TieredKVStore | None]:
+    """The worker's engine, with a prefix cache when ``cache_json`` holds a
+    `PrefixCacheConfig` plus ``"suffix"``: with no directory named, this worker's disk tier is
+    the default KV directory with that suffix (a disk directory has one writer)."""
     loaded = load_model(model_dir, dtype=_DTYPES[dtype], device=device)
     config = EngineConfig(**json.loads(engine_json))
-    engine = LLMEngine(loaded.model, loaded.tokenizer, config)
+    weight = loaded.model.embed_tokens.weight
+    pool = KVPool.for_model(
+        loaded.model.config,
+        config.num_blocks,
+        config.block_size,
+        dtype=weight.dtype,
+        device=weight.device,
+    )
+    adapter, store = None, None
+    if cache_json:
+        fields = json.loads(cache_json)
+        suffix = fields.pop("suffix")
+        cache = PrefixCacheConfig(**fields)
+        key = model_cache_key(model_dir, pool)
+        if cache.disk_bytes and cache.directory is None:
+            cache = dataclasses.replace(cache, directory=str(default_kv_dir(key + suffix)))
+        adapter, store = build_prefix_cache(pool, cache, key)
+    engine = LLMEngine(loaded.model, loaded.tokenizer, config, prefix_cache=adapter, pool=pool)
     # Pay one-off costs (lazy imports, first kernels, page moves) before reporting ready, so
     # the first real request's latency is representative.
     engine.add_request([0], SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True))
     while engine.has_unfinished():
         engine.step()
     gather_blocks(engine.pool.tensor, torch.zeros(1, dtype=torch.int64), block_dim=2)
-    return engine
+    return engine, store
 
 
 class Worker:
@@ -74,11 +105,12 @@ def serve(
     engine_json: str,
     threads: int,
     make: Callable[[Connection, LLMEngine], Worker],
+    cache_json: str = "",
 ) -> None:
     """The body of a worker process; returns on ``shutdown`` or when the coordinator is gone."""
     torch.set_num_threads(threads)
     try:
-        engine = build_engine(model_dir, dtype, device, engine_json)
+        engine, store = build_engine(model_dir, dtype, device, engine_json, cache_json)
     except Exception as exc:  # report any start-up failure instead of dying silently
         send(conn, {"op": "fatal", "error": f"{type(exc).__name__}: {exc}"})
         return
@@ -119,3 +151,5 @@ def serve(
             )
     finally:
         worker.shutdown()
+        if store is not None:
+            store.close()  # write-back tiers persist to disk; the directory lock is released

@@ -16,6 +16,7 @@ import pytest
 from model_helpers import random_hf_state, tiny_config, write_tiny_gguf
 
 from deepinfer.engine import LLM, EngineConfig, RequestOutput, SamplingParams
+from deepinfer.engine.cache_setup import PrefixCacheConfig
 from deepinfer.pd import PDConfig, PDCoordinator, PDWorkerError
 from deepinfer_sched.policies import PerRequestPD
 
@@ -31,6 +32,15 @@ def _shm_names() -> set[str]:
         if os.path.isdir("/dev/shm")
         else set()
     )
+
+
+@pytest.fixture(scope="module", autouse=True)
+def private_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Prefill workers keep a prefix cache whose disk tier defaults to a directory under
+    ``$DEEPINFER_CACHE_DIR``; keep it out of the user's cache (workers inherit the env)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("DEEPINFER_CACHE_DIR", str(tmp_path_factory.mktemp("deepinfer-cache")))
+        yield
 
 
 @pytest.fixture(scope="module")
@@ -195,3 +205,64 @@ def test_pd_argument_is_checked_before_any_worker_starts(gguf_path: Path, tmp_pa
         LLM(str(gguf_path), engine_config=ENGINE, cache_dir=tmp_path, pd="yes")
     with pytest.raises(ValueError, match="speculative"):
         LLM(str(gguf_path), engine_config=ENGINE, cache_dir=tmp_path, pd=True, speculative="x")
+
+
+def test_prefill_worker_prefix_cache_hits_the_next_turn_and_survives_a_restart(
+    gguf_path: Path, tmp_path: Path
+) -> None:
+    """A prefill worker stores each prompt's full blocks when it hands the request off: the
+    next turn of the conversation loads them (memory tiers, then the worker's own disk
+    directory after a restart), and the output stays the colocated engine's."""
+    vocab = tiny_config().vocab_size
+    turn1 = [(11 * j + 3) % vocab for j in range(30)]  # 3 full blocks of 8
+    turn2 = turn1 + [(5 * j + 1) % vocab for j in range(12)]
+    params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+    with LLM(
+        str(gguf_path), engine_config=ENGINE, enable_prefix_caching=False, cache_dir=tmp_path
+    ) as ref:
+        want = [o.token_ids for o in ref.generate([turn1, turn2], params)]
+    kv_dir = tmp_path / "kv"
+    cache = PrefixCacheConfig(
+        device_blocks=8, host_bytes=1 << 20, disk_bytes=1 << 22, directory=str(kv_dir)
+    )
+    with LLM(
+        str(gguf_path), engine_config=ENGINE, cache_dir=tmp_path, prefix_cache_config=cache, pd=True
+    ) as llm:
+        first = llm.generate([turn1], params)[0]
+        second = llm.generate([turn2], params)[0]
+    assert [first.token_ids, second.token_ids] == want
+    assert first.metrics is not None and first.metrics.num_cached_tokens == 0
+    assert second.metrics is not None and second.metrics.num_cached_tokens == 24
+    worker_dir = tmp_path / "kv-pd-prefill-0"
+    assert any((worker_dir / "blocks").rglob("*")), "the prefill worker persisted no blocks"
+
+    disk_only = PrefixCacheConfig(
+        device_blocks=0, host_bytes=0, disk_bytes=1 << 22, directory=str(kv_dir)
+    )
+    with LLM(
+        str(gguf_path),
+        engine_config=ENGINE,
+        cache_dir=tmp_path,
+        prefix_cache_config=disk_only,
+        pd=True,
+    ) as restarted:
+        again = restarted.generate([turn2], params)[0]
+    assert again.token_ids == want[1]
+    # Turn 2 itself was stored at its hand-off: all 5 of its full blocks come from disk.
+    assert again.metrics is not None and again.metrics.num_cached_tokens == 40
+
+
+def test_pd_without_prefix_caching_starts_workers_without_a_cache(
+    pd_llm: LLM, gguf_path: Path, tmp_path: Path
+) -> None:
+    with LLM(
+        str(gguf_path),
+        engine_config=ENGINE,
+        cache_dir=tmp_path,
+        enable_prefix_caching=False,
+        pd=True,
+    ) as llm:
+        prompt = list(range(1, 30))
+        params = SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True)
+        outs = llm.generate([prompt, prompt], params)
+    assert all(o.metrics is not None and o.metrics.num_cached_tokens == 0 for o in outs)
