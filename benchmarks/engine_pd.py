@@ -7,7 +7,13 @@ mode the coordinator's clock, so it includes the prefill worker's compute, expor
 to shared memory and the JSON round trip); TPOT is ``(finish - first token) / (tokens - 1)``
 (in PD mode it includes scattering the pages into the decode pool and one pipe message per
 token). Modes alternate per repeat so machine load drift hits both alike. Outputs of the two
-modes are also checked to be token-identical.
+modes are also checked to be token-identical. Both run without a prefix cache here (a repeated
+prompt would hit it).
+
+A second table measures the prefill workers' prefix cache: a conversation's first turn (a long
+prompt) and its second turn (the first prompt, the answer and a follow-up) in PD mode with the
+cache on (memory tiers and the worker's disk directory under a temporary directory), each
+repeat under its own namespace so every first turn starts cold.
 
     .venv/bin/python benchmarks/engine_pd.py --out benchmarks/results/engine_pd.md
 """
@@ -18,12 +24,14 @@ import argparse
 import shlex
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import torch
 
 from deepinfer.engine import LLM, EngineConfig, RequestOutput, SamplingParams
+from deepinfer.engine.cache_setup import PrefixCacheConfig
 from deepinfer.pd import PDConfig
 
 PROMPTS = [
@@ -56,7 +64,9 @@ def main() -> None:
     params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True)
     colo = LLM(engine_config=engine, enable_prefix_caching=False)
     t0 = time.perf_counter()
-    pd = LLM(engine_config=engine, pd=PDConfig(worker_threads=args.threads))
+    pd = LLM(
+        engine_config=engine, pd=PDConfig(worker_threads=args.threads), enable_prefix_caching=False
+    )
     start_s = time.perf_counter() - t0
     lens = [len(colo.encode(p)) for p in PROMPTS]
     rows = []
@@ -77,6 +87,7 @@ def main() -> None:
     finally:
         pd.close()
         colo.close()
+    turns = _multi_turn(engine, params, args)
     cmd = ".venv/bin/python benchmarks/engine_pd.py " + " ".join(
         shlex.quote(a) for a in sys.argv[1:]
     )
@@ -99,9 +110,54 @@ def main() -> None:
             f"| {n} | {c_ttft * 1e3:.1f} | {p_ttft * 1e3:.1f} | {c_tpot * 1e3:.1f} "
             f"| {p_tpot * 1e3:.1f} | {'yes' if same else 'NO'} |"
         )
+    lines += [
+        "",
+        "Prefill workers' prefix cache, PD mode (same settings, cache on, median of "
+        f"{args.repeats} conversations):",
+        "",
+        "| turn | prompt tokens | cached tokens | TTFT PD (ms) |",
+        "|---|---:|---:|---:|",
+    ]
+    for name, n, cached, ttft in turns:
+        lines.append(f"| {name} | {n} | {cached} | {ttft * 1e3:.1f} |")
     if args.out is not None:
         args.out.write_text("\n".join(lines) + "\n", encoding="utf-8")
         print(f"wrote {args.out}")
+
+
+def _multi_turn(
+    engine: EngineConfig, params: SamplingParams, args: argparse.Namespace
+) -> list[tuple[str, int, int, float]]:
+    """TTFT of a first turn (cold) and of its second turn (the first prompt's blocks cached in
+    the prefill worker) in PD mode."""
+    with tempfile.TemporaryDirectory() as tmp:
+        cache = PrefixCacheConfig(device_blocks=32, directory=f"{tmp}/kv")
+        with LLM(
+            engine_config=engine,
+            pd=PDConfig(worker_threads=args.threads),
+            prefix_cache_config=cache,
+        ) as pd:
+            first_ids = pd.encode(PROMPTS[2])
+            follow_up = pd.encode(" Now do the same for Macbeth, in one paragraph.")
+            runs: dict[str, list[RequestOutput]] = {"first": [], "second": []}
+            for r in range(args.repeats):
+                ns = f"conversation-{r}".encode()
+                one = pd.generate([first_ids], params, namespace=ns)[0]
+                two_ids = first_ids + one.token_ids + follow_up
+                two = pd.generate([two_ids], params, namespace=ns)[0]
+                runs["first"].append(one)
+                runs["second"].append(two)
+    rows = []
+    for name, outs in runs.items():
+        m = [o.metrics for o in outs]
+        assert all(x is not None and x.first_token_time is not None for x in m)
+        ttft = statistics.median(x.first_token_time - x.arrival_time for x in m)  # type: ignore[union-attr,operator]
+        cached = statistics.median(x.num_cached_tokens for x in m)  # type: ignore[union-attr]
+        rows.append((name, len(outs[0].prompt_token_ids), int(cached), ttft))
+        print(
+            f"PD {name} turn: {rows[-1][1]} tokens, {int(cached)} cached, TTFT {ttft * 1e3:.1f} ms"
+        )
+    return rows
 
 
 if __name__ == "__main__":
