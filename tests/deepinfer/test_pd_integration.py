@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from deepinfer.engine import LLM, EngineConfig, SamplingParams
+from deepinfer.engine.cache_setup import PrefixCacheConfig
 from deepinfer.model import default_model_path
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -16,7 +19,7 @@ PROMPTS = [
 ]
 
 
-def test_pd_greedy_matches_colocated_on_smollm2() -> None:
+def test_pd_greedy_matches_colocated_on_smollm2(tmp_path: Path) -> None:
     try:
         default_model_path()
     except FileNotFoundError as exc:
@@ -25,7 +28,9 @@ def test_pd_greedy_matches_colocated_on_smollm2() -> None:
     params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
     with LLM(engine_config=engine, enable_prefix_caching=False) as colocated:
         want = colocated.generate(PROMPTS, params)
-    with LLM(engine_config=engine, pd=True) as pd:
+    # The prefill worker's prefix cache keeps its disk tier next to tmp_path/kv, not in ~/.cache.
+    cache = PrefixCacheConfig(device_blocks=8, directory=str(tmp_path / "kv"))
+    with LLM(engine_config=engine, pd=True, prefix_cache_config=cache) as pd:
         got = pd.generate(PROMPTS, params)
         assert pd.pd is not None
         workers = pd.pd.workers
