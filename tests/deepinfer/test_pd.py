@@ -11,6 +11,7 @@ import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from model_helpers import random_hf_state, tiny_config, write_tiny_gguf
@@ -225,9 +226,7 @@ def test_prefill_worker_prefix_cache_hits_the_next_turn_and_survives_a_restart(
     cache = PrefixCacheConfig(
         device_blocks=8, host_bytes=1 << 20, disk_bytes=1 << 22, directory=str(kv_dir)
     )
-    with LLM(
-        str(gguf_path), engine_config=ENGINE, cache_dir=tmp_path, prefix_cache_config=cache, pd=True
-    ) as llm:
+    with _pd(gguf_path, tmp_path, prefix_cache_config=cache) as llm:
         first = llm.generate([turn1], params)[0]
         second = llm.generate([turn2], params)[0]
     assert [first.token_ids, second.token_ids] == want
@@ -239,13 +238,7 @@ def test_prefill_worker_prefix_cache_hits_the_next_turn_and_survives_a_restart(
     disk_only = PrefixCacheConfig(
         device_blocks=0, host_bytes=0, disk_bytes=1 << 22, directory=str(kv_dir)
     )
-    with LLM(
-        str(gguf_path),
-        engine_config=ENGINE,
-        cache_dir=tmp_path,
-        prefix_cache_config=disk_only,
-        pd=True,
-    ) as restarted:
+    with _pd(gguf_path, tmp_path, prefix_cache_config=disk_only) as restarted:
         again = restarted.generate([turn2], params)[0]
     assert again.token_ids == want[1]
     # Turn 2 itself was stored at its hand-off: all 5 of its full blocks come from disk.
@@ -255,14 +248,12 @@ def test_prefill_worker_prefix_cache_hits_the_next_turn_and_survives_a_restart(
 def test_pd_without_prefix_caching_starts_workers_without_a_cache(
     pd_llm: LLM, gguf_path: Path, tmp_path: Path
 ) -> None:
-    with LLM(
-        str(gguf_path),
-        engine_config=ENGINE,
-        cache_dir=tmp_path,
-        enable_prefix_caching=False,
-        pd=True,
-    ) as llm:
+    with _pd(gguf_path, tmp_path, enable_prefix_caching=False) as llm:
         prompt = list(range(1, 30))
         params = SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True)
         outs = llm.generate([prompt, prompt], params)
     assert all(o.metrics is not None and o.metrics.num_cached_tokens == 0 for o in outs)
+
+
+def _pd(gguf_path: Path, tmp_path: Path, **kwargs: Any) -> LLM:
+    return LLM(str(gguf_path), engine_config=ENGINE, cache_dir=tmp_path, pd=True, **kwargs)
