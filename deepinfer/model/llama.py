@@ -8,7 +8,7 @@ holds one decode token or a mix of prefill chunks and decodes.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from typing import cast
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -20,6 +20,7 @@ from deepinfer.model.config import LlamaConfig
 from deepinfer.model.kv_pool import KVPool
 from deepinfer.model.linear import PackedWeight, linear
 from deepinfer.model.rope import RotaryEmbedding
+from deepinfer.model.weight_names import fused_to_hf, hf_to_fused
 
 
 class Linear(nn.Module):
@@ -37,6 +38,12 @@ class Linear(nn.Module):
 
     def forward(self, x: torch.Tensor, contiguous: bool = True) -> torch.Tensor:
         return linear(x, self.weight, self.bias, contiguous=contiguous, pack=self.packed)
+
+    def _apply(self, fn: Any, recurse: bool = True) -> Linear:
+        # ``.to()``, ``.cuda()``, ``.half()``... replace the weight: drop the old packed copy
+        # (and the old weight it holds) now rather than at the next CPU product.
+        self.packed.clear()
+        return cast(Linear, super()._apply(fn, recurse))  # type: ignore[no-untyped-call]
 
 
 class Embedding(nn.Module):
@@ -198,6 +205,10 @@ class LlamaModel(nn.Module):
         )
         if init:
             self.init_weights()
+
+    def _apply(self, fn: Any, recurse: bool = True) -> LlamaModel:
+        self._head_packed.clear()  # see Linear._apply
+        return cast(LlamaModel, super()._apply(fn, recurse))  # type: ignore[no-untyped-call]
 
     def init_weights(self, std: float = 0.02, generator: torch.Generator | None = None) -> None:
         """Random init: matrices ~ N(0, std^2), biases 0, norm weights 1 (as HF Llama does)."""
@@ -374,57 +385,3 @@ class LlamaModel(nn.Module):
                 f"attn.slot_mapping covers {tokens} tokens, input_ids has {input_ids.shape[0]}"
             )
         self._check_ids(input_ids)
-
-
-def hf_to_fused(state: Mapping[str, torch.Tensor], config: LlamaConfig) -> dict[str, torch.Tensor]:
-    """Rename HF ``LlamaForCausalLM`` weights to this module's names, fusing Q/K/V and gate/up."""
-    out: dict[str, torch.Tensor] = {}
-    for name, tensor in state.items():
-        key = name.removeprefix("model.")
-        if key == "lm_head.weight" and config.tie_word_embeddings:
-            continue  # tied: the embedding is the head
-        if (
-            ".self_attn.q_proj." in key
-            or ".self_attn.k_proj." in key
-            or ".self_attn.v_proj." in key
-        ):
-            continue
-        if ".mlp.gate_proj." in key or ".mlp.up_proj." in key:
-            continue
-        if key.endswith("rotary_emb.inv_freq"):
-            continue
-        out[key] = tensor
-    for i in range(config.num_layers):
-        prefix = f"model.layers.{i}."
-        for suffix in ("weight", "bias"):
-            parts = [state.get(f"{prefix}self_attn.{p}_proj.{suffix}") for p in "qkv"]
-            if all(p is not None for p in parts):
-                out[f"layers.{i}.self_attn.qkv_proj.{suffix}"] = torch.cat(parts, dim=0)  # type: ignore[arg-type]
-        gate, up = (
-            state.get(f"{prefix}mlp.gate_proj.weight"),
-            state.get(f"{prefix}mlp.up_proj.weight"),
-        )
-        if gate is not None and up is not None:
-            out[f"layers.{i}.mlp.gate_up_proj.weight"] = torch.cat([gate, up], dim=0)
-    return out
-
-
-def fused_to_hf(state: Mapping[str, torch.Tensor], config: LlamaConfig) -> dict[str, torch.Tensor]:
-    """Inverse of :func:`hf_to_fused` (``lm_head.weight`` omitted when embeddings are tied)."""
-    out: dict[str, torch.Tensor] = {}
-    sizes = (config.q_size, config.kv_size, config.kv_size)
-    for key, tensor in state.items():
-        if ".qkv_proj." in key:
-            layer, suffix = key.split(".self_attn.qkv_proj.")
-            for p, part in zip("qkv", torch.split(tensor, list(sizes), dim=0)):
-                out[f"model.{layer}.self_attn.{p}_proj.{suffix}"] = part.contiguous()
-        elif ".gate_up_proj." in key:
-            layer = key.split(".mlp.")[0]
-            gate, up = torch.split(tensor, config.intermediate_size, dim=0)
-            out[f"model.{layer}.mlp.gate_proj.weight"] = gate.contiguous()
-            out[f"model.{layer}.mlp.up_proj.weight"] = up.contiguous()
-        elif key == "lm_head.weight":
-            out[key] = tensor
-        else:
-            out[f"model.{key}"] = tensor
-    return out

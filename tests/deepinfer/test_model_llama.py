@@ -201,3 +201,22 @@ def test_reloaded_weights_are_used_after_an_inference_forward() -> None:
         logits = model.compute_logits(hidden)[0]
     ref = dense_reference_logits(cfg, second, ids)
     torch.testing.assert_close(logits.double(), ref, atol=2e-4, rtol=2e-4)
+
+
+def test_moving_the_model_drops_the_packed_weight_copies() -> None:
+    """``.to()`` releases the CPU packed copies (and the fp32 weights they hold); the moved
+    model still computes the same logits."""
+    cfg = tiny_config()
+    model = build_model(cfg, random_hf_state(cfg, seed=5))
+    ids = torch.tensor([[4, 8, 15, 16, 23, 42]])
+    with torch.inference_mode():
+        hidden, _ = model.forward_dense(ids)
+        before = model.compute_logits(hidden)
+    packs = [m.packed for m in model.modules() if hasattr(m, "packed")] + [model._head_packed]
+    if not any(p.is_packed for p in packs):
+        pytest.skip("this torch build has no MKL packed GEMM")
+    model.to(torch.float64).to(torch.float32)
+    assert not any(p.is_packed for p in packs)
+    with torch.inference_mode():
+        hidden, _ = model.forward_dense(ids)
+        torch.testing.assert_close(model.compute_logits(hidden), before, rtol=1e-5, atol=1e-5)
