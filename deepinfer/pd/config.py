@@ -7,8 +7,11 @@ from dataclasses import dataclass
 from deepinfer_sched.policies.config import ROUTERS
 
 PD_POLICIES = ("disaggregated", "per_request")
-# Routers that need no cost model or cache view, so they work on what the coordinator knows.
-PD_ROUTERS = tuple(r for r in ROUTERS if r in ("round_robin", "least_loaded", "power_of_two"))
+# Routers that work on what the coordinator knows: loads, and the prompts it handed each
+# prefill worker (their prefix caches store them), but no cost model.
+PD_ROUTERS = tuple(
+    r for r in ROUTERS if r in ("round_robin", "least_loaded", "power_of_two", "prefix_affinity")
+)
 
 
 @dataclass(frozen=True)
@@ -18,7 +21,10 @@ class PDConfig:
     ``policy``: ``"disaggregated"`` sends every prompt to a prefill worker and moves its KV to a
     decode worker; ``"per_request"`` prefills on the decode worker itself when the uncached part
     of the prompt is at most ``local_prefill_tokens`` (the transfer would cost more than it
-    saves). ``router`` picks among prefill workers (a ``deepinfer_sched`` router name).
+    saves). ``router`` picks among prefill workers (a ``deepinfer_sched`` router name); the
+    default ``"prefix_affinity"`` sends a prompt to the worker holding the longest cached
+    prefix of it (a conversation's next turn goes back to the worker of its last one) unless
+    that worker is overloaded, else to the least loaded.
     ``startup_timeout_s`` bounds model loading in a worker; ``request_timeout_s`` bounds how long
     the coordinator waits without hearing from any busy worker before it reports a failure.
 
@@ -31,7 +37,7 @@ class PDConfig:
     num_decode_workers: int = 1
     policy: str = "disaggregated"
     local_prefill_tokens: int = 32
-    router: str = "least_loaded"
+    router: str = "prefix_affinity"
     worker_threads: int = 1
     startup_timeout_s: float = 120.0
     request_timeout_s: float = 120.0

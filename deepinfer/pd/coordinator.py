@@ -28,30 +28,20 @@ from deepinfer.pd.config import PDConfig
 from deepinfer.pd.decode_worker import decode_main
 from deepinfer.pd.messages import params_to_json, recv, send
 from deepinfer.pd.prefill_worker import prefill_main
+from deepinfer.pd.routing import make_router, prompt_block_hashes, worker_cache_json
 from deepinfer.pd.state import RequestState, WorkerProc
 from deepinfer.pd.transport import discard
 from deepinfer.pd.views import PDRequestView, WorkerView
 from deepinfer_sched.policies import (
     DisaggregatedPD,
     LeastLoadedPairing,
-    LeastLoadedRouter,
     PerRequestPD,
-    PowerOfTwoRouter,
-    RoundRobinRouter,
 )
-from deepinfer_sched.policies.base import PDPolicy, Router
+from deepinfer_sched.policies.base import PDPolicy
 
 
 class PDWorkerError(RuntimeError):
     """A PD worker process failed (crashed, failed to start, or stopped answering)."""
-
-
-def _make_router(name: str) -> Router:
-    if name == "round_robin":
-        return RoundRobinRouter()
-    if name == "power_of_two":
-        return PowerOfTwoRouter(seed=0)
-    return LeastLoadedRouter()
 
 
 class PDCoordinator:
@@ -77,9 +67,10 @@ class PDCoordinator:
         tier in its own ``...-pd-prefill-<i>`` directory: a directory has one writer); decode
         workers receive every page and keep none."""
         self.config = config or PDConfig()
+        self.prefix_cache = prefix_cache
         cfg = self.config
         engine_json = json.dumps(dataclasses.asdict(engine_config or EngineConfig()))
-        self.router = _make_router(cfg.router)
+        self.router = make_router(cfg.router)
         self.pairing = LeastLoadedPairing()
         self.pd_policy: PDPolicy = (
             PerRequestPD(cfg.local_prefill_tokens)
@@ -105,7 +96,7 @@ class PDCoordinator:
                         child, str(model_dir), dtype, device, engine_json, cfg.worker_threads
                     )  # fmt: skip
                     if role == "prefill" and prefix_cache is not None:
-                        args += (_worker_cache_json(prefix_cache, i),)
+                        args += (worker_cache_json(prefix_cache, i),)
                     proc = ctx.Process(
                         target=target, args=args, daemon=True, name=f"deepinfer-pd-{role}-{i}"
                     )
@@ -194,14 +185,22 @@ class PDCoordinator:
             namespace,
             RequestMetrics(arrival_time=time.perf_counter(), num_prompt_tokens=len(prompt_ids)),
         )
-        view = PDRequestView(int(rid[3:]), len(prompt_ids), params.max_tokens, namespace.hex())
+        req.block_hashes = (
+            prompt_block_hashes(prompt_ids, self.prefill[0].view.block_size, namespace)
+            if self.prefix_cache is not None
+            else ()
+        )
+        view = PDRequestView(
+            int(rid[3:]), len(prompt_ids), params.max_tokens, namespace.hex(), 0, req.block_hashes
+        )
         body = {
             "request_id": rid,
             "prompt_ids": req.prompt_ids,
             "params": params_to_json(params),
             "namespace": namespace.hex(),
         }
-        local = self.pd_policy.prefill_on_decode(len(prompt_ids))  # no prefix cache: all uncached
+        # Decode workers keep no prefix cache: there the whole prompt is uncached.
+        local = self.pd_policy.prefill_on_decode(len(prompt_ids))
         try:
             if local:
                 req.decode = self._pair(view, len(prompt_ids))
@@ -270,6 +269,7 @@ class PDCoordinator:
             proc.view.in_flight.pop(rid, None)
             req.shm = message["kv"]
             req.metrics.num_cached_tokens = int(message.get("num_cached_tokens", 0))
+            proc.view.remember(req.block_hashes)  # the worker stored the prompt's full blocks
             req.decode = self._pair(
                 PDRequestView(int(rid[3:]), len(req.prompt_ids), req.params.max_tokens),
                 int(message["num_tokens"]),
@@ -415,14 +415,3 @@ class PDCoordinator:
         for out in self.run_until({rid}):
             if out.request_id == rid:
                 yield out
-
-
-def _worker_cache_json(cache: PrefixCacheConfig, index: int) -> str:
-    """Prefill worker ``index``'s cache settings. Its disk tier goes to a sibling of the named
-    directory (or of the default one, which the worker resolves) suffixed ``-pd-prefill-<i>``:
-    never inside another tier's directory, and never shared by two writers."""
-    fields = dataclasses.asdict(cache)
-    if cache.directory is not None:
-        fields["directory"] = f"{cache.directory}-pd-prefill-{index}"
-    fields["suffix"] = f"-pd-prefill-{index}"
-    return json.dumps(fields)

@@ -34,3 +34,4 @@ class RequestState:
     text: str = ""
     token_ids: list[int] = field(default_factory=list)
     shm: dict[str, Any] | None = None
+    block_hashes: tuple[int, ...] = ()  # the prompt's, when prefill workers keep a cache

@@ -1,13 +1,22 @@
 """What `deepinfer_sched`'s policies read about PD workers and requests.
 
 The coordinator only knows what it sent and what came back, so the views are built from its
-own bookkeeping: requests in flight per worker and the KV tokens they hold. Workers run without
-a prefix cache, so no prompt blocks count as cached.
+own bookkeeping: requests in flight per worker, the KV tokens they hold and, for prefill
+workers with a prefix cache, the block hashes of the prompts it handed them (each worker stores
+a prompt's full blocks at hand-off). That record is an estimate: a block the worker has since
+evicted still counts, which costs a cache miss, never a wrong result.
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from itertools import takewhile
+
+# Blocks remembered per prefill worker (least recently sent forgotten first): about what a
+# worker's memory and disk tiers hold for a small model, and ~100 MB of coordinator memory.
+CACHE_VIEW_BLOCKS = 1 << 20
 
 
 @dataclass
@@ -19,6 +28,17 @@ class WorkerView:
     kv_capacity_tokens: int
     role: str
     in_flight: dict[str, int] = field(default_factory=dict)  # request id -> KV tokens
+    # Prompt block hashes handed to this worker, in LRU order (empty when it keeps no cache).
+    cached: OrderedDict[int, None] = field(default_factory=OrderedDict)
+    cache_view_blocks: int = CACHE_VIEW_BLOCKS
+
+    def remember(self, block_hashes: Sequence[int]) -> None:
+        """Record that the worker now holds these blocks (most recent last)."""
+        for h in block_hashes:
+            self.cached[h] = None
+            self.cached.move_to_end(h)
+        while len(self.cached) > self.cache_view_blocks:
+            self.cached.popitem(last=False)
 
     @property
     def num_waiting(self) -> int:
@@ -37,10 +57,11 @@ class WorkerView:
         return sum(self.in_flight.values())
 
     def cached_prefix_blocks(self, block_hashes: tuple[int, ...]) -> int:
-        return 0
+        """Leading blocks of ``block_hashes`` this worker is believed to hold."""
+        return sum(1 for _ in takewhile(self.cached.__contains__, block_hashes))
 
     def reachable_prefix_blocks(self, block_hashes: tuple[int, ...]) -> int:
-        return 0
+        return self.cached_prefix_blocks(block_hashes)
 
     def estimated_queue_time_s(self) -> float:
         return 0.0

@@ -255,5 +255,27 @@ def test_pd_without_prefix_caching_starts_workers_without_a_cache(
     assert all(o.metrics is not None and o.metrics.num_cached_tokens == 0 for o in outs)
 
 
-def _pd(gguf_path: Path, tmp_path: Path, **kwargs: Any) -> LLM:
-    return LLM(str(gguf_path), engine_config=ENGINE, cache_dir=tmp_path, pd=True, **kwargs)
+def _pd(gguf_path: Path, tmp_path: Path, pd_config: PDConfig | None = None, **kwargs: Any) -> LLM:
+    return LLM(
+        str(gguf_path), engine_config=ENGINE, cache_dir=tmp_path, pd=pd_config or True, **kwargs
+    )
+
+
+@pytest.mark.parametrize("router", ["prefix_affinity", "least_loaded"])
+def test_next_turns_follow_their_prefill_worker_cache(
+    gguf_path: Path, tmp_path: Path, router: str
+) -> None:
+    """Two conversations, two prefill workers. Second turns arrive in the other order: the
+    default prefix-affinity router sends each back to the worker holding its first turn (both
+    hit); least-loaded routing sends them by load alone (both miss)."""
+    vocab = tiny_config().vocab_size
+    first = [[(11 * j + 3 + c) % vocab for j in range(30)] for c in range(2)]
+    second = [f + [(5 * j + 1 + c) % vocab for j in range(12)] for c, f in enumerate(first)]
+    params = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)
+    cache = PrefixCacheConfig(device_blocks=8, host_bytes=1 << 20, disk_bytes=0)
+    config = PDConfig(num_prefill_workers=2, router=router)
+    with _pd(gguf_path, tmp_path, prefix_cache_config=cache, pd_config=config) as llm:
+        llm.generate(first, params)
+        outs = llm.generate(second[::-1], params)
+    cached = [o.metrics.num_cached_tokens if o.metrics else -1 for o in outs]
+    assert cached == ([24, 24] if router == "prefix_affinity" else [0, 0])

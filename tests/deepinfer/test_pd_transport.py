@@ -150,7 +150,7 @@ def test_prefilled_request_stop_on_first_token_and_bad_input(model: LlamaModel) 
 
 
 def test_views_fit_the_scheduler_protocols_and_drive_its_policies() -> None:
-    from deepinfer.pd.coordinator import _make_router
+    from deepinfer.pd.routing import make_router
     from deepinfer.pd.views import PDRequestView, WorkerView
     from deepinfer_sched.policies import InstanceView, LeastLoadedPairing, RequestView
 
@@ -161,8 +161,37 @@ def test_views_fit_the_scheduler_protocols_and_drive_its_policies() -> None:
     assert LeastLoadedPairing().pick(req, [a, b], 30) is b
     assert LeastLoadedPairing().pick(req, [a, b], 60) is None  # nobody has room
     idle = WorkerView(2, 8, 64, "prefill")
-    assert _make_router("least_loaded").route(req, [a, idle]) is idle  # fewer in flight
-    assert _make_router("least_loaded").route(req, [a, b]) is a  # tie: lower position
-    rr = _make_router("round_robin")
+    assert make_router("least_loaded").route(req, [a, idle]) is idle  # fewer in flight
+    assert make_router("least_loaded").route(req, [a, b]) is a  # tie: lower position
+    rr = make_router("round_robin")
     assert [rr.route(req, [a, b]).instance_id for _ in range(4)] == [0, 1, 0, 1]
-    assert _make_router("power_of_two").route(req, [a, b]) in (a, b)
+    assert make_router("power_of_two").route(req, [a, b]) in (a, b)
+
+
+def test_prefill_cache_view_and_prefix_affinity_routing() -> None:
+    """The coordinator's record of what each prefill worker cached: leading blocks only, LRU
+    bounded; the default router follows it unless the holder is overloaded."""
+    from deepinfer.pd.routing import make_router, prompt_block_hashes
+    from deepinfer.pd.views import PDRequestView, WorkerView
+
+    turn1 = prompt_block_hashes(list(range(40)), 8, b"chat")
+    turn2 = prompt_block_hashes(list(range(40)) + [7] * 9, 8, b"chat")
+    assert len(turn1) == 5 and turn2[:5] == turn1 and len(turn2) == 6
+    assert prompt_block_hashes(list(range(40)), 8, b"other")[0] != turn1[0]  # namespaced
+    assert prompt_block_hashes([-1] * 8, 8, b"") == ()  # rejected later by the worker
+
+    a, b = WorkerView(0, 8, 64, "prefill"), WorkerView(1, 8, 64, "prefill")
+    b.remember(turn1)
+    assert a.cached_prefix_blocks(turn2) == 0 and b.cached_prefix_blocks(turn2) == 5
+    assert b.cached_prefix_blocks((12345, *turn1)) == 0  # only a leading run counts
+    req = PDRequestView(1, 49, 4, block_hashes=turn2)
+    router = make_router("prefix_affinity")
+    assert router.route(req, [a, b]) is b
+    b.in_flight.update({f"r{i}": 8 for i in range(5)})  # far busier than a
+    assert router.route(req, [a, b]) is a
+    assert make_router("least_loaded").route(PDRequestView(2, 49, 4), [a, b]) is a
+
+    small = WorkerView(2, 8, 64, "prefill", cache_view_blocks=3)
+    small.remember(turn1)  # keeps the 3 most recent: blocks 2..4
+    assert list(small.cached) == list(turn1[2:])
+    assert small.cached_prefix_blocks(turn1) == 0

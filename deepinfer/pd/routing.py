@@ -1,0 +1,51 @@
+"""How the PD coordinator routes: router construction, prompt block hashes for the prefill
+workers' cache view, and each prefill worker's cache settings."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+from deepinfer.engine.cache_setup import PrefixCacheConfig
+from deepinfer_cache import hash_token_blocks
+from deepinfer_sched.policies import (
+    LeastLoadedRouter,
+    PowerOfTwoRouter,
+    PrefixAffinityRouter,
+    RoundRobinRouter,
+)
+from deepinfer_sched.policies.base import Router
+
+
+def make_router(name: str) -> Router:
+    """The ``deepinfer_sched`` router named in ``PDConfig.router`` (validated there)."""
+    if name == "round_robin":
+        return RoundRobinRouter()
+    if name == "power_of_two":
+        return PowerOfTwoRouter(seed=0)
+    if name == "prefix_affinity":
+        return PrefixAffinityRouter()
+    return LeastLoadedRouter()
+
+
+def prompt_block_hashes(
+    prompt_ids: list[int], block_size: int, namespace: bytes
+) -> tuple[int, ...]:
+    """The prompt's chained block hashes as the prefill workers' caches compute them, shortened
+    to 64-bit ints for the routers; ``()`` for a prompt the workers will reject anyway."""
+    try:
+        hashes = hash_token_blocks(prompt_ids, block_size, namespace)
+    except (TypeError, ValueError, OverflowError):
+        return ()
+    return tuple(int.from_bytes(h[:8], "big") for h in hashes)
+
+
+def worker_cache_json(cache: PrefixCacheConfig, index: int) -> str:
+    """Prefill worker ``index``'s cache settings. Its disk tier goes to a sibling of the named
+    directory (or of the default one, which the worker resolves) suffixed ``-pd-prefill-<i>``:
+    never inside another tier's directory, and never shared by two writers."""
+    fields = dataclasses.asdict(cache)
+    if cache.directory is not None:
+        fields["directory"] = f"{cache.directory}-pd-prefill-{index}"
+    fields["suffix"] = f"-pd-prefill-{index}"
+    return json.dumps(fields)
