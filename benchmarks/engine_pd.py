@@ -10,7 +10,8 @@ token). Modes alternate per repeat so machine load drift hits both alike. Output
 modes are also checked to be token-identical. Both run without a prefix cache here (a repeated
 prompt would hit it).
 
-A second table measures the prefill workers' prefix cache: a conversation's first turn (a long
+A third table runs two prefill workers and compares routers on second turns. A second table
+measures the prefill workers' prefix cache: a conversation's first turn (a long
 prompt) and its second turn (the first prompt, the answer and a follow-up) in PD mode with the
 cache on (memory tiers and the worker's disk directory under a temporary directory), each
 repeat under its own namespace so every first turn starts cold.
@@ -88,6 +89,7 @@ def main() -> None:
         pd.close()
         colo.close()
     turns = _multi_turn(engine, params, args)
+    routing = _routing(engine, params, args)
     cmd = ".venv/bin/python benchmarks/engine_pd.py " + " ".join(
         shlex.quote(a) for a in sys.argv[1:]
     )
@@ -120,6 +122,16 @@ def main() -> None:
     ]
     for name, n, cached, ttft in turns:
         lines.append(f"| {name} | {n} | {cached} | {ttft * 1e3:.1f} |")
+    lines += [
+        "",
+        "Routing with two prefill workers: four conversations' first turns at once, then their "
+        "second turns at once in reverse order:",
+        "",
+        "| router | second-turn prompt tokens served from cache | median second-turn TTFT (ms) |",
+        "|---|---:|---:|",
+    ]
+    for router, hit, ttft in routing:
+        lines.append(f"| `{router}` | {hit:.0%} | {ttft * 1e3:.1f} |")
     if args.out is not None:
         args.out.write_text("\n".join(lines) + "\n", encoding="utf-8")
         print(f"wrote {args.out}")
@@ -157,6 +169,39 @@ def _multi_turn(
         print(
             f"PD {name} turn: {rows[-1][1]} tokens, {int(cached)} cached, TTFT {ttft * 1e3:.1f} ms"
         )
+    return rows
+
+
+def _routing(
+    engine: EngineConfig, params: SamplingParams, args: argparse.Namespace
+) -> list[tuple[str, float, float]]:
+    """Two prefill workers, four conversations: all first turns at once, then all second turns
+    at once in reverse order. Returns, per router, the share of second-turn prompt tokens
+    served from a prefill worker's cache and the median second-turn TTFT."""
+    rows = []
+    for router in ("prefix_affinity", "least_loaded"):
+        with (
+            tempfile.TemporaryDirectory() as tmp,
+            LLM(
+                engine_config=engine,
+                pd=PDConfig(num_prefill_workers=2, worker_threads=args.threads, router=router),
+                prefix_cache_config=PrefixCacheConfig(device_blocks=64, directory=f"{tmp}/kv"),
+            ) as pd,
+        ):
+            spaces = [f"conversation-{c}".encode() for c in range(4)]
+            firsts = [pd.encode(PROMPTS[1 + c % 2]) for c in range(4)]
+            ones = pd.generate(firsts, params, namespace=spaces)
+            follow_up = pd.encode(" Now answer again, more briefly.")
+            seconds = [f + o.token_ids + follow_up for f, o in zip(firsts, ones)]
+            twos = pd.generate(seconds[::-1], params, namespace=spaces[::-1])
+        hit = sum(o.metrics.num_cached_tokens for o in twos if o.metrics) / sum(map(len, seconds))
+        ttft = statistics.median(
+            o.metrics.first_token_time - o.metrics.arrival_time  # type: ignore[operator]
+            for o in twos
+            if o.metrics
+        )
+        rows.append((router, hit, ttft))
+        print(f"PD routing {router}: second turns {hit:.0%} cached, TTFT {ttft * 1e3:.1f} ms")
     return rows
 
 
