@@ -18,7 +18,9 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
+from deepinfer.engine.config import EngineConfig
 from deepinfer.model.kv_pool import KVPool
+from deepinfer.model.llama import LlamaModel
 from deepinfer_cache import (
     CacheLockedError,
     DeviceTier,
@@ -109,3 +111,18 @@ def build_prefix_cache(
         scatter_fn=scatter_blocks,
     )
     return adapter, store
+
+
+def build_engine_kv(
+    model: LlamaModel,
+    engine: EngineConfig,
+    cache: PrefixCacheConfig | None,
+    model_path: str,
+) -> tuple[KVPool, KVCacheAdapter | None, TieredKVStore | None]:
+    """The KV pool an engine over ``model`` runs on and, when ``cache`` is given, the prefix
+    cache over that pool (keyed by ``model_path``); pass both to `LLMEngine`."""
+    pool = KVPool.for_weights(model, engine.num_blocks, engine.block_size)
+    if cache is None:
+        return pool, None, None
+    adapter, store = build_prefix_cache(pool, cache, model_cache_key(model_path, pool))
+    return pool, adapter, store

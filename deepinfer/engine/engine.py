@@ -60,13 +60,9 @@ class LLMEngine:
         self.tokenizer = tokenizer
         self.config = config or EngineConfig()
         cfg = self.config
-        dtype = model.embed_tokens.weight.dtype
-        device = model.embed_tokens.weight.device
-        self.device = device
+        self.device = model.embed_tokens.weight.device
         # A caller that shares the pool with a prefix cache's device tier passes it in.
-        self.pool = pool or KVPool.for_model(
-            model.config, cfg.num_blocks, cfg.block_size, dtype=dtype, device=device
-        )
+        self.pool = pool or KVPool.for_weights(model, cfg.num_blocks, cfg.block_size)
         if self.pool.block_size != cfg.block_size:
             raise ValueError(f"pool.block_size {self.pool.block_size} != {cfg.block_size}")
         self.policy = ContinuousBatchPolicy(

@@ -9,12 +9,11 @@ from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
-from deepinfer.engine.cache_setup import PrefixCacheConfig, build_prefix_cache, model_cache_key
+from deepinfer.engine.cache_setup import PrefixCacheConfig, build_engine_kv
 from deepinfer.engine.config import EngineConfig
 from deepinfer.engine.engine import LLMEngine
 from deepinfer.engine.outputs import RequestMetrics, RequestOutput
 from deepinfer.engine.sampling_params import SamplingParams
-from deepinfer.model.kv_pool import KVPool
 from deepinfer.model.loader import LoadedModel, load_model
 from deepinfer_cache import TieredKVStore
 
@@ -65,6 +64,11 @@ class LLM:
         config = engine_config or EngineConfig()
         self.pd: PDCoordinator | None = None
         self.store: TieredKVStore | None = None
+        cache_config = (
+            prefix_cache_config or PrefixCacheConfig(device_blocks=config.num_blocks // 8)
+            if enable_prefix_caching
+            else None
+        )
         if pd is not None and pd is not False:
             from deepinfer.pd import PDConfig, PDCoordinator  # lazy: deepinfer.pd imports engine
 
@@ -76,29 +80,13 @@ class LLM:
                 device=device,
                 engine_config=config,
                 config=PDConfig.coerce(pd),
-                prefix_cache=(
-                    prefix_cache_config or PrefixCacheConfig(device_blocks=config.num_blocks // 8)
-                )
-                if enable_prefix_caching
-                else None,
+                prefix_cache=cache_config,
             )
             return
         net = self.loaded.model
-        weight = net.embed_tokens.weight
-        pool = KVPool.for_model(
-            net.config,
-            config.num_blocks,
-            config.block_size,
-            dtype=weight.dtype,
-            device=weight.device,
+        pool, adapter, self.store = build_engine_kv(
+            net, config, cache_config, str(self.loaded.path)
         )
-        adapter = None
-        if enable_prefix_caching:
-            adapter, self.store = build_prefix_cache(
-                pool,
-                prefix_cache_config or PrefixCacheConfig(device_blocks=config.num_blocks // 8),
-                model_cache_key(str(self.loaded.path), pool),
-            )
         speculator = None
         if speculative is not None:
             from deepinfer.spec import build_speculator  # lazy: deepinfer.spec imports the engine

@@ -4,10 +4,14 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 import torch
 
 from deepinfer.model.config import LlamaConfig
+
+if TYPE_CHECKING:
+    from deepinfer.model.llama import LlamaModel
 
 
 class OutOfBlocksError(RuntimeError):
@@ -80,6 +84,14 @@ class KVPool:
             config.head_dim,
             dtype=dtype,
             device=device,
+        )
+
+    @classmethod
+    def for_weights(cls, model: LlamaModel, num_blocks: int, block_size: int = 16) -> KVPool:
+        """A pool for ``model`` in the dtype and on the device of its weights."""
+        weight = model.embed_tokens.weight
+        return cls.for_model(
+            model.config, num_blocks, block_size, dtype=weight.dtype, device=weight.device
         )
 
     # ------------------------------------------------------------------ views

@@ -19,7 +19,7 @@ import torch
 
 from deepinfer.engine.cache_setup import (
     PrefixCacheConfig,
-    build_prefix_cache,
+    build_engine_kv,
     default_kv_dir,
     model_cache_key,
 )
@@ -47,23 +47,16 @@ def build_engine(
     the default KV directory with that suffix (a disk directory has one writer)."""
     loaded = load_model(model_dir, dtype=_DTYPES[dtype], device=device)
     config = EngineConfig(**json.loads(engine_json))
-    weight = loaded.model.embed_tokens.weight
-    pool = KVPool.for_model(
-        loaded.model.config,
-        config.num_blocks,
-        config.block_size,
-        dtype=weight.dtype,
-        device=weight.device,
-    )
-    adapter, store = None, None
+    cache = None
     if cache_json:
         fields = json.loads(cache_json)
         suffix = fields.pop("suffix")
         cache = PrefixCacheConfig(**fields)
-        key = model_cache_key(model_dir, pool)
         if cache.disk_bytes and cache.directory is None:
+            probe = KVPool.for_weights(loaded.model, 1, config.block_size)
+            key = model_cache_key(model_dir, probe)
             cache = dataclasses.replace(cache, directory=str(default_kv_dir(key + suffix)))
-        adapter, store = build_prefix_cache(pool, cache, key)
+    pool, adapter, store = build_engine_kv(loaded.model, config, cache, model_dir)
     engine = LLMEngine(loaded.model, loaded.tokenizer, config, prefix_cache=adapter, pool=pool)
     # Pay one-off costs (lazy imports, first kernels, page moves) before reporting ready, so
     # the first real request's latency is representative.
