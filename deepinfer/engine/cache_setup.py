@@ -64,9 +64,13 @@ def model_cache_key(model_path: str, pool: KVPool) -> str:
 
 
 def build_prefix_cache(
-    pool: KVPool, config: PrefixCacheConfig, model_key: str
+    pool: KVPool, config: PrefixCacheConfig, model_key: str, *, directory_suffix: str = ""
 ) -> tuple[KVCacheAdapter, TieredKVStore]:
-    """A `KVCacheAdapter` over ``pool`` and the store behind it (close it on shutdown)."""
+    """A `KVCacheAdapter` over ``pool`` and the store behind it (close it on shutdown).
+
+    ``directory_suffix`` is appended to the disk directory's name (named or default): engines
+    that share a configuration but must not share a directory (PD prefill workers) each take
+    their own sibling."""
     page_shape = tuple(pool.tensor.select(2, 0).shape)
     dtype = pool.tensor.dtype
     tiers: list[DeviceTier | HostTier | DiskTier] = []
@@ -85,6 +89,7 @@ def build_prefix_cache(
         tiers.append(HostTier(page_shape, dtype, config.host_bytes))
     if config.disk_bytes:
         directory = Path(config.directory) if config.directory else default_kv_dir(model_key)
+        directory = directory.with_name(directory.name + directory_suffix)
         directory.mkdir(parents=True, exist_ok=True)
         try:
             tiers.append(DiskTier(directory, page_shape, dtype, config.disk_bytes))
@@ -118,11 +123,16 @@ def build_engine_kv(
     engine: EngineConfig,
     cache: PrefixCacheConfig | None,
     model_path: str,
+    *,
+    directory_suffix: str = "",
 ) -> tuple[KVPool, KVCacheAdapter | None, TieredKVStore | None]:
     """The KV pool an engine over ``model`` runs on and, when ``cache`` is given, the prefix
-    cache over that pool (keyed by ``model_path``); pass both to `LLMEngine`."""
+    cache over that pool (keyed by ``model_path``; ``directory_suffix`` as in
+    :func:`build_prefix_cache`); pass both to `LLMEngine`."""
     pool = KVPool.for_weights(model, engine.num_blocks, engine.block_size)
     if cache is None:
         return pool, None, None
-    adapter, store = build_prefix_cache(pool, cache, model_cache_key(model_path, pool))
+    adapter, store = build_prefix_cache(
+        pool, cache, model_cache_key(model_path, pool), directory_suffix=directory_suffix
+    )
     return pool, adapter, store

@@ -41,11 +41,7 @@ def prompt_block_hashes(
 
 
 def worker_cache_json(cache: PrefixCacheConfig, index: int) -> str:
-    """Prefill worker ``index``'s cache settings. Its disk tier goes to a sibling of the named
-    directory (or of the default one, which the worker resolves) suffixed ``-pd-prefill-<i>``:
+    """Prefill worker ``index``'s cache settings: the shared tiers plus a directory suffix, so
+    its disk tier is a sibling of the named (or default) directory, ``...-pd-prefill-<i>``:
     never inside another tier's directory, and never shared by two writers."""
-    fields = dataclasses.asdict(cache)
-    if cache.directory is not None:
-        fields["directory"] = f"{cache.directory}-pd-prefill-{index}"
-    fields["suffix"] = f"-pd-prefill-{index}"
-    return json.dumps(fields)
+    return json.dumps({**dataclasses.asdict(cache), "directory_suffix": f"-pd-prefill-{index}"})

@@ -8,7 +8,6 @@ alternates between reading JSON messages and stepping its own `LLMEngine`.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import traceback
 from collections.abc import Callable
@@ -20,14 +19,11 @@ import torch
 from deepinfer.engine.cache_setup import (
     PrefixCacheConfig,
     build_engine_kv,
-    default_kv_dir,
-    model_cache_key,
 )
 from deepinfer.engine.config import EngineConfig
 from deepinfer.engine.engine import LLMEngine
 from deepinfer.engine.outputs import RequestOutput
 from deepinfer.engine.sampling_params import SamplingParams
-from deepinfer.model.kv_pool import KVPool
 from deepinfer.model.loader import load_model
 from deepinfer.pd.messages import recv, send
 from deepinfer_cache import TieredKVStore
@@ -43,20 +39,18 @@ def build_engine(
     model_dir: str, dtype: str, device: str, engine_json: str, cache_json: str = ""
 ) -> tuple[LLMEngine, TieredKVStore | None]:
     """The worker's engine, with a prefix cache when ``cache_json`` holds a
-    `PrefixCacheConfig` plus ``"suffix"``: with no directory named, this worker's disk tier is
-    the default KV directory with that suffix (a disk directory has one writer)."""
+    `PrefixCacheConfig` plus ``"directory_suffix"``, which makes this worker's disk directory
+    its own (a disk directory has one writer)."""
     loaded = load_model(model_dir, dtype=_DTYPES[dtype], device=device)
     config = EngineConfig(**json.loads(engine_json))
-    cache = None
+    cache, suffix = None, ""
     if cache_json:
         fields = json.loads(cache_json)
-        suffix = fields.pop("suffix")
+        suffix = fields.pop("directory_suffix")
         cache = PrefixCacheConfig(**fields)
-        if cache.disk_bytes and cache.directory is None:
-            probe = KVPool.for_weights(loaded.model, 1, config.block_size)
-            key = model_cache_key(model_dir, probe)
-            cache = dataclasses.replace(cache, directory=str(default_kv_dir(key + suffix)))
-    pool, adapter, store = build_engine_kv(loaded.model, config, cache, model_dir)
+    pool, adapter, store = build_engine_kv(
+        loaded.model, config, cache, model_dir, directory_suffix=suffix
+    )
     engine = LLMEngine(loaded.model, loaded.tokenizer, config, prefix_cache=adapter, pool=pool)
     # Pay one-off costs (lazy imports, first kernels, page moves) before reporting ready, so
     # the first real request's latency is representative.

@@ -13,7 +13,7 @@ import pytest
 from model_helpers import greedy_paged, random_hf_state, tiny_config, write_tiny_gguf
 
 from deepinfer.engine import LLM, EngineConfig, SamplingParams
-from deepinfer.engine.cache_setup import PrefixCacheConfig
+from deepinfer.engine.cache_setup import PrefixCacheConfig, build_engine_kv
 from deepinfer.model import load_model
 from deepinfer.model.loader import LoadedModel
 from deepinfer_cache import CacheLockedError
@@ -110,3 +110,36 @@ def test_second_engine_on_a_locked_default_directory_runs_without_disk(
         named = PrefixCacheConfig(device_blocks=0, host_bytes=0, directory=str(disk_dir))
         with pytest.raises(CacheLockedError):
             LLM(loaded, engine_config=CFG, prefix_cache_config=named)
+
+
+def test_directory_suffix_gives_a_sibling_directory_with_the_same_lock_rules(
+    loaded: LoadedModel, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """PD prefill workers share one cache configuration and take suffixed siblings of its disk
+    directory; a held default sibling falls back to memory tiers, a held named one raises."""
+    monkeypatch.setenv("DEEPINFER_CACHE_DIR", str(tmp_path))
+    cache = PrefixCacheConfig(device_blocks=0, host_bytes=1 << 20)
+    _, _, owner = build_engine_kv(
+        loaded.model, CFG, cache, str(loaded.path), directory_suffix="-pd-prefill-0"
+    )
+    assert owner is not None
+    disk = owner.tiers[-1]
+    assert disk.name == "disk"
+    default = next(p for p in (tmp_path / "kv").iterdir() if p.name.endswith("-pd-prefill-0"))
+    assert (default / ".lock").is_file()
+    with pytest.warns(RuntimeWarning, match="no disk tier"):
+        _, _, second = build_engine_kv(
+            loaded.model, CFG, cache, str(loaded.path), directory_suffix="-pd-prefill-0"
+        )
+    assert second is not None and [t.name for t in second.tiers] == ["host"]
+    named = PrefixCacheConfig(device_blocks=0, host_bytes=0, directory=str(tmp_path / "mine"))
+    _, _, first_named = build_engine_kv(
+        loaded.model, CFG, named, str(loaded.path), directory_suffix="-pd-prefill-1"
+    )
+    assert first_named is not None and (tmp_path / "mine-pd-prefill-1" / ".lock").is_file()
+    with pytest.raises(CacheLockedError):
+        build_engine_kv(
+            loaded.model, CFG, named, str(loaded.path), directory_suffix="-pd-prefill-1"
+        )
+    for store in (owner, second, first_named):
+        store.close()
