@@ -25,13 +25,16 @@ def test_demo_drafts_with_dspark_unless_told_not_to() -> None:
     assert parser.parse_args(["generate", "hi"]).speculative is None
 
 
-def test_generate_json_reports_each_prompt(
-    gguf_path: Path,
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
-    capsys: pytest.CaptureFixture[str],
-) -> None:
+@pytest.fixture
+def private_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CLI converts the model and keeps KV under ``$DEEPINFER_CACHE_DIR``: a fresh one."""
     monkeypatch.setenv("DEEPINFER_CACHE_DIR", str(tmp_path / "cache"))
+
+
+@pytest.mark.usefixtures("private_cache")
+def test_generate_json_reports_each_prompt(
+    gguf_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     args = [
         "generate",
         "the cat",
@@ -52,12 +55,9 @@ def test_generate_json_reports_each_prompt(
     assert again == lines
 
 
+@pytest.mark.usefixtures("private_cache")
 def test_generate_fails_cleanly_on_an_empty_prompt(
-    gguf_path: Path,
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
-    capsys: pytest.CaptureFixture[str],
+    gguf_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setenv("DEEPINFER_CACHE_DIR", str(tmp_path / "cache"))
     assert main(["generate", "", "--model", str(gguf_path), "--max-tokens", "2"]) == 1
     assert "empty" in capsys.readouterr().err
