@@ -13,12 +13,12 @@ warns; a directory named explicitly in `PrefixCacheConfig` raises instead.
 from __future__ import annotations
 
 import hashlib
-import os
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
 from deepinfer.engine.config import EngineConfig
+from deepinfer.model.cache_files import cache_base
 from deepinfer.model.kv_pool import KVPool
 from deepinfer.model.llama import LlamaModel
 from deepinfer_cache import (
@@ -51,9 +51,7 @@ class PrefixCacheConfig:
 
 def default_kv_dir(model_key: str) -> Path:
     """``$DEEPINFER_CACHE_DIR/kv/<key>`` (default ``~/.cache/deepinfer/kv/<key>``)."""
-    env = os.environ.get("DEEPINFER_CACHE_DIR")
-    base = Path(env) if env else Path.home() / ".cache" / "deepinfer"
-    return base / "kv" / model_key
+    return cache_base() / "kv" / model_key
 
 
 def model_cache_key(model_path: str, pool: KVPool) -> str:

@@ -18,12 +18,12 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from deepinfer.model.cache_files import cache_base, exclusive_lock
 from deepinfer.model.gguf_loader import load_gguf
 from deepinfer.model.safetensors_loader import save_hf_dir
 from deepinfer.model.tokenizer import Tokenizer
@@ -37,9 +37,7 @@ def cache_root(cache_dir: str | os.PathLike[str] | None = None) -> Path:
     else ``~/.cache/deepinfer/models``."""
     if cache_dir is not None:
         return Path(cache_dir)
-    env = os.environ.get("DEEPINFER_CACHE_DIR")
-    base = Path(env) if env else Path.home() / ".cache" / "deepinfer"
-    return base / "models"
+    return cache_base() / "models"
 
 
 def _sha256(path: Path) -> str:
@@ -58,23 +56,6 @@ def _fingerprint(source: Path, dtype: torch.dtype) -> dict[str, Any]:
         "source_sha256": _sha256(source),
         "dtype": str(dtype).removeprefix("torch."),
     }
-
-
-@contextlib.contextmanager
-def _conversion_lock(root: Path, name: str) -> Iterator[None]:
-    """Hold an exclusive ``flock`` on ``root/.{name}.lock`` (no-op where ``fcntl`` is absent):
-    two processes loading the same model at once convert it once."""
-    try:
-        import fcntl
-    except ImportError:  # pragma: no cover - not POSIX
-        yield
-        return
-    with open(root / f".{name}.lock", "a+b") as fh:
-        fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
 
 
 def is_converted(directory: Path, fingerprint: dict[str, Any]) -> bool:
@@ -124,7 +105,7 @@ def convert_gguf(
     if not force and is_converted(target, fingerprint):
         return target
     root.mkdir(parents=True, exist_ok=True)
-    with _conversion_lock(root, target.name):
+    with exclusive_lock(root / f".{target.name}.lock"):
         # Another process may have finished the same conversion while this one waited.
         if force or not is_converted(target, fingerprint):
             _convert_into(source, root, target, fingerprint, dtype)
