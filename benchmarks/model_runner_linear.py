@@ -3,10 +3,12 @@
 Usage: python benchmarks/model_runner_linear.py [--threads 2] [--out results/model_runner_linear.md]
 
 Runs all 121 projections of one forward (30 layers x QKV, O, gate/up, down, plus the tied LM
-head) at several row counts, in the same process, best of 5, three ways: plain ``F.linear``
+head) at several row counts, in the same process, best of 5, five ways: plain ``F.linear``
 (what transformers runs), ``linear`` without a pack (the transposed product ``(W x^T)^T`` for
-the row counts in ``CPU_TRANSPOSED_ROWS``), and ``linear`` with MKL-packed weights
-(``PackedWeight``, what the model runner uses from ``PACKED_MIN_ROWS`` rows on).
+the row counts in ``CPU_TRANSPOSED_ROWS``), ``linear`` with MKL-packed weights only (from
+``PACKED_MIN_ROWS`` rows on), the bf16-weight kernel at every row count (the embedded model's
+weights are bf16-exact), and ``linear`` as the model runner calls it (the kernel up to
+``BF16_MAX_ROWS`` rows, packed above).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from deepinfer.model import load_model
+from deepinfer.model.bf16_weight_linear import Bf16WeightLinear, bf16_bits
 from deepinfer.model.linear import PackedWeight, linear, mkl_packing_available
 
 ROWS = (1, 2, 3, 4, 6, 8, 16, 32, 48, 64, 128, 256, 512)
@@ -50,12 +53,19 @@ def main() -> None:
         weights.append(mlp.down_proj.weight.detach())
     weights = [w.float() for w in weights]
     packs = [PackedWeight() for _ in weights]
+    kernel = Bf16WeightLinear(enabled=True)
+    if not kernel.available():
+        raise SystemExit(f"the bf16-weight kernel is unavailable: {kernel.error}")
+    bits = [bf16_bits(w) for w in weights]
+    if any(b is None for b in bits):
+        raise SystemExit("the model's weights are not bf16-exact")
+    runner_packs = [PackedWeight(kernel) for _ in weights]
     if not mkl_packing_available():
         print("this torch build has no MKL packed GEMM: the packed column repeats `linear`")
     lines = [
-        "| rows | F.linear ms | transposed ms | packed ms | transposed speed-up "
-        "| packed speed-up |",
-        "|---|---|---|---|---|---|",
+        "| rows | F.linear ms | transposed ms | packed ms | bf16 kernel ms | model runner ms "
+        "| packed speed-up | model runner speed-up |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     with torch.inference_mode():
         for rows in ROWS:
@@ -65,9 +75,13 @@ def main() -> None:
             packed = _best_ms(
                 lambda xs=xs: [linear(x, w, pack=p) for x, w, p in zip(xs, weights, packs)]
             )
+            bf16 = _best_ms(lambda xs=xs: [kernel(x, b) for x, b in zip(xs, bits)])  # type: ignore[arg-type]
+            runner = _best_ms(
+                lambda xs=xs: [linear(x, w, pack=p) for x, w, p in zip(xs, weights, runner_packs)]
+            )
             lines.append(
-                f"| {rows} | {base:.1f} | {ours:.1f} | {packed:.1f} | {base / ours:.2f}x "
-                f"| {base / packed:.2f}x |"
+                f"| {rows} | {base:.1f} | {ours:.1f} | {packed:.1f} | {bf16:.1f} | {runner:.1f} "
+                f"| {base / packed:.2f}x | {base / runner:.2f}x |"
             )
             print(lines[-1], flush=True)
     cmd = ".venv/bin/python " + " ".join(sys.argv)
@@ -82,7 +96,9 @@ def main() -> None:
             "",
             "Rows outside `CPU_TRANSPOSED_ROWS` (4..48) run the same `F.linear` call in the first",
             "two columns: their ratio is this machine's run-to-run noise. The packed column is",
-            "`F.linear` again below `PACKED_MIN_ROWS` (4).",
+            "`F.linear` again below `PACKED_MIN_ROWS` (4). The bf16 kernel reads the weights as",
+            "bf16 (exact: they came from a bf16 checkpoint) and computes in fp32; the model runner",
+            "uses it up to `BF16_MAX_ROWS` rows.",
         ]
     )
     if args.out is not None:

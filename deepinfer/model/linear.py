@@ -17,12 +17,20 @@ replaced or modified in place); :func:`linear` uses it for CPU fp32 products wit
 else the transposed product for the row counts where that wins, else ``F.linear``. Every path
 computes the same fp32 dot products; results agree with ``F.linear`` to fp32 rounding, not
 bitwise. The packed copy costs one more copy of the weight in memory.
+
+Fewer rows than that are bound by reading the weights. For weights that are exactly bf16 values
+(a bf16 checkpoint run in fp32, like the embedded model) :class:`PackedWeight` also keeps their
+bf16 bits, and up to ``BF16_MAX_ROWS`` rows run on
+:class:`~deepinfer.model.bf16_weight_linear.Bf16WeightLinear`, which reads half the bytes and
+computes in fp32 (1.8x faster than ``F.linear`` for all one-row products of a SmolLM2 step).
 """
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+
+from deepinfer.model.bf16_weight_linear import Bf16WeightLinear, bf16_bits
 
 # Row counts for which ``W @ x^T`` beats ``x @ W^T`` on CPU when packing is unavailable.
 CPU_TRANSPOSED_ROWS = range(4, 49)
@@ -35,6 +43,10 @@ PACK_ROWS_HINT = 256
 # rows the two were within run-to-run noise of each other; from 4 to 48 rows packing was
 # 1.5-3.3x faster than ``F.linear``, and 1.0-1.5x from 64 to 512 rows.
 PACKED_MIN_ROWS = 4
+# Up to this many rows, bf16-exact weights run on the bf16-weight kernel (when it is built):
+# it beat both ``F.linear`` and the packed GEMM from 1 to 8 rows and tied the packed GEMM at 16
+# (``benchmarks/model_runner_linear.py``), where the products stop being bound by memory.
+BF16_MAX_ROWS = 8
 
 
 def mkl_packing_available() -> bool:
@@ -43,18 +55,23 @@ def mkl_packing_available() -> bool:
 
 
 class PackedWeight:
-    """The MKL-packed copy of one fp32 CPU weight ``[out, in]``, built on first use.
+    """The prepared copies of one fp32 CPU weight ``[out, in]``, each made on first use: the
+    MKL-packed copy (:meth:`get`) and, when every value is exactly a bf16 value, its bf16 bits
+    (:meth:`bf16`) for ``kernel``.
 
-    :meth:`get` returns the packed copy of the weight it is given, repacking when that is a
-    different tensor, has new storage, or was modified in place (its version counter moved),
-    so a reloaded or re-initialised weight is never served stale. The weight last packed is
-    held, so its address cannot be reused by another tensor while the copy is kept.
+    Both are rebuilt when the weight they are asked for is a different tensor, has new storage,
+    or was modified in place (its version counter moved), so a reloaded or re-initialised weight
+    is never served stale. The weight last prepared is held, so its address cannot be reused by
+    another tensor while the copies are kept.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, kernel: Bf16WeightLinear | None = None) -> None:
+        self.kernel = kernel
         self._source: torch.Tensor | None = None
         self._key: tuple[int, int] = (0, -1)
         self._packed: torch.Tensor | None = None
+        self._bf16: torch.Tensor | None = None
+        self._bf16_checked = False
 
     @staticmethod
     def _key_of(weight: torch.Tensor) -> tuple[int, int]:
@@ -63,24 +80,43 @@ class PackedWeight:
         version = 0 if weight.is_inference() else weight._version
         return weight.data_ptr(), version
 
-    def get(self, weight: torch.Tensor) -> torch.Tensor:
+    def _follow(self, weight: torch.Tensor) -> None:
         key = self._key_of(weight)
-        if self._packed is None or self._source is not weight or self._key != key:
+        if self._source is not weight or self._key != key:
+            self.clear()
+            self._source, self._key = weight, key
+
+    def get(self, weight: torch.Tensor) -> torch.Tensor:
+        """The MKL-packed copy of ``weight``."""
+        self._follow(weight)
+        if self._packed is None:
             with torch.no_grad():
                 self._packed = torch.ops.mkl._mkl_reorder_linear_weight(
                     weight.detach(), PACK_ROWS_HINT
                 )
-            self._source, self._key = weight, key
         return self._packed
+
+    def bf16(self, weight: torch.Tensor) -> torch.Tensor | None:
+        """``weight``'s bf16 bits when it is bf16-exact (checked once per weight), else None."""
+        self._follow(weight)
+        if not self._bf16_checked:
+            self._bf16, self._bf16_checked = bf16_bits(weight), True
+        return self._bf16
 
     @property
     def is_packed(self) -> bool:
         """Whether a packed copy is held."""
         return self._packed is not None
 
+    @property
+    def has_bf16(self) -> bool:
+        """Whether bf16 bits are held (the weight was bf16-exact and the kernel asked)."""
+        return self._bf16 is not None
+
     def clear(self) -> None:
-        """Drop the packed copy (and the reference to its weight)."""
-        self._source, self._key, self._packed = None, (0, -1), None
+        """Drop the copies (and the reference to their weight)."""
+        self._source, self._key = None, (0, -1)
+        self._packed, self._bf16, self._bf16_checked = None, None, False
 
 
 def _cpu_fp32(x: torch.Tensor, weight: torch.Tensor) -> bool:
@@ -97,9 +133,10 @@ def linear(
 ) -> torch.Tensor:
     """``F.linear(x, weight, bias)`` for ``x`` ``[..., in]``, ``weight`` ``[out, in]``.
 
-    ``pack``: the weight's :class:`PackedWeight`; used for CPU fp32 products of at least
-    ``PACKED_MIN_ROWS`` rows when autograd is off (the packed kernel has no backward) and MKL
-    packing is available.
+    ``pack``: the weight's :class:`PackedWeight`. When autograd is off (neither kernel has a
+    backward), CPU fp32 products of up to ``BF16_MAX_ROWS`` rows run on ``pack.kernel`` if the
+    weight is bf16-exact and the kernel is built, and products of at least ``PACKED_MIN_ROWS``
+    rows run on the MKL-packed copy where MKL packing is available.
 
     ``contiguous=False``: for 2-d ``x`` on the transposed path the result may be the
     transposed view of ``W x^T`` (no copy). Element-wise consumers and a following ``linear``
@@ -108,6 +145,18 @@ def linear(
     if not _cpu_fp32(x, weight):
         return F.linear(x, weight, bias)
     rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
+    if (
+        pack is not None
+        and pack.kernel is not None
+        and 0 < rows <= BF16_MAX_ROWS
+        and weight.dim() == 2
+        and not torch.is_grad_enabled()
+        and (bias is None or bias.dtype == torch.float32)
+        and pack.kernel.available()
+        and (bits := pack.bf16(weight)) is not None
+    ):
+        y = pack.kernel(x.reshape(rows, x.shape[-1]), bits, bias)
+        return y.view(*x.shape[:-1], weight.shape[0])
     if (
         pack is not None
         and rows >= PACKED_MIN_ROWS

@@ -16,6 +16,7 @@ from torch import nn
 
 import deepinfer_kernels
 from deepinfer.model.attention_metadata import AttentionMetadata
+from deepinfer.model.bf16_weight_linear import Bf16WeightLinear
 from deepinfer.model.config import LlamaConfig
 from deepinfer.model.kv_pool import KVPool
 from deepinfer.model.linear import PackedWeight, linear
@@ -27,8 +28,9 @@ class Linear(nn.Module):
     """``y = x W^T (+ b)``. Storage starts uninitialised (``torch.empty``): weights are either
     loaded or set by :meth:`LlamaModel.init_weights`, so building a model costs no random init.
 
-    Without autograd on CPU in fp32 the product runs on an MKL-packed copy of the weight, made
-    on first use (see :mod:`deepinfer.model.linear`)."""
+    Without autograd on CPU in fp32 the product runs on a copy of the weight prepared on first
+    use: its bf16 bits for a few rows when it is bf16-exact, else MKL-packed (see
+    :mod:`deepinfer.model.linear`)."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool = False) -> None:
         super().__init__()
@@ -203,8 +205,16 @@ class LlamaModel(nn.Module):
         self.rope = RotaryEmbedding(
             config.head_dim, config.rope_theta, config.rope_scaling, config.max_position_embeddings
         )
+        self.use_cpu_kernel(Bf16WeightLinear())
         if init:
             self.init_weights()
+
+    def use_cpu_kernel(self, kernel: Bf16WeightLinear | None) -> None:
+        """Run few-row CPU products of bf16-exact weights on ``kernel`` (None: never)."""
+        self._head_packed.kernel = kernel
+        for module in self.modules():
+            if isinstance(module, Linear):
+                module.packed.kernel = kernel
 
     def _apply(self, fn: Any, recurse: bool = True) -> LlamaModel:
         self._head_packed.clear()  # see Linear._apply

@@ -116,10 +116,11 @@ def test_wheel_metadata_follows_design(dist: str, tmp_path: Path) -> None:
     assert import_name in packaged
     assert f"{import_name}/py.typed" in zipfile.ZipFile(wheel).namelist()
     if dist == "deepinfer":
-        # The shipped DSpark drafter must travel with the package, not stay in the checkout.
-        assert (
-            "deepinfer/data/dspark-smollm2/drafter.safetensors" in zipfile.ZipFile(wheel).namelist()
-        )
+        names = zipfile.ZipFile(wheel).namelist()
+        # The shipped DSpark drafter and the CPU kernel's C source (compiled on first use) must
+        # travel with the package, not stay in the checkout.
+        assert "deepinfer/data/dspark-smollm2/drafter.safetensors" in names
+        assert "deepinfer/model/csrc/bf16_weight_linear.c" in names
 
 
 def test_allowed_table_keeps_scheduler_free_of_torch() -> None:

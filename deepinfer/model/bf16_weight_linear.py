@@ -1,0 +1,111 @@
+"""``y = x W^T + b`` in fp32 on the CPU, reading weights that are exactly bf16 values as bf16.
+
+A decode step multiplies a few rows by every weight once, so on a CPU it costs what reading
+the weights costs. A model converted from a bf16 checkpoint and run in fp32 (the embedded
+SmolLM2 is) has weights whose low 16 bits are all zero: storing them as bf16 loses nothing and
+halves the bytes read. :class:`Bf16WeightLinear` runs ``csrc/bf16_weight_linear.c``, which
+widens each weight exactly to fp32 and multiplies and sums in fp32, so its results equal
+``F.linear``'s up to fp32 rounding in another summation order (about 1e-7 relative).
+
+The kernel is compiled on first use with the machine's C compiler and cached
+(:mod:`deepinfer.model.native_build`); where that fails (no compiler), it reports itself
+unavailable once, with a warning, and callers keep ``F.linear``. ``DEEPINFER_CPU_KERNELS=0``
+turns it off.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from deepinfer.model.native_build import NativeBuildError, load_library
+
+SOURCE = "bf16_weight_linear.c"
+
+
+def bf16_bits(weight: torch.Tensor) -> torch.Tensor | None:
+    """The bf16 bit patterns ``[out, in]`` (int16) of an fp32 CPU ``weight`` whose every value
+    is exactly a bf16 value (low 16 bits zero), else None."""
+    if weight.dtype != torch.float32 or weight.device.type != "cpu" or weight.dim() != 2:
+        return None
+    ints = weight.detach().contiguous().view(torch.int32)
+    if bool((ints & 0xFFFF).any()):
+        return None
+    # The arithmetic shift leaves the high half, which fits int16 exactly.
+    return (ints >> 16).to(torch.int16)
+
+
+class Bf16WeightLinear:
+    """The compiled kernel, built and loaded on the first :meth:`available` call.
+
+    ``enabled=None`` reads ``DEEPINFER_CPU_KERNELS`` (``0`` turns the kernel off).
+    """
+
+    def __init__(self, cache_dir: Path | None = None, enabled: bool | None = None) -> None:
+        if enabled is None:
+            enabled = os.environ.get("DEEPINFER_CPU_KERNELS", "1") != "0"
+        self.enabled = enabled
+        self.cache_dir = cache_dir
+        self._fn: Callable[..., int] | None = None
+        self.error: str | None = None
+
+    def available(self) -> bool:
+        """Whether the kernel can run here (builds it on the first call)."""
+        if not self.enabled:
+            return False
+        if self._fn is None and self.error is None:
+            try:
+                fn = load_library(SOURCE, self.cache_dir).deepinfer_bf16_weight_linear
+            except (NativeBuildError, AttributeError) as exc:
+                self.error = str(exc)
+                warnings.warn(
+                    f"deepinfer's CPU kernel is unavailable, using F.linear: {exc}",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+                return False
+            fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3
+            fn.restype = ctypes.c_int
+            self._fn = fn
+        return self._fn is not None
+
+    def __call__(
+        self, x: torch.Tensor, bits: torch.Tensor, bias: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """``x`` ``[M, K]`` fp32, ``bits`` ``[N, K]`` int16 (:func:`bf16_bits`), ``bias``
+        ``[N]`` fp32 or None -> ``[M, N]`` fp32."""
+        if not self.available() or self._fn is None:
+            raise RuntimeError(f"the bf16-weight kernel is unavailable: {self.error or 'off'}")
+        if x.dim() != 2 or x.dtype != torch.float32 or x.device.type != "cpu":
+            raise ValueError(f"x must be a 2-d fp32 CPU tensor, got {x.dtype} {tuple(x.shape)}")
+        if bits.dim() != 2 or bits.dtype != torch.int16 or bits.shape[1] != x.shape[1]:
+            raise ValueError(
+                f"bits must be int16 [N, {x.shape[1]}], got {bits.dtype} {tuple(bits.shape)}"
+            )
+        if not bits.is_contiguous():
+            raise ValueError("bits must be contiguous")
+        n = bits.shape[0]
+        if bias is not None and (bias.shape != (n,) or bias.dtype != torch.float32):
+            raise ValueError(f"bias must be fp32 [{n}], got {bias.dtype} {tuple(bias.shape)}")
+        x = x.contiguous()
+        bias = None if bias is None else bias.detach().contiguous()
+        y = torch.empty(x.shape[0], n, dtype=torch.float32)
+        if x.shape[0] == 0 or n == 0:
+            return y
+        rc = self._fn(
+            x.data_ptr(),
+            bits.data_ptr(),
+            None if bias is None else bias.data_ptr(),
+            y.data_ptr(),
+            x.shape[0],
+            n,
+            x.shape[1],
+        )
+        if rc != 0:
+            raise MemoryError("the bf16-weight kernel could not allocate its scratch copy of x")
+        return y

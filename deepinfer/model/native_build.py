@@ -1,0 +1,151 @@
+"""Compile a C source shipped with deepinfer into a shared library once, cache it, load it.
+
+Triton does the same for its launchers: the machine's C compiler (``$CC``, else ``cc``) builds
+the library on first use, with ``-march=native``, into ``$DEEPINFER_CACHE_DIR/kernels/``. The
+file name carries a key over everything the binary depends on (the source, the compiler's
+version, the flags, the CPU's feature flags, the OpenMP runtime it links), so a changed source,
+compiler or machine gets a new build and a stale one is never loaded. Builds are written to a
+temporary file and renamed into place under a lock, so concurrent processes build once and no
+process sees half a library.
+
+OpenMP: the library links the OpenMP runtime this process already has loaded (torch's), so its
+parallel loops run on torch's thread pool, sized by ``torch.set_num_threads``, instead of
+starting a second pool that would fight it for the cores. Without one, it is built without
+OpenMP (one thread).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from deepinfer.model.cache_files import cache_base, exclusive_lock
+
+CSRC = Path(__file__).parent / "csrc"
+COMPILE_TIMEOUT_S = 120
+
+
+class NativeBuildError(RuntimeError):
+    """The library could not be built or loaded (no compiler, a compile error, ...)."""
+
+
+def find_compiler() -> str:
+    """``$CC``, else ``cc``/``gcc``/``clang`` on ``PATH``."""
+    for name in (os.environ.get("CC"), "cc", "gcc", "clang"):
+        if name and (path := shutil.which(name)):
+            return path
+    raise NativeBuildError("no C compiler found: install one or point $CC at it")
+
+
+def loaded_openmp_runtime() -> Path | None:
+    """The GNU OpenMP runtime file mapped into this process (Linux), if any."""
+    try:
+        with open("/proc/self/maps", encoding="utf-8") as fh:
+            for line in fh:
+                path = line.rsplit(" ", 1)[-1].strip()
+                if Path(path).name.startswith("libgomp") and Path(path).is_file():
+                    return Path(path)
+    except OSError:
+        return None
+    return None
+
+
+def _cpu_flags() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as fh:
+            for line in fh:
+                if line.startswith(("flags", "Features")):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def _compile_flags() -> list[str]:
+    flags = ["-O3", "-std=gnu11", "-fPIC", "-march=native"]
+    if platform.machine() in ("x86_64", "AMD64"):
+        # gcc picks 256-bit vectors for -march=native on AVX-512 parts; the kernels are
+        # written for 512-bit ones.
+        flags.append("-mprefer-vector-width=512")
+    return flags
+
+
+def _compiler_version(compiler: str) -> str:
+    try:
+        out = subprocess.run(
+            [compiler, "--version"], capture_output=True, text=True, timeout=30, check=True
+        )
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise NativeBuildError(f"cannot run the C compiler {compiler!r}: {exc}") from exc
+    return out.stdout.splitlines()[0] if out.stdout else compiler
+
+
+def _run(cmd: list[str]) -> None:
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S)
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise NativeBuildError(f"{cmd[0]} failed to run: {exc}") from exc
+    if done.returncode != 0:
+        raise NativeBuildError(f"{' '.join(cmd)} failed:\n{done.stderr.strip()[-2000:]}")
+
+
+def build_library(source_name: str, cache_dir: Path | None = None) -> Path:
+    """Path of the shared library built from ``csrc/<source_name>``, building it if needed.
+
+    ``cache_dir`` defaults to ``$DEEPINFER_CACHE_DIR/kernels``. Raises
+    :class:`NativeBuildError` when this machine cannot build it.
+    """
+    if sys.byteorder != "little":
+        raise NativeBuildError("the CPU kernels assume a little-endian machine")
+    source = CSRC / source_name
+    compiler = find_compiler()
+    openmp = loaded_openmp_runtime()
+    flags = _compile_flags()
+    key_parts = [
+        hashlib.sha256(source.read_bytes()).hexdigest(),
+        _compiler_version(compiler),
+        " ".join(flags),
+        _cpu_flags(),
+        str(openmp),
+    ]
+    key = hashlib.sha256("\n".join(key_parts).encode()).hexdigest()[:16]
+    root = cache_dir if cache_dir is not None else cache_base() / "kernels"
+    target = root / f"{source.stem}-{key}.so"
+    if target.is_file():
+        return target
+    root.mkdir(parents=True, exist_ok=True)
+    with exclusive_lock(root / f".{source.stem}.lock"):
+        if target.is_file():  # another process built it while this one waited
+            return target
+        with tempfile.TemporaryDirectory(prefix=f".{source.stem}-", dir=root) as tmp:
+            obj, lib = Path(tmp) / "kernel.o", Path(tmp) / "kernel.so"
+            compile_cmd = [compiler, *flags, "-c", str(source), "-o", str(obj)]
+            link_cmd = [compiler, "-shared", str(obj), "-o", str(lib)]
+            if openmp is not None:
+                compile_cmd.insert(1, "-fopenmp")
+                # Link the runtime file itself (not -fopenmp's -lgomp, which may be another
+                # copy), found at run time through the rpath.
+                link_cmd += [str(openmp), f"-Wl,-rpath,{openmp.parent}"]
+            _run(compile_cmd)
+            _run(link_cmd)
+            os.replace(lib, target)
+    return target
+
+
+def load_library(source_name: str, cache_dir: Path | None = None) -> ctypes.CDLL:
+    """Build (if needed) and load ``csrc/<source_name>``."""
+    path = build_library(source_name, cache_dir)
+    try:
+        return ctypes.CDLL(str(path))
+    except OSError as exc:
+        # A damaged file under the final name (a disk error: builds are renamed into place
+        # whole) is removed, so the next call rebuilds it.
+        path.unlink(missing_ok=True)
+        raise NativeBuildError(f"cannot load {path}: {exc}") from exc
