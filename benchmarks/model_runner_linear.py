@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from deepinfer.model import load_model
-from deepinfer.model.bf16_weight_linear import Bf16WeightLinear, bf16_bits
+from deepinfer.model.bf16_weight_linear import Bf16WeightLinear, bf16_panels
 from deepinfer.model.linear import PackedWeight, linear, mkl_packing_available
 
 ROWS = (1, 2, 3, 4, 6, 8, 16, 32, 48, 64, 128, 256, 512)
@@ -56,8 +56,8 @@ def main() -> None:
     kernel = Bf16WeightLinear(enabled=True)
     if not kernel.available():
         raise SystemExit(f"the bf16-weight kernel is unavailable: {kernel.error}")
-    bits = [bf16_bits(w) for w in weights]
-    if any(b is None for b in bits):
+    panels = [bf16_panels(w) for w in weights]
+    if any(p is None for p in panels):
         raise SystemExit("the model's weights are not bf16-exact")
     runner_packs = [PackedWeight(kernel) for _ in weights]
     if not mkl_packing_available():
@@ -75,7 +75,12 @@ def main() -> None:
             packed = _best_ms(
                 lambda xs=xs: [linear(x, w, pack=p) for x, w, p in zip(xs, weights, packs)]
             )
-            bf16 = _best_ms(lambda xs=xs: [kernel(x, b) for x, b in zip(xs, bits)])  # type: ignore[arg-type]
+            bf16 = _best_ms(
+                lambda xs=xs: [
+                    kernel(x, p, w.shape[0])  # type: ignore[arg-type]
+                    for x, p, w in zip(xs, panels, weights)
+                ]
+            )
             runner = _best_ms(
                 lambda xs=xs: [linear(x, w, pack=p) for x, w, p in zip(xs, weights, runner_packs)]
             )

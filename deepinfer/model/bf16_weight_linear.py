@@ -3,9 +3,10 @@
 A decode step multiplies a few rows by every weight once, so on a CPU it costs what reading
 the weights costs. A model converted from a bf16 checkpoint and run in fp32 (the embedded
 SmolLM2 is) has weights whose low 16 bits are all zero: storing them as bf16 loses nothing and
-halves the bytes read. :class:`Bf16WeightLinear` runs ``csrc/bf16_weight_linear.c``, which
-widens each weight exactly to fp32 and multiplies and sums in fp32, so its results equal
-``F.linear``'s up to fp32 rounding in another summation order (about 1e-7 relative).
+halves the bytes read. :func:`bf16_panels` lays such a weight out in 32-column panels of bf16
+bits, and :class:`Bf16WeightLinear` runs ``csrc/bf16_weight_linear.c`` over them: it widens each
+weight exactly to fp32 and multiplies and sums in fp32, so its results equal ``F.linear``'s up
+to fp32 rounding in another summation order (about 1e-6 relative).
 
 The kernel is compiled on first use with the machine's C compiler and cached
 (:mod:`deepinfer.model.native_build`); where that fails (no compiler), it reports itself
@@ -28,16 +29,31 @@ from deepinfer.model.native_build import NativeBuildError, load_library
 SOURCE = "bf16_weight_linear.c"
 
 
-def bf16_bits(weight: torch.Tensor) -> torch.Tensor | None:
-    """The bf16 bit patterns ``[out, in]`` (int16) of an fp32 CPU ``weight`` whose every value
-    is exactly a bf16 value (low 16 bits zero), else None."""
+PANEL = 32  # output columns per panel (csrc/bf16_weight_linear.c)
+
+
+def bf16_panels(weight: torch.Tensor) -> torch.Tensor | None:
+    """``weight`` ``[N, K]`` (fp32, CPU) as the kernel's bf16 panels ``[ceil(N/32), K, 16, 2]``
+    (int16 bit patterns, ``panels[p, k, i, h] = W[32p + 16h + i, k]``, zero past ``N``) when
+    every value is exactly a bf16 value (low 16 bits zero), else None."""
     if weight.dtype != torch.float32 or weight.device.type != "cpu" or weight.dim() != 2:
         return None
     ints = weight.detach().contiguous().view(torch.int32)
     if bool((ints & 0xFFFF).any()):
         return None
     # The arithmetic shift leaves the high half, which fits int16 exactly.
-    return (ints >> 16).to(torch.int16)
+    bits = (ints >> 16).to(torch.int16)
+    n, k = bits.shape
+    padded = torch.zeros(-(-n // PANEL) * PANEL, k, dtype=torch.int16)
+    padded[:n] = bits
+    return padded.view(-1, 2, 16, k).permute(0, 3, 2, 1).contiguous()
+
+
+def unpack_panels(panels: torch.Tensor, out_features: int) -> torch.Tensor:
+    """The fp32 weight ``[out_features, K]`` that :func:`bf16_panels` packed."""
+    k = panels.shape[1]
+    bits = panels.permute(0, 3, 2, 1).reshape(-1, k)[:out_features]
+    return bits.contiguous().view(torch.bfloat16).float()
 
 
 class Bf16WeightLinear:
@@ -51,7 +67,7 @@ class Bf16WeightLinear:
             enabled = os.environ.get("DEEPINFER_CPU_KERNELS", "1") != "0"
         self.enabled = enabled
         self.cache_dir = cache_dir
-        self._fn: Callable[..., int] | None = None
+        self._fn: Callable[..., None] | None = None
         self.error: str | None = None
 
     def available(self) -> bool:
@@ -70,26 +86,32 @@ class Bf16WeightLinear:
                 )
                 return False
             fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3
-            fn.restype = ctypes.c_int
+            fn.restype = None
             self._fn = fn
         return self._fn is not None
 
     def __call__(
-        self, x: torch.Tensor, bits: torch.Tensor, bias: torch.Tensor | None = None
+        self,
+        x: torch.Tensor,
+        panels: torch.Tensor,
+        out_features: int,
+        bias: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """``x`` ``[M, K]`` fp32, ``bits`` ``[N, K]`` int16 (:func:`bf16_bits`), ``bias``
-        ``[N]`` fp32 or None -> ``[M, N]`` fp32."""
+        """``x`` ``[M, K]`` fp32, ``panels`` of an ``[out_features, K]`` weight
+        (:func:`bf16_panels`), ``bias`` ``[out_features]`` fp32 or None -> ``[M, N]`` fp32."""
         if not self.available() or self._fn is None:
             raise RuntimeError(f"the bf16-weight kernel is unavailable: {self.error or 'off'}")
         if x.dim() != 2 or x.dtype != torch.float32 or x.device.type != "cpu":
             raise ValueError(f"x must be a 2-d fp32 CPU tensor, got {x.dtype} {tuple(x.shape)}")
-        if bits.dim() != 2 or bits.dtype != torch.int16 or bits.shape[1] != x.shape[1]:
+        n = out_features
+        want = (-(-n // PANEL), x.shape[1], 16, 2)
+        if panels.dtype != torch.int16 or tuple(panels.shape) != want:
             raise ValueError(
-                f"bits must be int16 [N, {x.shape[1]}], got {bits.dtype} {tuple(bits.shape)}"
+                f"panels must be int16 {want} for out_features={n}, got {panels.dtype} "
+                f"{tuple(panels.shape)}"
             )
-        if not bits.is_contiguous():
-            raise ValueError("bits must be contiguous")
-        n = bits.shape[0]
+        if not panels.is_contiguous():
+            raise ValueError("panels must be contiguous")
         if bias is not None and (bias.shape != (n,) or bias.dtype != torch.float32):
             raise ValueError(f"bias must be fp32 [{n}], got {bias.dtype} {tuple(bias.shape)}")
         x = x.contiguous()
@@ -97,15 +119,13 @@ class Bf16WeightLinear:
         y = torch.empty(x.shape[0], n, dtype=torch.float32)
         if x.shape[0] == 0 or n == 0:
             return y
-        rc = self._fn(
+        self._fn(
             x.data_ptr(),
-            bits.data_ptr(),
+            panels.data_ptr(),
             None if bias is None else bias.data_ptr(),
             y.data_ptr(),
             x.shape[0],
             n,
             x.shape[1],
         )
-        if rc != 0:
-            raise MemoryError("the bf16-weight kernel could not allocate its scratch copy of x")
         return y

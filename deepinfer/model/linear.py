@@ -20,7 +20,7 @@ bitwise. The packed copy costs one more copy of the weight in memory.
 
 Fewer rows than that are bound by reading the weights. For weights that are exactly bf16 values
 (a bf16 checkpoint run in fp32, like the embedded model) :class:`PackedWeight` also keeps their
-bf16 bits, and up to ``BF16_MAX_ROWS`` rows run on
+bf16 panels, and up to ``BF16_MAX_ROWS`` rows run on
 :class:`~deepinfer.model.bf16_weight_linear.Bf16WeightLinear`, which reads half the bytes and
 computes in fp32 (1.8x faster than ``F.linear`` for all one-row products of a SmolLM2 step).
 """
@@ -30,7 +30,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from deepinfer.model.bf16_weight_linear import Bf16WeightLinear, bf16_bits
+from deepinfer.model.bf16_weight_linear import Bf16WeightLinear, bf16_panels
 
 # Row counts for which ``W @ x^T`` beats ``x @ W^T`` on CPU when packing is unavailable.
 CPU_TRANSPOSED_ROWS = range(4, 49)
@@ -44,9 +44,9 @@ PACK_ROWS_HINT = 256
 # 1.5-3.3x faster than ``F.linear``, and 1.0-1.5x from 64 to 512 rows.
 PACKED_MIN_ROWS = 4
 # Up to this many rows, bf16-exact weights run on the bf16-weight kernel (when it is built):
-# it beat both ``F.linear`` and the packed GEMM from 1 to 8 rows and tied the packed GEMM at 16
-# (``benchmarks/model_runner_linear.py``), where the products stop being bound by memory.
-BF16_MAX_ROWS = 8
+# over all SmolLM2 projections it took 15 ms for 1 to 4 rows, 24 ms for 16 and 41 ms for 32,
+# against 29, 41 and 52 ms on the packed GEMM (``benchmarks/model_runner_linear.py``).
+BF16_MAX_ROWS = 32
 
 
 def mkl_packing_available() -> bool:
@@ -56,8 +56,8 @@ def mkl_packing_available() -> bool:
 
 class PackedWeight:
     """The prepared copies of one fp32 CPU weight ``[out, in]``, each made on first use: the
-    MKL-packed copy (:meth:`get`) and, when every value is exactly a bf16 value, its bf16 bits
-    (:meth:`bf16`) for ``kernel``.
+    MKL-packed copy (:meth:`get`) and, when every value is exactly a bf16 value, its bf16
+    panels (:meth:`bf16`) for ``kernel``.
 
     Both are rebuilt when the weight they are asked for is a different tensor, has new storage,
     or was modified in place (its version counter moved), so a reloaded or re-initialised weight
@@ -97,10 +97,10 @@ class PackedWeight:
         return self._packed
 
     def bf16(self, weight: torch.Tensor) -> torch.Tensor | None:
-        """``weight``'s bf16 bits when it is bf16-exact (checked once per weight), else None."""
+        """``weight``'s bf16 panels when it is bf16-exact (checked once per weight), else None."""
         self._follow(weight)
         if not self._bf16_checked:
-            self._bf16, self._bf16_checked = bf16_bits(weight), True
+            self._bf16, self._bf16_checked = bf16_panels(weight), True
         return self._bf16
 
     @property
@@ -110,7 +110,7 @@ class PackedWeight:
 
     @property
     def has_bf16(self) -> bool:
-        """Whether bf16 bits are held (the weight was bf16-exact and the kernel asked)."""
+        """Whether bf16 panels are held (the weight was bf16-exact and the kernel asked)."""
         return self._bf16 is not None
 
     def clear(self) -> None:
@@ -153,9 +153,9 @@ def linear(
         and not torch.is_grad_enabled()
         and (bias is None or bias.dtype == torch.float32)
         and pack.kernel.available()
-        and (bits := pack.bf16(weight)) is not None
+        and (panels := pack.bf16(weight)) is not None
     ):
-        y = pack.kernel(x.reshape(rows, x.shape[-1]), bits, bias)
+        y = pack.kernel(x.reshape(rows, x.shape[-1]), panels, weight.shape[0], bias)
         return y.view(*x.shape[:-1], weight.shape[0])
     if (
         pack is not None
