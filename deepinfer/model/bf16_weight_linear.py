@@ -17,14 +17,11 @@ turns it off.
 from __future__ import annotations
 
 import ctypes
-import os
-import warnings
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
-from deepinfer.model.native_build import NativeBuildError, load_library
+from deepinfer.model.native_build import NativeFunction
 
 SOURCE = "bf16_weight_linear.c"
 
@@ -57,38 +54,29 @@ def unpack_panels(panels: torch.Tensor, out_features: int) -> torch.Tensor:
 
 
 class Bf16WeightLinear:
-    """The compiled kernel, built and loaded on the first :meth:`available` call.
+    """The compiled kernel (:class:`~deepinfer.model.native_build.NativeFunction`), built and
+    loaded on the first :meth:`available` call.
 
     ``enabled=None`` reads ``DEEPINFER_CPU_KERNELS`` (``0`` turns the kernel off).
     """
 
     def __init__(self, cache_dir: Path | None = None, enabled: bool | None = None) -> None:
-        if enabled is None:
-            enabled = os.environ.get("DEEPINFER_CPU_KERNELS", "1") != "0"
-        self.enabled = enabled
-        self.cache_dir = cache_dir
-        self._fn: Callable[..., None] | None = None
-        self.error: str | None = None
+        self.fn = NativeFunction(
+            SOURCE,
+            "deepinfer_bf16_weight_linear",
+            [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3,
+            cache_dir=cache_dir,
+            enabled=enabled,
+        )
+
+    @property
+    def error(self) -> str | None:
+        """Why the kernel could not be built, once that was tried."""
+        return self.fn.error
 
     def available(self) -> bool:
         """Whether the kernel can run here (builds it on the first call)."""
-        if not self.enabled:
-            return False
-        if self._fn is None and self.error is None:
-            try:
-                fn = load_library(SOURCE, self.cache_dir).deepinfer_bf16_weight_linear
-            except (NativeBuildError, AttributeError) as exc:
-                self.error = str(exc)
-                warnings.warn(
-                    f"deepinfer's CPU kernel is unavailable, using F.linear: {exc}",
-                    RuntimeWarning,
-                    stacklevel=2,
-                )
-                return False
-            fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3
-            fn.restype = None
-            self._fn = fn
-        return self._fn is not None
+        return self.fn.available()
 
     def __call__(
         self,
@@ -99,7 +87,7 @@ class Bf16WeightLinear:
     ) -> torch.Tensor:
         """``x`` ``[M, K]`` fp32, ``panels`` of an ``[out_features, K]`` weight
         (:func:`bf16_panels`), ``bias`` ``[out_features]`` fp32 or None -> ``[M, N]`` fp32."""
-        if not self.available() or self._fn is None:
+        if not self.available():
             raise RuntimeError(f"the bf16-weight kernel is unavailable: {self.error or 'off'}")
         if x.dim() != 2 or x.dtype != torch.float32 or x.device.type != "cpu":
             raise ValueError(f"x must be a 2-d fp32 CPU tensor, got {x.dtype} {tuple(x.shape)}")
@@ -119,7 +107,7 @@ class Bf16WeightLinear:
         y = torch.empty(x.shape[0], n, dtype=torch.float32)
         if x.shape[0] == 0 or n == 0:
             return y
-        self._fn(
+        self.fn(
             x.data_ptr(),
             panels.data_ptr(),
             None if bias is None else bias.data_ptr(),

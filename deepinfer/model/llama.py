@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import deepinfer_kernels
+from deepinfer.model.add_rms_norm import AddRmsNorm, add_rms_norm, rms_norm
 from deepinfer.model.attention_metadata import AttentionMetadata
 from deepinfer.model.bf16_weight_linear import Bf16WeightLinear
 from deepinfer.model.config import LlamaConfig
@@ -68,12 +69,7 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dtype == torch.float32 and self.weight.dtype == torch.float32:
-            # One fused op instead of six small ones: decode steps are overhead-bound on CPU.
-            return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * xf.to(x.dtype)
+        return rms_norm(x, self.weight, self.eps)
 
 
 class LlamaAttention(nn.Module):
@@ -205,16 +201,20 @@ class LlamaModel(nn.Module):
         self.rope = RotaryEmbedding(
             config.head_dim, config.rope_theta, config.rope_scaling, config.max_position_embeddings
         )
-        self.use_cpu_kernel(Bf16WeightLinear())
+        self._cpu_norm: AddRmsNorm | None = None
+        self.use_cpu_kernels(Bf16WeightLinear(), AddRmsNorm())
         if init:
             self.init_weights()
 
-    def use_cpu_kernel(self, kernel: Bf16WeightLinear | None) -> None:
-        """Run few-row CPU products of bf16-exact weights on ``kernel`` (None: never)."""
-        self._head_packed.kernel = kernel
+    def use_cpu_kernels(self, linear: Bf16WeightLinear | None, norm: AddRmsNorm | None) -> None:
+        """Run few-row CPU products of bf16-exact weights on ``linear`` and the residual adds
+        with their RMSNorms on ``norm`` (None: torch ops). Both are built on first use and
+        fall back to torch where they cannot be (see :mod:`deepinfer.model.native_build`)."""
+        self._head_packed.kernel = linear
         for module in self.modules():
             if isinstance(module, Linear):
-                module.packed.kernel = kernel
+                module.packed.kernel = linear
+        self._cpu_norm = norm
 
     def _apply(self, fn: Any, recurse: bool = True) -> LlamaModel:
         self._head_packed.clear()  # see Linear._apply
@@ -260,9 +260,8 @@ class LlamaModel(nn.Module):
             )
         wanted = self._check_layer_ids(layer_ids)
         cos, sin = self.rope.cos_sin(positions, self.embed_tokens.weight.dtype)
-        x = F.embedding(input_ids, self.embed_tokens.weight)
+        residual = F.embedding(input_ids, self.embed_tokens.weight)
         captured: dict[int, torch.Tensor] = {}
-        residual = x
         layers = self.decoder_layers()
         # Every layer sees the same metadata: validate it and plan the attention and the KV
         # writes once per forward (on CPU the per-layer checks cost more than a decode
@@ -273,25 +272,16 @@ class LlamaModel(nn.Module):
         writer = deepinfer_kernels.plan_write_kv(
             attn.slot_mapping, num_blocks=kv_pool.num_blocks, block_size=kv_pool.block_size
         )
+        residual, normed = self._add_norm(residual, None, layers[0].input_layernorm)
         for i, layer in enumerate(layers):
             k_cache, v_cache = kv_pool.layer_caches(i)
-            h = layer.self_attn.forward(
-                layer.input_layernorm.forward(residual),
-                cos,
-                sin,
-                self.rope,
-                k_cache,
-                v_cache,
-                plan,
-                writer,
-            )
-            residual = residual + h
-            residual = residual + layer.mlp.forward(
-                layer.post_attention_layernorm.forward(residual)
-            )
+            h = layer.self_attn.forward(normed, cos, sin, self.rope, k_cache, v_cache, plan, writer)
+            residual, normed = self._add_norm(residual, h, layer.post_attention_layernorm)
+            h = layer.mlp.forward(normed)
+            residual, normed = self._add_norm(residual, h, self._norm_after(i))
             if i in wanted:
                 captured[i] = residual
-        return self.norm.forward(residual), [captured[i] for i in layer_ids]
+        return normed, [captured[i] for i in layer_ids]
 
     # ------------------------------------------------------------------ dense forward
     def forward_dense(
@@ -310,17 +300,32 @@ class LlamaModel(nn.Module):
         cos, sin = self.rope.cos_sin(positions, self.embed_tokens.weight.dtype)
         residual = F.embedding(input_ids, self.embed_tokens.weight)
         captured: dict[int, torch.Tensor] = {}
-        for i, layer in enumerate(self.decoder_layers()):
-            h = layer.self_attn.forward_dense(
-                layer.input_layernorm.forward(residual), cos, sin, self.rope
-            )
-            residual = residual + h
-            residual = residual + layer.mlp.forward(
-                layer.post_attention_layernorm.forward(residual)
-            )
+        layers = self.decoder_layers()
+        first_norm = layers[0].input_layernorm if layers else self.norm
+        residual, normed = self._add_norm(residual, None, first_norm)
+        for i, layer in enumerate(layers):
+            h = layer.self_attn.forward_dense(normed, cos, sin, self.rope)
+            residual, normed = self._add_norm(residual, h, layer.post_attention_layernorm)
+            h = layer.mlp.forward(normed)
+            residual, normed = self._add_norm(residual, h, self._norm_after(i))
             if i in wanted:
                 captured[i] = residual
-        return self.norm.forward(residual), [captured[i] for i in layer_ids]
+        return normed, [captured[i] for i in layer_ids]
+
+    def _add_norm(
+        self, residual: torch.Tensor, delta: torch.Tensor | None, norm: RMSNorm
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(residual + delta, norm(residual + delta))``, fused on CPU when possible."""
+        return add_rms_norm(residual, delta, norm.weight, norm.eps, self._cpu_norm)
+
+    def _norm_after(self, i: int) -> RMSNorm:
+        """The norm that follows decoder layer ``i``: the next layer's input norm or the final."""
+        layers = self.layers
+        return (
+            cast(LlamaDecoderLayer, layers[i + 1]).input_layernorm
+            if i + 1 < len(layers)
+            else self.norm
+        )
 
     # ------------------------------------------------------------------ heads
     def decoder_layers(self) -> list[LlamaDecoderLayer]:

@@ -24,7 +24,10 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import warnings
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from deepinfer.model.cache_files import cache_base, exclusive_lock
 
@@ -149,3 +152,54 @@ def load_library(source_name: str, cache_dir: Path | None = None) -> ctypes.CDLL
         # whole) is removed, so the next call rebuilds it.
         path.unlink(missing_ok=True)
         raise NativeBuildError(f"cannot load {path}: {exc}") from exc
+
+
+class NativeFunction:
+    """One C function of ``csrc/<source>``, built and loaded on the first :meth:`available`.
+
+    ``enabled=None`` reads ``DEEPINFER_CPU_KERNELS`` (``0`` turns every compiled kernel off).
+    When the build fails, :meth:`available` warns once and from then on answers False (the
+    reason is kept in :attr:`error`), so callers fall back to torch.
+    """
+
+    def __init__(
+        self,
+        source: str,
+        symbol: str,
+        argtypes: list[Any],
+        *,
+        cache_dir: Path | None = None,
+        enabled: bool | None = None,
+    ) -> None:
+        if enabled is None:
+            enabled = os.environ.get("DEEPINFER_CPU_KERNELS", "1") != "0"
+        self.source, self.symbol, self.argtypes = source, symbol, argtypes
+        self.cache_dir = cache_dir
+        self.enabled = enabled
+        self.error: str | None = None
+        self._fn: Callable[..., None] | None = None
+
+    def available(self) -> bool:
+        """Whether the function can run here (builds it on the first call)."""
+        if not self.enabled:
+            return False
+        if self._fn is None and self.error is None:
+            try:
+                fn = getattr(load_library(self.source, self.cache_dir), self.symbol)
+            except (NativeBuildError, AttributeError) as exc:
+                self.error = str(exc)
+                warnings.warn(
+                    f"deepinfer's CPU kernel {self.symbol} is unavailable, using torch: {exc}",
+                    RuntimeWarning,
+                    stacklevel=3,
+                )
+                return False
+            fn.argtypes = self.argtypes
+            fn.restype = None
+            self._fn = fn
+        return self._fn is not None
+
+    def __call__(self, *args: Any) -> None:
+        if not self.available() or self._fn is None:
+            raise RuntimeError(f"{self.symbol} is unavailable: {self.error or 'turned off'}")
+        self._fn(*args)

@@ -1,0 +1,109 @@
+"""The fused residual add + RMSNorm CPU kernel against the torch ops it replaces."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from model_helpers import tiny_config
+
+from deepinfer.model import LlamaModel
+from deepinfer.model.add_rms_norm import AddRmsNorm, add_rms_norm
+from deepinfer.model.native_build import NativeBuildError, find_compiler
+
+try:
+    find_compiler()
+    HAS_COMPILER = True
+except NativeBuildError:
+    HAS_COMPILER = False
+
+
+@pytest.fixture(scope="module")
+def kernel(tmp_path_factory: pytest.TempPathFactory) -> AddRmsNorm:
+    if not HAS_COMPILER:
+        pytest.skip("no C compiler on this machine")
+    k = AddRmsNorm(cache_dir=tmp_path_factory.mktemp("kernels"), enabled=True)
+    assert k.available(), k.fn.error  # a machine with a compiler must build it
+    return k
+
+
+@settings(max_examples=50)
+@given(
+    lead=st.lists(st.integers(1, 9), min_size=1, max_size=2),
+    size=st.sampled_from([1, 15, 16, 17, 33, 64, 576]),
+    with_delta=st.booleans(),
+    eps=st.sampled_from([1e-6, 1e-5, 0.5]),
+    seed=st.integers(0, 2**16),
+)
+def test_matches_the_torch_ops(kernel: AddRmsNorm, lead, size, with_delta, eps, seed) -> None:
+    """The sum is the same fp32 add (bit for bit); the norm agrees to fp32 rounding."""
+    gen = torch.Generator().manual_seed(seed)
+    residual = torch.randn(*lead, size, generator=gen) * 3
+    delta = torch.randn(*lead, size, generator=gen) if with_delta else None
+    weight = torch.randn(size, generator=gen)
+    with torch.inference_mode():
+        summed, normed = kernel(residual, delta, weight, eps)
+    want = residual if delta is None else residual + delta
+    assert torch.equal(summed, want)
+    if delta is None:
+        assert summed is residual  # nothing added, nothing copied
+    ref = F.rms_norm(want.double(), (size,), weight.double(), eps).float()
+    torch.testing.assert_close(normed, ref, rtol=1e-5, atol=1e-6)
+
+
+def test_does_not_write_its_inputs(kernel: AddRmsNorm) -> None:
+    """Layer outputs captured for the drafter alias the residual: it must stay as it was."""
+    residual, delta, weight = torch.randn(3, 40), torch.randn(3, 40), torch.randn(40)
+    before = residual.clone(), delta.clone(), weight.clone()
+    with torch.inference_mode():
+        kernel(residual, delta, weight, 1e-5)
+    for now, then in zip((residual, delta, weight), before):
+        assert torch.equal(now, then)
+
+
+def test_dispatch_falls_back_where_the_kernel_does_not_apply(kernel: AddRmsNorm) -> None:
+    residual, delta, weight = torch.randn(4, 32), torch.randn(4, 32), torch.randn(32)
+    ref = F.rms_norm(residual + delta, (32,), weight, 1e-5)
+    # autograd on, a transposed delta, half precision: torch ops, same values
+    for r, d, w in (
+        (residual.clone().requires_grad_(), delta, weight),
+        (residual, delta.t().contiguous().t(), weight),
+    ):
+        summed, normed = add_rms_norm(r, d, w, 1e-5, kernel)
+        torch.testing.assert_close(summed.detach(), residual + delta)
+        torch.testing.assert_close(normed, ref, rtol=1e-5, atol=1e-6)
+    _, normed = add_rms_norm(residual.half(), delta.half(), weight.half(), 1e-5, kernel)
+    assert normed.dtype == torch.float16
+    with pytest.raises(ValueError, match="contiguous fp32"), torch.inference_mode():
+        kernel(residual, delta[:, :16], weight, 1e-5)
+
+
+def test_model_forward_matches_without_kernels(kernel: AddRmsNorm) -> None:
+    """A tiny model's hidden states and captured layer outputs with the fused norms equal the
+    torch-op forward."""
+    model = LlamaModel(tiny_config(), init=False)
+    model.init_weights(generator=torch.Generator().manual_seed(7))
+    ids = torch.tensor([[5, 9, 17, 3, 40, 41]])
+    with torch.inference_mode():
+        model.use_cpu_kernels(None, kernel)
+        fast, fast_layers = model.forward_dense(ids, layer_ids=[0, 1])
+        model.use_cpu_kernels(None, None)
+        plain, plain_layers = model.forward_dense(ids, layer_ids=[0, 1])
+    torch.testing.assert_close(fast, plain, rtol=1e-5, atol=1e-5)
+    for a, b in zip(fast_layers, plain_layers):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_unbuildable_kernel_falls_back(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("CC", raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    k = AddRmsNorm(cache_dir=tmp_path, enabled=True)
+    residual, weight = torch.randn(2, 8), torch.randn(8)
+    with torch.inference_mode(), pytest.warns(RuntimeWarning, match="no C compiler"):
+        summed, normed = add_rms_norm(residual, None, weight, 1e-5, k)
+    assert summed is residual
+    torch.testing.assert_close(normed, F.rms_norm(residual, (8,), weight, 1e-5))
