@@ -16,9 +16,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from deepinfer.model.native_build import NativeFunction
+from deepinfer_kernels.cpu.native import NativeFunction
 
-SOURCE = "add_rms_norm.c"
+SOURCE = Path(__file__).parent / "csrc" / "add_rms_norm.c"
 
 
 class AddRmsNorm:

@@ -9,7 +9,7 @@ weight exactly to fp32 and multiplies and sums in fp32, so its results equal ``F
 to fp32 rounding in another summation order (about 1e-6 relative).
 
 The kernel is compiled on first use with the machine's C compiler and cached
-(:mod:`deepinfer.model.native_build`); where that fails (no compiler), it reports itself
+(:mod:`deepinfer_kernels.cpu.native`); where that fails (no compiler), it reports itself
 unavailable once, with a warning, and callers keep ``F.linear``. ``DEEPINFER_CPU_KERNELS=0``
 turns it off.
 """
@@ -21,9 +21,9 @@ from pathlib import Path
 
 import torch
 
-from deepinfer.model.native_build import NativeFunction
+from deepinfer_kernels.cpu.native import NativeFunction
 
-SOURCE = "bf16_weight_linear.c"
+SOURCE = Path(__file__).parent / "csrc" / "bf16_weight_linear.c"
 
 
 PANEL = 32  # output columns per panel (csrc/bf16_weight_linear.c)
@@ -54,7 +54,7 @@ def unpack_panels(panels: torch.Tensor, out_features: int) -> torch.Tensor:
 
 
 class Bf16WeightLinear:
-    """The compiled kernel (:class:`~deepinfer.model.native_build.NativeFunction`), built and
+    """The compiled kernel (:class:`~deepinfer_kernels.cpu.native.NativeFunction`), built and
     loaded on the first :meth:`available` call.
 
     ``enabled=None`` reads ``DEEPINFER_CPU_KERNELS`` (``0`` turns the kernel off).

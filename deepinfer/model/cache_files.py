@@ -8,30 +8,16 @@ finds the first one's result instead of replacing it.
 
 from __future__ import annotations
 
-import contextlib
 import os
-from collections.abc import Iterator
 from pathlib import Path
+
+# The kernels package builds its CPU kernels under the same directory with the same lock.
+from deepinfer_kernels.cpu.native import exclusive_lock
+
+__all__ = ["cache_base", "exclusive_lock"]
 
 
 def cache_base() -> Path:
     """``$DEEPINFER_CACHE_DIR``, else ``~/.cache/deepinfer``."""
     env = os.environ.get("DEEPINFER_CACHE_DIR")
     return Path(env) if env else Path.home() / ".cache" / "deepinfer"
-
-
-@contextlib.contextmanager
-def exclusive_lock(lock_file: Path) -> Iterator[None]:
-    """Hold an exclusive ``flock`` on ``lock_file`` (created if missing; a no-op where
-    ``fcntl`` is absent)."""
-    try:
-        import fcntl
-    except ImportError:  # pragma: no cover - not POSIX
-        yield
-        return
-    with open(lock_file, "a+b") as fh:
-        fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh.fileno(), fcntl.LOCK_UN)

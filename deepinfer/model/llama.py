@@ -23,6 +23,7 @@ from deepinfer.model.kv_pool import KVPool
 from deepinfer.model.linear import PackedWeight, linear
 from deepinfer.model.rope import RotaryEmbedding
 from deepinfer.model.weight_names import fused_to_hf, hf_to_fused
+from deepinfer_kernels.cpu import PagedAttentionTiles
 
 
 class Linear(nn.Module):
@@ -118,9 +119,13 @@ class LlamaAttention(nn.Module):
         return self.o_proj.forward(plan.run(q, k_cache, v_cache).flatten(-2))
 
     def plan_attention(
-        self, attn: AttentionMetadata, block_size: int
+        self,
+        attn: AttentionMetadata,
+        block_size: int,
+        cpu_kernel: PagedAttentionTiles | None = None,
     ) -> deepinfer_kernels.PagedAttentionPlan:
-        """Validate ``attn`` once and precompute the layer-independent attention work."""
+        """Validate ``attn`` once and precompute the layer-independent attention work
+        (``cpu_kernel``: see ``deepinfer_kernels.plan_paged_attention``)."""
         return deepinfer_kernels.plan_paged_attention(
             attn.block_table,
             attn.seq_lens,
@@ -131,6 +136,7 @@ class LlamaAttention(nn.Module):
             head_dim=self.head_dim,
             scale=self.scale,
             causal=True,
+            cpu_kernel=cpu_kernel,
         )
 
     def forward_dense(
@@ -202,19 +208,30 @@ class LlamaModel(nn.Module):
             config.head_dim, config.rope_theta, config.rope_scaling, config.max_position_embeddings
         )
         self._cpu_norm: AddRmsNorm | None = None
-        self.use_cpu_kernels(Bf16WeightLinear(), AddRmsNorm())
+        self._cpu_attention: PagedAttentionTiles | None = None
+        self.use_cpu_kernels(
+            linear=Bf16WeightLinear(), norm=AddRmsNorm(), attention=PagedAttentionTiles()
+        )
         if init:
             self.init_weights()
 
-    def use_cpu_kernels(self, linear: Bf16WeightLinear | None, norm: AddRmsNorm | None) -> None:
-        """Run few-row CPU products of bf16-exact weights on ``linear`` and the residual adds
-        with their RMSNorms on ``norm`` (None: torch ops). Both are built on first use and
-        fall back to torch where they cannot be (see :mod:`deepinfer.model.native_build`)."""
+    def use_cpu_kernels(
+        self,
+        *,
+        linear: Bf16WeightLinear | None = None,
+        norm: AddRmsNorm | None = None,
+        attention: PagedAttentionTiles | None = None,
+    ) -> None:
+        """Run few-row CPU products of bf16-exact weights on ``linear``, the residual adds with
+        their RMSNorms on ``norm`` and short paged-attention tiles on ``attention`` (None: the
+        torch ops). Each is built on first use and falls back to torch where it cannot be
+        (see :mod:`deepinfer_kernels.cpu.native`)."""
         self._head_packed.kernel = linear
         for module in self.modules():
             if isinstance(module, Linear):
                 module.packed.kernel = linear
         self._cpu_norm = norm
+        self._cpu_attention = attention
 
     def _apply(self, fn: Any, recurse: bool = True) -> LlamaModel:
         self._head_packed.clear()  # see Linear._apply
@@ -268,7 +285,7 @@ class LlamaModel(nn.Module):
         # attention).
         if not layers:
             return self.norm.forward(residual), []
-        plan = layers[0].self_attn.plan_attention(attn, kv_pool.block_size)
+        plan = layers[0].self_attn.plan_attention(attn, kv_pool.block_size, self._cpu_attention)
         writer = deepinfer_kernels.plan_write_kv(
             attn.slot_mapping, num_blocks=kv_pool.num_blocks, block_size=kv_pool.block_size
         )

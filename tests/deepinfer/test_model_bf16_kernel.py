@@ -19,7 +19,7 @@ from deepinfer.model.bf16_weight_linear import (
     unpack_panels,
 )
 from deepinfer.model.linear import BF16_MAX_ROWS, PackedWeight, linear
-from deepinfer.model.native_build import NativeBuildError, build_library, find_compiler
+from deepinfer_kernels.cpu.native import NativeBuildError, build_library, find_compiler
 
 try:
     find_compiler()
@@ -243,12 +243,12 @@ def test_model_logits_match_with_and_without_the_kernel(kernel: Bf16WeightLinear
             param.copy_(param.bfloat16().float())
     ids = torch.tensor([[5, 9, 17, 3, 40]])
     with torch.inference_mode():
-        model.use_cpu_kernels(kernel, None)
+        model.use_cpu_kernels(linear=kernel)
         hidden, _ = model.forward_dense(ids)
         fast = model.compute_logits(hidden[0])
         qkv = model.decoder_layers()[0].self_attn.qkv_proj
         assert qkv.packed.has_bf16  # the kernel path prepared its panels
-        model.use_cpu_kernels(None, None)
+        model.use_cpu_kernels()
         hidden, _ = model.forward_dense(ids)
         plain = model.compute_logits(hidden[0])
     torch.testing.assert_close(fast, plain, rtol=1e-5, atol=1e-5)

@@ -121,6 +121,10 @@ def test_wheel_metadata_follows_design(dist: str, tmp_path: Path) -> None:
         # travel with the package, not stay in the checkout.
         assert "deepinfer/data/dspark-smollm2/drafter.safetensors" in names
         assert "deepinfer/model/csrc/bf16_weight_linear.c" in names
+        assert "deepinfer/model/csrc/add_rms_norm.c" in names
+    if dist == "deepinfer-kernels":
+        names = zipfile.ZipFile(wheel).namelist()
+        assert "deepinfer_kernels/cpu/csrc/paged_attention_tiles.c" in names
 
 
 def test_allowed_table_keeps_scheduler_free_of_torch() -> None:

@@ -49,6 +49,7 @@ from deepinfer_kernels.attention.validate import (
     check_paged_values,
     want_value_checks,
 )
+from deepinfer_kernels.cpu.attention import PagedAttentionTiles
 
 # Pool size used while validating the metadata alone: the real pool is only known at run time,
 # where the largest block id in use is checked against it. (The int32 maximum: a larger Python
@@ -97,6 +98,7 @@ class PagedAttentionPlan:
         total_q: int | None,
         max_block_id: int,
         batches: list[TileBatch],
+        cpu_kernel: PagedAttentionTiles | None = None,
     ) -> None:
         self.block_table = block_table
         self.seq_lens = seq_lens
@@ -113,6 +115,7 @@ class PagedAttentionPlan:
         self.total_q = total_q  # None on the Triton path (reading it would sync)
         self.max_block_id = max_block_id  # -1 when unknown or no page is read
         self._batches = batches
+        self.cpu_kernel = cpu_kernel
 
     @property
     def device(self) -> torch.device:
@@ -192,7 +195,14 @@ class PagedAttentionPlan:
             )  # fmt: skip
         else:
             out, lse_opt = run_tile_batches(
-                self._batches, q, k_cache, v_cache, self.scale, self.soft_cap, return_lse
+                self._batches,
+                q,
+                k_cache,
+                v_cache,
+                self.scale,
+                self.soft_cap,
+                return_lse,
+                self.cpu_kernel,
             )
             if not return_lse:
                 return convert(out)
@@ -217,6 +227,7 @@ def plan_paged_attention(
     device: torch.device | str | None = None,
     use_triton: bool | None = None,
     check_values: bool = True,
+    cpu_kernel: PagedAttentionTiles | None = None,
 ) -> PagedAttentionPlan:
     """Validate paged-attention metadata once and precompute its layer-independent work.
 
@@ -229,6 +240,10 @@ def plan_paged_attention(
     :meth:`PagedAttentionPlan.run`, which sees the pool). ``check_values=False`` skips the
     data-dependent checks on the Triton path (they cost a host sync); the torch path reads the
     metadata anyway and always checks it.
+
+    ``cpu_kernel``: a :class:`~deepinfer_kernels.cpu.PagedAttentionTiles` the torch path runs
+    its short tiles (decode, verification) on when the tensors are contiguous fp32 CPU ones;
+    ``None`` keeps gather + SDPA everywhere.
     """
     block_size = _positive_int(block_size, "block_size")
     if block_size & (block_size - 1):
@@ -291,4 +306,6 @@ def plan_paged_attention(
             window=window,
         )
     )
-    return PagedAttentionPlan(**common, total_q=total_q, max_block_id=max_id, batches=batches)
+    return PagedAttentionPlan(
+        **common, total_q=total_q, max_block_id=max_id, batches=batches, cpu_kernel=cpu_kernel
+    )

@@ -24,6 +24,8 @@ from dataclasses import dataclass
 
 import torch
 
+from deepinfer_kernels.cpu.attention import PagedAttentionTiles
+
 # A tile with more queries than this runs alone; shorter ones are batched together.
 _SHORT_TILE = 16
 # Upper bound on fp32 score elements materialised at once (64 MiB).
@@ -265,10 +267,32 @@ def _attend(
     scale: float,
     soft_cap: float,
     want_lse: bool,
+    cpu_kernel: PagedAttentionTiles | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """One tile batch -> ``(o [num_rows, Hq, D], lse [num_rows, Hq] or None)`` over the padded
     rows."""
     nb, max_q = tb.num_tiles, tb.max_q
+    if (
+        cpu_kernel is not None
+        and cpu_kernel.applies(q, k_cache, v_cache, max_q)
+        and cpu_kernel.available()
+    ):
+        return cpu_kernel.run(
+            q,
+            k_cache,
+            v_cache,
+            page_ids=tb.page_ids,
+            q_rows=tb.q_rows,
+            row_start=tb.row_start or 0,
+            keep=tb.keep,
+            num_tiles=nb,
+            max_q=max_q,
+            num_pages=tb.num_pages,
+            key_len=tb.key_len,
+            scale=scale,
+            soft_cap=soft_cap,
+            want_lse=want_lse,
+        )
     _, block_size, hkv, d = k_cache.shape
     hq = q.shape[1]
     group = hq // hkv
@@ -312,8 +336,10 @@ def run_tile_batches(
     scale: float,
     soft_cap: float,
     want_lse: bool,
+    cpu_kernel: PagedAttentionTiles | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Run planned tile batches over one layer's cache; ``soft_cap <= 0`` means off.
+    ``cpu_kernel`` runs the short tiles when it applies (see :mod:`deepinfer_kernels.cpu`).
 
     Returns ``(out like q, lse [total_q, Hq] fp32 or None when not wanted)``.
     """
@@ -321,12 +347,12 @@ def run_tile_batches(
     if len(batches) == 1 and batches[0].row_start == 0 and batches[0].num_rows == total:
         # One batch covering every row in order (a decode batch, a lone prefill): its output
         # is the answer, no scatter.
-        o, lse = _attend(batches[0], q, k_cache, v_cache, scale, soft_cap, want_lse)
+        o, lse = _attend(batches[0], q, k_cache, v_cache, scale, soft_cap, want_lse, cpu_kernel)
         return o.to(q.dtype), lse
     out = torch.empty_like(q)
     lse_out = torch.empty(q.shape[:2], dtype=torch.float32, device=q.device) if want_lse else None
     for tb in batches:
-        o, lse = _attend(tb, q, k_cache, v_cache, scale, soft_cap, want_lse)
+        o, lse = _attend(tb, q, k_cache, v_cache, scale, soft_cap, want_lse, cpu_kernel)
         o = o.to(out.dtype)
         if tb.row_start is not None:
             out[tb.row_start : tb.row_start + tb.num_rows] = o

@@ -1,7 +1,8 @@
-"""Compile a C source shipped with deepinfer into a shared library once, cache it, load it.
+"""Compile a C source into a shared library once, cache it, load it (CPU kernels).
 
 Triton does the same for its launchers: the machine's C compiler (``$CC``, else ``cc``) builds
-the library on first use, with ``-march=native``, into ``$DEEPINFER_CACHE_DIR/kernels/``. The
+the library on first use, with ``-march=native``, into ``$DEEPINFER_CACHE_DIR/kernels/``
+(default ``~/.cache/deepinfer/kernels``). The
 file name carries a key over everything the binary depends on (the source, the compiler's
 version, the flags, the CPU's feature flags, the OpenMP runtime it links), so a changed source,
 compiler or machine gets a new build and a stale one is never loaded. Builds are written to a
@@ -16,6 +17,7 @@ OpenMP (one thread).
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import hashlib
 import os
@@ -25,14 +27,34 @@ import subprocess
 import sys
 import tempfile
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from deepinfer.model.cache_files import cache_base, exclusive_lock
-
-CSRC = Path(__file__).parent / "csrc"
 COMPILE_TIMEOUT_S = 120
+
+
+def default_cache_dir() -> Path:
+    """``$DEEPINFER_CACHE_DIR/kernels``, else ``~/.cache/deepinfer/kernels``."""
+    env = os.environ.get("DEEPINFER_CACHE_DIR")
+    return (Path(env) if env else Path.home() / ".cache" / "deepinfer") / "kernels"
+
+
+@contextlib.contextmanager
+def exclusive_lock(lock_file: Path) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on ``lock_file`` (created if missing; a no-op where
+    ``fcntl`` is absent): processes filling one cache entry take turns."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - not POSIX
+        yield
+        return
+    with open(lock_file, "a+b") as fh:
+        fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
 
 
 class NativeBuildError(RuntimeError):
@@ -99,15 +121,14 @@ def _run(cmd: list[str]) -> None:
         raise NativeBuildError(f"{' '.join(cmd)} failed:\n{done.stderr.strip()[-2000:]}")
 
 
-def build_library(source_name: str, cache_dir: Path | None = None) -> Path:
-    """Path of the shared library built from ``csrc/<source_name>``, building it if needed.
+def build_library(source: Path, cache_dir: Path | None = None) -> Path:
+    """Path of the shared library built from the C file ``source``, building it if needed.
 
-    ``cache_dir`` defaults to ``$DEEPINFER_CACHE_DIR/kernels``. Raises
-    :class:`NativeBuildError` when this machine cannot build it.
+    ``cache_dir`` defaults to :func:`default_cache_dir`. Raises :class:`NativeBuildError` when
+    this machine cannot build it.
     """
     if sys.byteorder != "little":
         raise NativeBuildError("the CPU kernels assume a little-endian machine")
-    source = CSRC / source_name
     compiler = find_compiler()
     openmp = loaded_openmp_runtime()
     flags = _compile_flags()
@@ -119,7 +140,7 @@ def build_library(source_name: str, cache_dir: Path | None = None) -> Path:
         str(openmp),
     ]
     key = hashlib.sha256("\n".join(key_parts).encode()).hexdigest()[:16]
-    root = cache_dir if cache_dir is not None else cache_base() / "kernels"
+    root = cache_dir if cache_dir is not None else default_cache_dir()
     target = root / f"{source.stem}-{key}.so"
     if target.is_file():
         return target
@@ -142,9 +163,9 @@ def build_library(source_name: str, cache_dir: Path | None = None) -> Path:
     return target
 
 
-def load_library(source_name: str, cache_dir: Path | None = None) -> ctypes.CDLL:
-    """Build (if needed) and load ``csrc/<source_name>``."""
-    path = build_library(source_name, cache_dir)
+def load_library(source: Path, cache_dir: Path | None = None) -> ctypes.CDLL:
+    """Build (if needed) and load the C file ``source``."""
+    path = build_library(source, cache_dir)
     try:
         return ctypes.CDLL(str(path))
     except OSError as exc:
@@ -155,7 +176,7 @@ def load_library(source_name: str, cache_dir: Path | None = None) -> ctypes.CDLL
 
 
 class NativeFunction:
-    """One C function of ``csrc/<source>``, built and loaded on the first :meth:`available`.
+    """One C function of the file ``source``, built and loaded on the first :meth:`available`.
 
     ``enabled=None`` reads ``DEEPINFER_CPU_KERNELS`` (``0`` turns every compiled kernel off).
     When the build fails, :meth:`available` warns once and from then on answers False (the
@@ -164,20 +185,22 @@ class NativeFunction:
 
     def __init__(
         self,
-        source: str,
+        source: Path,
         symbol: str,
         argtypes: list[Any],
         *,
+        restype: Any = None,
         cache_dir: Path | None = None,
         enabled: bool | None = None,
     ) -> None:
         if enabled is None:
             enabled = os.environ.get("DEEPINFER_CPU_KERNELS", "1") != "0"
-        self.source, self.symbol, self.argtypes = source, symbol, argtypes
+        self.source, self.symbol = source, symbol
+        self.argtypes, self.restype = argtypes, restype
         self.cache_dir = cache_dir
         self.enabled = enabled
         self.error: str | None = None
-        self._fn: Callable[..., None] | None = None
+        self._fn: Callable[..., Any] | None = None
 
     def available(self) -> bool:
         """Whether the function can run here (builds it on the first call)."""
@@ -195,11 +218,11 @@ class NativeFunction:
                 )
                 return False
             fn.argtypes = self.argtypes
-            fn.restype = None
+            fn.restype = self.restype
             self._fn = fn
         return self._fn is not None
 
-    def __call__(self, *args: Any) -> None:
+    def __call__(self, *args: Any) -> Any:
         if not self.available() or self._fn is None:
             raise RuntimeError(f"{self.symbol} is unavailable: {self.error or 'turned off'}")
-        self._fn(*args)
+        return self._fn(*args)

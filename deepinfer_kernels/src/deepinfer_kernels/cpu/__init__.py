@@ -1,0 +1,23 @@
+"""CPU kernels written in C, compiled with the machine's compiler on first use and cached.
+
+:mod:`deepinfer_kernels.cpu.native` builds and loads them (``DEEPINFER_CPU_KERNELS=0`` turns
+them off; without a compiler they report themselves unavailable and the torch paths run).
+"""
+
+from deepinfer_kernels.cpu.attention import PagedAttentionTiles
+from deepinfer_kernels.cpu.native import (
+    NativeBuildError,
+    NativeFunction,
+    build_library,
+    default_cache_dir,
+    find_compiler,
+)
+
+__all__ = [
+    "NativeBuildError",
+    "NativeFunction",
+    "PagedAttentionTiles",
+    "build_library",
+    "default_cache_dir",
+    "find_compiler",
+]

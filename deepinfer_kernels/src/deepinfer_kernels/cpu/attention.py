@@ -1,0 +1,123 @@
+"""The compiled CPU kernel for short paged-attention tiles (``csrc/paged_attention_tiles.c``).
+
+Plugged into :func:`~deepinfer_kernels.plan_paged_attention` with ``cpu_kernel=``: the plan's
+torch path then runs its batches of short tiles (decode and verification rows, up to
+``MAX_TILE_Q`` queries per sequence) on it when ``q`` and the caches are contiguous fp32 CPU
+tensors and autograd is off, and keeps the gather + SDPA path otherwise. The maths is the
+reference's; results agree to fp32 rounding.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from pathlib import Path
+
+import torch
+
+from deepinfer_kernels.cpu.native import NativeFunction
+
+SOURCE = Path(__file__).parent / "csrc" / "paged_attention_tiles.c"
+# Longer tiles (prefill chunks) stay on SDPA, whose matrix products win there.
+MAX_TILE_Q = 16
+
+
+class PagedAttentionTiles:
+    """Build-on-first-use handle of the kernel (``enabled=None`` reads
+    ``DEEPINFER_CPU_KERNELS``; without a C compiler it is unavailable and warns once).
+
+    Example::
+
+        from deepinfer_kernels import plan_paged_attention
+        from deepinfer_kernels.cpu import PagedAttentionTiles
+
+        tiles = PagedAttentionTiles()  # one per engine; reused by every plan
+        plan = plan_paged_attention(..., cpu_kernel=tiles)
+    """
+
+    def __init__(self, cache_dir: Path | None = None, enabled: bool | None = None) -> None:
+        self.fn = NativeFunction(
+            SOURCE,
+            "deepinfer_paged_attention_tiles",
+            [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64]
+            + [ctypes.c_void_p] * 6
+            + [ctypes.c_int64] * 8
+            + [ctypes.c_float] * 2,
+            restype=ctypes.c_int,
+            cache_dir=cache_dir,
+            enabled=enabled,
+        )
+
+    def available(self) -> bool:
+        return self.fn.available()
+
+    @staticmethod
+    def applies(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, max_q: int) -> bool:
+        """Whether a tile batch with these operands can run here: fp32 CPU, contiguous caches,
+        ``q`` with contiguous rows (any row stride), autograd off."""
+        tensors = (q, k_cache, v_cache)
+        return (
+            max_q <= MAX_TILE_Q
+            and all(t.device.type == "cpu" and t.dtype == torch.float32 for t in tensors)
+            and k_cache.is_contiguous()
+            and v_cache.is_contiguous()
+            and q.dim() == 3
+            and q.stride(2) == 1
+            and q.stride(1) == q.shape[2]
+            and not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors))
+        )
+
+    def run(
+        self,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        *,
+        page_ids: torch.Tensor,
+        q_rows: torch.Tensor | None,
+        row_start: int,
+        keep: torch.Tensor | None,
+        num_tiles: int,
+        max_q: int,
+        num_pages: int,
+        key_len: int,
+        scale: float,
+        soft_cap: float,
+        want_lse: bool,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``(o [num_tiles * max_q, Hq, D], lse [num_tiles * max_q, Hq] or None)`` over the
+        padded rows of one planned tile batch (see ``TileBatch``)."""
+        hq, d = q.shape[1], q.shape[2]
+        _, block_size, hkv, _ = k_cache.shape
+        rows = num_tiles * max_q
+        o = torch.empty(rows, hq, d, dtype=torch.float32)
+        lse = torch.empty(rows, hq, dtype=torch.float32) if want_lse else None
+        page_ids = page_ids.to(torch.int64).contiguous()
+        q_rows = None if q_rows is None else q_rows.to(torch.int64).contiguous()
+        keep = None if keep is None else keep.to(torch.bool).contiguous()
+        if rows == 0:
+            return o, lse
+        rc = self.fn(
+            q.data_ptr(),
+            q.stride(0),
+            None if q_rows is None else q_rows.data_ptr(),
+            row_start,
+            k_cache.data_ptr(),
+            v_cache.data_ptr(),
+            page_ids.data_ptr(),
+            None if keep is None else keep.data_ptr(),
+            o.data_ptr(),
+            None if lse is None else lse.data_ptr(),
+            num_tiles,
+            max_q,
+            num_pages,
+            key_len,
+            block_size,
+            hq,
+            hkv,
+            d,
+            scale,
+            soft_cap,
+        )
+        if rc:
+            raise MemoryError("paged_attention_tiles could not allocate its score buffer")
+        return o, lse

@@ -1,0 +1,131 @@
+"""The compiled CPU kernel for short paged-attention tiles, against the torch reference."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from hypothesis import given, settings
+
+import deepinfer_kernels as dk
+from deepinfer_kernels.cpu import NativeBuildError, PagedAttentionTiles, find_compiler
+from deepinfer_kernels.cpu.attention import MAX_TILE_Q
+from deepinfer_kernels.reference import paged_attention_reference
+from deepinfer_kernels.testing import (
+    PagedAttentionCase,
+    assert_attention_close,
+    paged_attention_cases,
+)
+
+try:
+    find_compiler()
+    HAS_COMPILER = True
+except NativeBuildError:
+    HAS_COMPILER = False
+
+
+class CountingTiles(PagedAttentionTiles):
+    """Counts the tile batches the kernel ran, so a test can tell it was used."""
+
+    def __init__(self, cache_dir: Path) -> None:
+        super().__init__(cache_dir=cache_dir, enabled=True)
+        self.calls = 0
+
+    def run(self, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
+        self.calls += 1
+        return super().run(*args, **kwargs)
+
+
+@pytest.fixture(scope="module")
+def tiles(tmp_path_factory: pytest.TempPathFactory) -> CountingTiles:
+    if not HAS_COMPILER:
+        pytest.skip("no C compiler on this machine")
+    k = CountingTiles(tmp_path_factory.mktemp("kernels"))
+    assert k.available(), k.fn.error  # a machine with a compiler must build it
+    return k
+
+
+def _plan(case: PagedAttentionCase, tiles: PagedAttentionTiles | None) -> dk.PagedAttentionPlan:
+    _, hq, d = case.q.shape
+    return dk.plan_paged_attention(
+        case.block_table,
+        case.seq_lens,
+        case.cu_seqlens_q,
+        block_size=case.k_cache.shape[1],
+        num_q_heads=hq,
+        num_kv_heads=case.k_cache.shape[2],
+        head_dim=d,
+        use_triton=False,
+        cpu_kernel=tiles,
+        **case.options(),
+    )
+
+
+@settings(max_examples=60)
+@given(
+    case=paged_attention_cases(
+        dtypes=(torch.float32,), allow_non_causal=True, kinds=("decode", "verify", "extend")
+    )
+)
+def test_matches_the_reference(tiles: CountingTiles, case: PagedAttentionCase) -> None:
+    """Decode, verification and short extend tiles (GQA ratios, odd head dims, block sizes 1
+    to 64, sliding windows, soft-cap, non-causal) equal the reference in fp32, ``lse``
+    included; longer tiles fall back to SDPA and still match."""
+    before = tiles.calls
+    with torch.inference_mode():
+        out, lse = _plan(case, tiles).run(case.q, case.k_cache, case.v_cache, return_lse=True)
+    ref_out, ref_lse = paged_attention_reference(*case.tensors(), **case.options(), return_lse=True)
+    assert_attention_close(out, ref_out)
+    assert_attention_close(lse, ref_lse, dtype=torch.float32)
+    q_lens = (case.cu_seqlens_q[1:] - case.cu_seqlens_q[:-1]).tolist()
+    if q_lens and max(q_lens) <= MAX_TILE_Q:
+        assert tiles.calls > before  # every tile is short: the kernel ran
+
+
+def test_long_context_decode_matches_the_torch_path(tiles: CountingTiles) -> None:
+    """Sixteen decode rows over up to 2k keys each, pages in random order, ``q`` a strided
+    view; the kernel runs on it."""
+    g = torch.Generator().manual_seed(0)
+    lens = torch.randint(1, 2048, (16,), generator=g, dtype=torch.int32)
+    bt = torch.randperm(16 * 128, generator=g)[: 16 * 128].view(16, 128).to(torch.int32)
+    k = torch.randn(16 * 128, 16, 2, 80, generator=g)
+    v = torch.randn(16 * 128, 16, 2, 80, generator=g)
+    # q as a model passes it: the first heads of a fused QKV projection (rows strided).
+    q = torch.randn(16, 8 + 2 * 2, 80, generator=g)[:, :8]
+    cu = torch.arange(17, dtype=torch.int32)
+    kw: dict[str, Any] = {"block_size": 16, "num_q_heads": 8, "num_kv_heads": 2, "head_dim": 80}
+    before = tiles.calls
+    with torch.inference_mode():
+        fast = dk.plan_paged_attention(bt, lens, cu, **kw, cpu_kernel=tiles).run(q, k, v)
+        plain = dk.plan_paged_attention(bt, lens, cu, **kw).run(q, k, v)
+    assert tiles.calls == before + 1
+    assert_attention_close(fast, plain)
+
+
+def test_other_dtypes_and_autograd_keep_the_torch_path(tiles: CountingTiles) -> None:
+    g = torch.Generator().manual_seed(1)
+    bt = torch.tensor([[0, 1]], dtype=torch.int32)
+    lens, cu = torch.tensor([20], dtype=torch.int32), torch.tensor([0, 1], dtype=torch.int32)
+    kw: dict[str, Any] = {"block_size": 16, "num_q_heads": 4, "num_kv_heads": 2, "head_dim": 32}
+    k, v = torch.randn(2, 16, 2, 32, generator=g), torch.randn(2, 16, 2, 32, generator=g)
+    q = torch.randn(1, 4, 32, generator=g)
+    plan = dk.plan_paged_attention(bt, lens, cu, **kw, cpu_kernel=tiles)
+    before = tiles.calls
+    plan.run(q.half(), k.half(), v.half())
+    plan.run(q.requires_grad_(), k, v).sum().backward()
+    assert tiles.calls == before and q.grad is not None
+
+
+def test_unavailable_kernel_falls_back(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("CC", raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    broken = PagedAttentionTiles(cache_dir=tmp_path, enabled=True)
+    bt = torch.tensor([[0]], dtype=torch.int32)
+    lens, cu = torch.tensor([5], dtype=torch.int32), torch.tensor([0, 1], dtype=torch.int32)
+    kw: dict[str, Any] = {"block_size": 16, "num_q_heads": 2, "num_kv_heads": 1, "head_dim": 8}
+    k, v, q = torch.randn(1, 16, 1, 8), torch.randn(1, 16, 1, 8), torch.randn(1, 2, 8)
+    with pytest.warns(RuntimeWarning, match="no C compiler"):
+        out = dk.plan_paged_attention(bt, lens, cu, **kw, cpu_kernel=broken).run(q, k, v)
+    assert torch.equal(out, dk.plan_paged_attention(bt, lens, cu, **kw).run(q, k, v))
