@@ -33,6 +33,13 @@ def sample_next_tokens(
 ) -> list[int]:
     """One token per row of ``logits``; seeded requests draw from their own generator, the rest
     from ``shared``."""
+    if seqs and all(s.params.temperature == 0 for s in seqs):
+        # All greedy (no draw, so no generator matters): one pass over the logits gives each
+        # row's first maximal index, as ``sample`` picks, and its maximum, which is NaN or
+        # +inf for rows that ``sample`` rejects; those take the full path and its error.
+        best, index = logits.float().max(dim=-1)
+        if bool(torch.isfinite(best).all()):
+            return [int(t) for t in index.tolist()]
     out: list[int] = [0] * len(seqs)
     unseeded = [i for i, s in enumerate(seqs) if s.generator is None]
     groups: list[tuple[list[int], torch.Generator]] = []
