@@ -15,62 +15,16 @@ import torch.nn.functional as F
 from torch import nn
 
 import deepinfer_kernels
-from deepinfer.model.add_rms_norm import AddRmsNorm, add_rms_norm, rms_norm
+from deepinfer.model.add_rms_norm import add_rms_norm
 from deepinfer.model.attention_metadata import AttentionMetadata
-from deepinfer.model.bf16_weight_linear import Bf16WeightLinear
 from deepinfer.model.config import LlamaConfig
+from deepinfer.model.cpu_kernels import CpuKernels
 from deepinfer.model.kv_pool import KVPool
+from deepinfer.model.layers import Embedding, Linear, RMSNorm
 from deepinfer.model.linear import PackedWeight, linear
 from deepinfer.model.rope import RotaryEmbedding
 from deepinfer.model.weight_names import fused_to_hf, hf_to_fused
 from deepinfer_kernels.cpu import PagedAttentionTiles
-
-
-class Linear(nn.Module):
-    """``y = x W^T (+ b)``. Storage starts uninitialised (``torch.empty``): weights are either
-    loaded or set by :meth:`LlamaModel.init_weights`, so building a model costs no random init.
-
-    Without autograd on CPU in fp32 the product runs on a copy of the weight prepared on first
-    use: its bf16 bits for a few rows when it is bf16-exact, else MKL-packed (see
-    :mod:`deepinfer.model.linear`)."""
-
-    def __init__(self, in_features: int, out_features: int, bias: bool = False) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.empty(out_features, in_features))
-        self.bias = nn.Parameter(torch.empty(out_features)) if bias else None
-        self.packed = PackedWeight()
-
-    def forward(self, x: torch.Tensor, contiguous: bool = True) -> torch.Tensor:
-        return linear(x, self.weight, self.bias, contiguous=contiguous, pack=self.packed)
-
-    def _apply(self, fn: Any, recurse: bool = True) -> Linear:
-        # ``.to()``, ``.cuda()``, ``.half()``... replace the weight: drop the old packed copy
-        # (and the old weight it holds) now rather than at the next CPU product.
-        self.packed.clear()
-        return cast(Linear, super()._apply(fn, recurse))  # type: ignore[no-untyped-call]
-
-
-class Embedding(nn.Module):
-    """Token embedding table ``[vocab, hidden]`` (uninitialised storage, like :class:`Linear`)."""
-
-    def __init__(self, num_embeddings: int, embedding_dim: int) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.empty(num_embeddings, embedding_dim))
-
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        return F.embedding(ids, self.weight)
-
-
-class RMSNorm(nn.Module):
-    """``y = x / sqrt(mean(x^2) + eps) * weight``, the mean taken in fp32."""
-
-    def __init__(self, size: int, eps: float) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(size))
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return rms_norm(x, self.weight, self.eps)
 
 
 class LlamaAttention(nn.Module):
@@ -90,7 +44,11 @@ class LlamaAttention(nn.Module):
         self.o_proj = Linear(self.q_size, config.hidden_size)
 
     def project_qkv(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rope: RotaryEmbedding
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        rope: RotaryEmbedding,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         qkv = self.qkv_proj.forward(x)
         lead = qkv.shape[:-1]
@@ -207,31 +165,20 @@ class LlamaModel(nn.Module):
         self.rope = RotaryEmbedding(
             config.head_dim, config.rope_theta, config.rope_scaling, config.max_position_embeddings
         )
-        self._cpu_norm: AddRmsNorm | None = None
-        self._cpu_attention: PagedAttentionTiles | None = None
-        self.use_cpu_kernels(
-            linear=Bf16WeightLinear(), norm=AddRmsNorm(), attention=PagedAttentionTiles()
-        )
+        self.cpu_kernels = CpuKernels()
+        self.use_cpu_kernels(CpuKernels.all())
         if init:
             self.init_weights()
 
-    def use_cpu_kernels(
-        self,
-        *,
-        linear: Bf16WeightLinear | None = None,
-        norm: AddRmsNorm | None = None,
-        attention: PagedAttentionTiles | None = None,
-    ) -> None:
-        """Run few-row CPU products of bf16-exact weights on ``linear``, the residual adds with
-        their RMSNorms on ``norm`` and short paged-attention tiles on ``attention`` (None: the
-        torch ops). Each is built on first use and falls back to torch where it cannot be
-        (see :mod:`deepinfer_kernels.cpu.native`)."""
-        self._head_packed.kernel = linear
+    def use_cpu_kernels(self, kernels: CpuKernels) -> None:
+        """Run on these compiled CPU kernels where they apply (``CpuKernels()``: torch ops
+        only). The model starts with ``CpuKernels.all()``; each kernel is built on first use
+        and falls back to torch where it cannot be (see :mod:`deepinfer.model.cpu_kernels`)."""
+        self.cpu_kernels = kernels
+        self._head_packed.kernel = kernels.linear
         for module in self.modules():
             if isinstance(module, Linear):
-                module.packed.kernel = linear
-        self._cpu_norm = norm
-        self._cpu_attention = attention
+                module.packed.kernel = kernels.linear
 
     def _apply(self, fn: Any, recurse: bool = True) -> LlamaModel:
         self._head_packed.clear()  # see Linear._apply
@@ -285,7 +232,8 @@ class LlamaModel(nn.Module):
         # attention).
         if not layers:
             return self.norm.forward(residual), []
-        plan = layers[0].self_attn.plan_attention(attn, kv_pool.block_size, self._cpu_attention)
+        kernels = self.cpu_kernels
+        plan = layers[0].self_attn.plan_attention(attn, kv_pool.block_size, kernels.attention)
         writer = deepinfer_kernels.plan_write_kv(
             attn.slot_mapping, num_blocks=kv_pool.num_blocks, block_size=kv_pool.block_size
         )
@@ -333,7 +281,7 @@ class LlamaModel(nn.Module):
         self, residual: torch.Tensor, delta: torch.Tensor | None, norm: RMSNorm
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``(residual + delta, norm(residual + delta))``, fused on CPU when possible."""
-        return add_rms_norm(residual, delta, norm.weight, norm.eps, self._cpu_norm)
+        return add_rms_norm(residual, delta, norm.weight, norm.eps, self.cpu_kernels.norm)
 
     def _norm_after(self, i: int) -> RMSNorm:
         """The norm that follows decoder layer ``i``: the next layer's input norm or the final."""

@@ -13,6 +13,7 @@ from model_helpers import tiny_config
 
 from deepinfer.model import LlamaModel
 from deepinfer.model.add_rms_norm import AddRmsNorm, add_rms_norm
+from deepinfer.model.cpu_kernels import CpuKernels
 from deepinfer_kernels.cpu.native import NativeBuildError, find_compiler
 
 try:
@@ -89,9 +90,9 @@ def test_model_forward_matches_without_kernels(kernel: AddRmsNorm) -> None:
     model.init_weights(generator=torch.Generator().manual_seed(7))
     ids = torch.tensor([[5, 9, 17, 3, 40, 41]])
     with torch.inference_mode():
-        model.use_cpu_kernels(norm=kernel)
+        model.use_cpu_kernels(CpuKernels(norm=kernel))
         fast, fast_layers = model.forward_dense(ids, layer_ids=[0, 1])
-        model.use_cpu_kernels()
+        model.use_cpu_kernels(CpuKernels())
         plain, plain_layers = model.forward_dense(ids, layer_ids=[0, 1])
     torch.testing.assert_close(fast, plain, rtol=1e-5, atol=1e-5)
     for a, b in zip(fast_layers, plain_layers):

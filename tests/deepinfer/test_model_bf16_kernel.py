@@ -18,6 +18,7 @@ from deepinfer.model.bf16_weight_linear import (
     bf16_panels,
     unpack_panels,
 )
+from deepinfer.model.cpu_kernels import CpuKernels
 from deepinfer.model.linear import BF16_MAX_ROWS, PackedWeight, linear
 from deepinfer_kernels.cpu.native import NativeBuildError, build_library, find_compiler
 
@@ -243,12 +244,12 @@ def test_model_logits_match_with_and_without_the_kernel(kernel: Bf16WeightLinear
             param.copy_(param.bfloat16().float())
     ids = torch.tensor([[5, 9, 17, 3, 40]])
     with torch.inference_mode():
-        model.use_cpu_kernels(linear=kernel)
+        model.use_cpu_kernels(CpuKernels(linear=kernel))
         hidden, _ = model.forward_dense(ids)
         fast = model.compute_logits(hidden[0])
         qkv = model.decoder_layers()[0].self_attn.qkv_proj
         assert qkv.packed.has_bf16  # the kernel path prepared its panels
-        model.use_cpu_kernels()
+        model.use_cpu_kernels(CpuKernels())
         hidden, _ = model.forward_dense(ids)
         plain = model.compute_logits(hidden[0])
     torch.testing.assert_close(fast, plain, rtol=1e-5, atol=1e-5)

@@ -1,0 +1,39 @@
+"""The compiled CPU kernels a :class:`~deepinfer.model.LlamaModel` can run on, as one bundle.
+
+Each is built with the machine's C compiler on first use and cached
+(:mod:`deepinfer_kernels.cpu.native`); each applies only to the operands it was written for
+(fp32 CPU rows, autograd off) and the model keeps its torch ops for everything else, including
+when a kernel cannot be built (no compiler: one warning) or ``DEEPINFER_CPU_KERNELS=0``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from deepinfer.model.add_rms_norm import AddRmsNorm
+from deepinfer.model.bf16_weight_linear import Bf16WeightLinear
+from deepinfer_kernels.cpu import PagedAttentionTiles
+
+
+@dataclass
+class CpuKernels:
+    """``None`` fields keep the torch op.
+
+    * ``linear``: few-row products of bf16-exact weights (bf16 panels, fp32 arithmetic);
+    * ``norm``: residual add + RMSNorm;
+    * ``attention``: short paged-attention tiles (decode, verification).
+    """
+
+    linear: Bf16WeightLinear | None = None
+    norm: AddRmsNorm | None = None
+    attention: PagedAttentionTiles | None = None
+
+    @classmethod
+    def all(cls, cache_dir: Path | None = None, enabled: bool | None = None) -> CpuKernels:
+        """Every kernel (``enabled=None`` reads ``DEEPINFER_CPU_KERNELS``)."""
+        return cls(
+            linear=Bf16WeightLinear(cache_dir, enabled),
+            norm=AddRmsNorm(cache_dir, enabled),
+            attention=PagedAttentionTiles(cache_dir, enabled),
+        )
