@@ -191,3 +191,62 @@ def test_small_write_kv(benchmark, small_inputs):  # type: ignore[no-untyped-def
     slots = torch.arange(S_BATCH, dtype=torch.int64) * BS
     benchmark(deepinfer_kernels.write_kv, k, k, k_cache, v_cache, slots, check_values=False)
     assert torch.equal(k_cache.view(-1, S_HKV, S_D)[slots], k)
+
+
+# --- CPU tile kernel: 16 decode rows of SmolLM2's shape, torch path vs compiled tiles ---------
+# 16 sequences of 20-44 keys in shuffled pages (a decode step of 16 concurrent requests),
+# 9 query heads / 3 KV heads, head_dim 64, block 16. The plan runs its batch of short tiles
+# with gather + SDPA, or with ``deepinfer_kernels.cpu.PagedAttentionTiles`` (compiled on first
+# use; skipped without a C compiler).
+#
+#     .venv/bin/pytest benchmarks/bench_kernels_attention.py --benchmark-only -s -k tiles
+
+_TILES: dict[str, float] = {}
+
+
+@pytest.fixture(scope="module")
+def tile_case() -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(2)
+    batch, num_blocks = 16, 512
+    return {
+        "q": torch.randn(batch, S_HQ, S_D, generator=g),
+        "k_cache": torch.randn(num_blocks, BS, S_HKV, S_D, generator=g),
+        "v_cache": torch.randn(num_blocks, BS, S_HKV, S_D, generator=g),
+        "block_table": torch.randperm(num_blocks, generator=g)[: batch * 3]
+        .view(batch, 3)
+        .to(torch.int32),
+        "seq_lens": torch.randint(20, 45, (batch,), generator=g, dtype=torch.int32),
+        "cu_seqlens_q": torch.arange(batch + 1, dtype=torch.int32),
+    }
+
+
+def _tile_plan(case: dict[str, torch.Tensor], cpu_kernel=None):  # type: ignore[no-untyped-def]
+    return deepinfer_kernels.plan_paged_attention(
+        case["block_table"], case["seq_lens"], case["cu_seqlens_q"],
+        block_size=BS, num_q_heads=S_HQ, num_kv_heads=S_HKV, head_dim=S_D, cpu_kernel=cpu_kernel,
+    )  # fmt: skip
+
+
+def test_tiles_torch_path(benchmark, tile_case):  # type: ignore[no-untyped-def]
+    plan = _tile_plan(tile_case)
+    benchmark(plan.run, tile_case["q"], tile_case["k_cache"], tile_case["v_cache"])
+    _TILES["torch"] = benchmark.stats.stats.median
+
+
+def test_tiles_compiled(benchmark, tile_case):  # type: ignore[no-untyped-def]
+    from deepinfer_kernels.cpu import PagedAttentionTiles
+
+    tiles = PagedAttentionTiles(enabled=True)
+    if not tiles.available():
+        pytest.skip(f"no compiled CPU kernel here: {tiles.fn.error}")
+    plan = _tile_plan(tile_case, tiles)
+    q, k, v = tile_case["q"], tile_case["k_cache"], tile_case["v_cache"]
+    with torch.inference_mode():
+        out = benchmark(plan.run, q, k, v)
+        torch.testing.assert_close(out, _tile_plan(tile_case).run(q, k, v), atol=1e-5, rtol=1e-5)
+    _TILES["compiled"] = benchmark.stats.stats.median
+    if "torch" in _TILES:
+        print(
+            f"\n16 decode rows: torch path {_TILES['torch'] * 1e6:.0f} us, compiled tiles "
+            f"{_TILES['compiled'] * 1e6:.0f} us ({_TILES['torch'] / _TILES['compiled']:.2f}x)"
+        )
