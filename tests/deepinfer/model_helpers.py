@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -250,3 +251,16 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+def built(kernel: Any) -> Any:
+    """``kernel`` (a compiled CPU kernel handle) once built. Skips the test on a machine without
+    a C compiler; on one with a compiler a failed build fails the test (it is a bug there)."""
+    import pytest
+
+    from deepinfer_kernels.cpu import compiler_available
+
+    if not compiler_available():
+        pytest.skip("no C compiler on this machine")
+    assert kernel.available(), kernel.fn.error
+    return kernel

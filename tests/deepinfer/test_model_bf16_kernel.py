@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from model_helpers import tiny_config
+from model_helpers import built, tiny_config
 
 from deepinfer.model import LlamaModel
 from deepinfer.model.bf16_weight_linear import (
@@ -20,25 +20,14 @@ from deepinfer.model.bf16_weight_linear import (
 )
 from deepinfer.model.cpu_kernels import CpuKernels
 from deepinfer.model.linear import BF16_MAX_ROWS, PackedWeight, linear
-from deepinfer_kernels.cpu.native import NativeBuildError, build_library, find_compiler
+from deepinfer_kernels.cpu.native import build_library, compiler_available
 
-try:
-    find_compiler()
-    HAS_COMPILER = True
-except NativeBuildError:
-    HAS_COMPILER = False
-
-needs_compiler = pytest.mark.skipif(not HAS_COMPILER, reason="no C compiler on this machine")
+needs_compiler = pytest.mark.skipif(not compiler_available(), reason="no C compiler here")
 
 
 @pytest.fixture(scope="module")
 def kernel(tmp_path_factory: pytest.TempPathFactory) -> Bf16WeightLinear:
-    if not HAS_COMPILER:
-        pytest.skip("no C compiler on this machine")
-    k = Bf16WeightLinear(cache_dir=tmp_path_factory.mktemp("kernels"), enabled=True)
-    # A machine with a compiler must build it: a failure here is a bug, not a skip.
-    assert k.available(), k.error
-    return k
+    return built(Bf16WeightLinear(cache_dir=tmp_path_factory.mktemp("kernels"), enabled=True))
 
 
 def bf16_exact(*shape: int, gen: torch.Generator) -> torch.Tensor:

@@ -10,7 +10,7 @@ import torch
 from hypothesis import given, settings
 
 import deepinfer_kernels as dk
-from deepinfer_kernels.cpu import NativeBuildError, PagedAttentionTiles, find_compiler
+from deepinfer_kernels.cpu import PagedAttentionTiles, compiler_available
 from deepinfer_kernels.cpu.attention import MAX_TILE_Q
 from deepinfer_kernels.reference import paged_attention_reference
 from deepinfer_kernels.testing import (
@@ -18,12 +18,6 @@ from deepinfer_kernels.testing import (
     assert_attention_close,
     paged_attention_cases,
 )
-
-try:
-    find_compiler()
-    HAS_COMPILER = True
-except NativeBuildError:
-    HAS_COMPILER = False
 
 
 class CountingTiles(PagedAttentionTiles):
@@ -40,27 +34,11 @@ class CountingTiles(PagedAttentionTiles):
 
 @pytest.fixture(scope="module")
 def tiles(tmp_path_factory: pytest.TempPathFactory) -> CountingTiles:
-    if not HAS_COMPILER:
+    if not compiler_available():
         pytest.skip("no C compiler on this machine")
     k = CountingTiles(tmp_path_factory.mktemp("kernels"))
     assert k.available(), k.fn.error  # a machine with a compiler must build it
     return k
-
-
-def _plan(case: PagedAttentionCase, tiles: PagedAttentionTiles | None) -> dk.PagedAttentionPlan:
-    _, hq, d = case.q.shape
-    return dk.plan_paged_attention(
-        case.block_table,
-        case.seq_lens,
-        case.cu_seqlens_q,
-        block_size=case.k_cache.shape[1],
-        num_q_heads=hq,
-        num_kv_heads=case.k_cache.shape[2],
-        head_dim=d,
-        use_triton=False,
-        cpu_kernel=tiles,
-        **case.options(),
-    )
 
 
 @settings(max_examples=60)
@@ -75,7 +53,9 @@ def test_matches_the_reference(tiles: CountingTiles, case: PagedAttentionCase) -
     included; longer tiles fall back to SDPA and still match."""
     before = tiles.calls
     with torch.inference_mode():
-        out, lse = _plan(case, tiles).run(case.q, case.k_cache, case.v_cache, return_lse=True)
+        out, lse = case.plan(use_triton=False, cpu_kernel=tiles).run(
+            case.q, case.k_cache, case.v_cache, return_lse=True
+        )
     ref_out, ref_lse = paged_attention_reference(*case.tensors(), **case.options(), return_lse=True)
     assert_attention_close(out, ref_out)
     assert_attention_close(lse, ref_lse, dtype=torch.float32)

@@ -15,27 +15,11 @@ from hypothesis import strategies as st
 import deepinfer_kernels as dk
 from deepinfer_kernels.reference import paged_attention_reference
 from deepinfer_kernels.testing import (
-    PagedAttentionCase,
     PagedLayout,
     assert_attention_close,
     materialize,
     paged_attention_cases,
 )
-
-
-def _plan(case: PagedAttentionCase, **extra: Any) -> dk.PagedAttentionPlan:
-    _, hq, d = case.q.shape
-    return dk.plan_paged_attention(
-        case.block_table,
-        case.seq_lens,
-        case.cu_seqlens_q,
-        block_size=case.k_cache.shape[1],
-        num_q_heads=hq,
-        num_kv_heads=case.k_cache.shape[2],
-        head_dim=d,
-        **case.options(),
-        **extra,
-    )
 
 
 @settings(max_examples=20)
@@ -47,9 +31,7 @@ def _plan(case: PagedAttentionCase, **extra: Any) -> dk.PagedAttentionPlan:
     )
 )
 def test_run_matches_reference_and_the_public_op(case):  # type: ignore[no-untyped-def]
-    out, lse = _plan(case, use_triton=False).run(
-        case.q, case.k_cache, case.v_cache, return_lse=True
-    )
+    out, lse = case.plan(use_triton=False).run(case.q, case.k_cache, case.v_cache, return_lse=True)
     ref_out, ref_lse = paged_attention_reference(*case.tensors(), **case.options(), return_lse=True)
     assert out.dtype == case.q.dtype and lse.dtype == torch.float32
     assert_attention_close(out, ref_out)
@@ -64,7 +46,7 @@ def test_run_matches_reference_and_the_public_op(case):  # type: ignore[no-untyp
 @settings(max_examples=15)
 @given(case=paged_attention_cases(max_seq_len=48), layers=st.integers(2, 4))
 def test_one_plan_serves_every_layer(case, layers):  # type: ignore[no-untyped-def]
-    plan = _plan(case)
+    plan = case.plan()
     for layer in range(layers):
         # Each "layer" has its own cache contents and queries over the same page layout.
         g = torch.Generator().manual_seed(layer)
@@ -93,7 +75,7 @@ def test_equal_length_decode_needs_no_mask(batch, seq_len, block_size, gqa, seed
         (1,) * batch, (seq_len,) * batch, block_size, batch * per_seq + 2, table, 2 * gqa, 2, 16
     )
     case = materialize(layout, seed=seed)
-    plan = _plan(case)
+    plan = case.plan()
     assert not plan.masked and plan.num_tile_batches == 1
     assert_attention_close(
         plan.run(case.q, case.k_cache, case.v_cache), paged_attention_reference(*case.tensors())
@@ -103,12 +85,12 @@ def test_equal_length_decode_needs_no_mask(batch, seq_len, block_size, gqa, seed
 def test_mixed_lengths_and_windows_are_masked() -> None:
     layout = PagedLayout((1, 1), (9, 3), 4, 8, ((6, 1, 3), (0, 2, 4)), 4, 2, 16)
     case = materialize(layout, seed=1)
-    assert _plan(case).masked
-    assert _plan(replace(case, seq_lens=torch.tensor([9, 9], dtype=torch.int32))).masked is False
+    assert case.plan().masked
+    assert replace(case, seq_lens=torch.tensor([9, 9], dtype=torch.int32)).plan().masked is False
     windowed = replace(case, seq_lens=torch.tensor([9, 9], dtype=torch.int32), sliding_window=3)
-    assert _plan(windowed).masked
+    assert windowed.plan().masked
     assert_attention_close(
-        _plan(windowed).run(windowed.q, windowed.k_cache, windowed.v_cache),
+        windowed.plan().run(windowed.q, windowed.k_cache, windowed.v_cache),
         paged_attention_reference(*windowed.tensors(), **windowed.options()),
     )
 
@@ -118,7 +100,7 @@ def test_long_prefill_in_chunks_and_empty_batch() -> None:
         (70, 1), (90, 33), 16, 9, ((4, 0, 7, 2, 8, 1), (3, 6, 5, -1, -1, -1)), 4, 2, 16
     )
     case = materialize(layout, seed=3, sliding_window=40)
-    plan = _plan(case)
+    plan = case.plan()
     assert plan.num_tile_batches >= 2
     out = plan.run(case.q, case.k_cache, case.v_cache)
     assert_attention_close(out, paged_attention_reference(*case.tensors(), **case.options()))
@@ -204,7 +186,7 @@ BAD_RUN: list[tuple[str, Callable[[dict[str, Any]], None], str]] = [
 @pytest.mark.parametrize(("what", "mutate", "name"), BAD_RUN, ids=[b[0] for b in BAD_RUN])
 def test_invalid_run_inputs_name_the_argument(what: str, mutate: Any, name: str) -> None:
     case = materialize(LAYOUT, seed=0)
-    plan = _plan(case)
+    plan = case.plan()
     args = {"q": case.q, "k_cache": case.k_cache, "v_cache": case.v_cache}
     mutate(args)
     with pytest.raises((ValueError, TypeError), match=name):
@@ -225,7 +207,7 @@ def test_numpy_arrays_answer_in_kind() -> None:
 def test_triton_plan_runs_the_kernel() -> None:
     """On the Triton path (here under the interpreter) ``run`` calls the kernel."""
     case = materialize(LAYOUT, seed=6, soft_cap=5.0)
-    plan = _plan(case, use_triton=True, check_values=False)
+    plan = case.plan(use_triton=True, check_values=False)
     assert plan.use_triton and plan.total_q is None
     out = plan.run(case.q, case.k_cache, case.v_cache)
     assert_attention_close(out, paged_attention_reference(*case.tensors(), **case.options()))
@@ -255,5 +237,5 @@ def test_consecutive_pages_are_read_without_a_gather(q_lens, extra, block_size, 
         big_v = torch.zeros_like(big_k)
         big_k[::2], big_v[::2] = case.k_cache, case.v_cache
         case = replace(case, k_cache=big_k[::2], v_cache=big_v[::2])
-    out = _plan(case).run(case.q, case.k_cache, case.v_cache)
+    out = case.plan().run(case.q, case.k_cache, case.v_cache)
     assert_attention_close(out, paged_attention_reference(*case.tensors(), **case.options()))

@@ -26,6 +26,8 @@ from typing import Any
 import torch
 from hypothesis import strategies as st
 
+from deepinfer_kernels.attention import PagedAttentionPlan, plan_paged_attention
+
 # (atol, rtol) against the fp32 reference, per input dtype.
 ATTENTION_TOLERANCES: dict[torch.dtype, tuple[float, float]] = {
     torch.float32: (1e-4, 1e-4),
@@ -84,6 +86,22 @@ class PagedAttentionCase:
             "sliding_window": self.sliding_window,
             "soft_cap": self.soft_cap,
         }
+
+    def plan(self, **extra: Any) -> PagedAttentionPlan:
+        """``plan_paged_attention`` for this case's metadata and options (``extra``: more
+        keyword arguments, e.g. ``use_triton`` or ``cpu_kernel``)."""
+        _, hq, d = self.q.shape
+        return plan_paged_attention(
+            self.block_table,
+            self.seq_lens,
+            self.cu_seqlens_q,
+            block_size=self.k_cache.shape[1],
+            num_q_heads=hq,
+            num_kv_heads=self.k_cache.shape[2],
+            head_dim=d,
+            **self.options(),
+            **extra,
+        )
 
     def with_shuffled_blocks(self, seed: int) -> PagedAttentionCase:
         """Same logical content, physical blocks permuted (the table follows them)."""

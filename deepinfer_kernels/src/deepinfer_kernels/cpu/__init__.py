@@ -9,6 +9,7 @@ from deepinfer_kernels.cpu.native import (
     NativeBuildError,
     NativeFunction,
     build_library,
+    compiler_available,
     default_cache_dir,
     find_compiler,
 )
@@ -18,6 +19,7 @@ __all__ = [
     "NativeFunction",
     "PagedAttentionTiles",
     "build_library",
+    "compiler_available",
     "default_cache_dir",
     "find_compiler",
 ]

@@ -69,6 +69,15 @@ def find_compiler() -> str:
     raise NativeBuildError("no C compiler found: install one or point $CC at it")
 
 
+def compiler_available() -> bool:
+    """Whether :func:`find_compiler` finds a C compiler."""
+    try:
+        find_compiler()
+    except NativeBuildError:
+        return False
+    return True
+
+
 def loaded_openmp_runtime() -> Path | None:
     """The GNU OpenMP runtime file mapped into this process (Linux), if any."""
     try:
