@@ -15,6 +15,7 @@ from deepinfer.model.attention_metadata import AttentionMetadata
 from deepinfer.model.chat_template import ChatTemplate, ChatTemplateError
 from deepinfer.model.config import LlamaConfig, RopeScaling
 from deepinfer.model.convert import cache_root, convert_gguf
+from deepinfer.model.cpu_kernels import CpuKernels
 from deepinfer.model.gguf_loader import load_gguf
 from deepinfer.model.kv_pool import KVPool, OutOfBlocksError
 from deepinfer.model.llama import LlamaModel
@@ -28,6 +29,7 @@ __all__ = [
     "AttentionMetadata",
     "ChatTemplate",
     "ChatTemplateError",
+    "CpuKernels",
     "IncrementalDetokenizer",
     "KVPool",
     "LlamaConfig",

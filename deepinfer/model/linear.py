@@ -22,7 +22,7 @@ Fewer rows than that are bound by reading the weights. For weights that are exac
 (a bf16 checkpoint run in fp32, like the embedded model) :class:`PackedWeight` also keeps their
 bf16 panels, and up to ``BF16_MAX_ROWS`` rows run on
 :class:`~deepinfer.model.bf16_weight_linear.Bf16WeightLinear`, which reads half the bytes and
-computes in fp32 (1.8x faster than ``F.linear`` for all one-row products of a SmolLM2 step).
+computes in fp32 (1.6x faster than ``F.linear`` for all one-row products of a SmolLM2 step).
 """
 
 from __future__ import annotations
@@ -44,8 +44,9 @@ PACK_ROWS_HINT = 256
 # 1.5-3.3x faster than ``F.linear``, and 1.0-1.5x from 64 to 512 rows.
 PACKED_MIN_ROWS = 4
 # Up to this many rows, bf16-exact weights run on the bf16-weight kernel (when it is built):
-# over all SmolLM2 projections it took 15 ms for 1 to 4 rows, 24 ms for 16 and 41 ms for 32,
-# against 29, 41 and 52 ms on the packed GEMM (``benchmarks/model_runner_linear.py``).
+# over all SmolLM2 projections it took 15 ms for 1 row, 27 ms for 16 and 42 ms for 32 rows,
+# against 25 ms for ``F.linear`` and 43 and 53 ms on the packed GEMM; at 48 rows the packed GEMM
+# won (``benchmarks/results/model_runner_linear.md``).
 BF16_MAX_ROWS = 32
 
 

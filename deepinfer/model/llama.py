@@ -44,11 +44,7 @@ class LlamaAttention(nn.Module):
         self.o_proj = Linear(self.q_size, config.hidden_size)
 
     def project_qkv(
-        self,
-        x: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
-        rope: RotaryEmbedding,
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rope: RotaryEmbedding
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         qkv = self.qkv_proj.forward(x)
         lead = qkv.shape[:-1]

@@ -242,3 +242,16 @@ def test_model_logits_match_with_and_without_the_kernel(kernel: Bf16WeightLinear
         hidden, _ = model.forward_dense(ids)
         plain = model.compute_logits(hidden[0])
     torch.testing.assert_close(fast, plain, rtol=1e-5, atol=1e-5)
+
+
+@needs_compiler
+def test_unwritable_cache_directory_falls_back(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    k = Bf16WeightLinear(cache_dir=blocker / "kernels", enabled=True)
+    with pytest.warns(RuntimeWarning, match="cannot build into"):
+        assert not k.available()
+    gen = torch.Generator().manual_seed(9)
+    w, x = bf16_exact(8, 16, gen=gen), torch.randn(1, 16, generator=gen)
+    with torch.inference_mode():
+        assert torch.equal(linear(x, w, pack=PackedWeight(k)), F.linear(x, w))

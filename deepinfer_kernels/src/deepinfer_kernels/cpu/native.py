@@ -153,6 +153,15 @@ def build_library(source: Path, cache_dir: Path | None = None) -> Path:
     target = root / f"{source.stem}-{key}.so"
     if target.is_file():
         return target
+    try:
+        return _build_into(root, target, source, compiler, flags, openmp)
+    except OSError as exc:  # an unwritable or full cache directory
+        raise NativeBuildError(f"cannot build into {root}: {exc}") from exc
+
+
+def _build_into(
+    root: Path, target: Path, source: Path, compiler: str, flags: list[str], openmp: Path | None
+) -> Path:
     root.mkdir(parents=True, exist_ok=True)
     with exclusive_lock(root / f".{source.stem}.lock"):
         if target.is_file():  # another process built it while this one waited
@@ -218,7 +227,7 @@ class NativeFunction:
         if self._fn is None and self.error is None:
             try:
                 fn = getattr(load_library(self.source, self.cache_dir), self.symbol)
-            except (NativeBuildError, AttributeError) as exc:
+            except (NativeBuildError, AttributeError, OSError) as exc:
                 self.error = str(exc)
                 warnings.warn(
                     f"deepinfer's CPU kernel {self.symbol} is unavailable, using torch: {exc}",
