@@ -30,6 +30,7 @@ from deepinfer.model.spec_adapter import LlamaTargetAdapter
 from deepinfer_spec import DSparkConfig
 from deepinfer_spec.training import TrainConfig, evaluate, load_drafter, train_drafter
 from deepinfer_spec.training.checkpoint import CONFIG, WEIGHTS
+from deepinfer_spec.training.loss import LossWeights
 
 REPO = Path(__file__).resolve().parents[1]
 EXPORT_DIR = REPO / "deepinfer" / "data" / "dspark-smollm2"
@@ -161,6 +162,15 @@ def main() -> None:
     p.add_argument(
         "--init-layer", type=int, default=29, help="target layer copied into the backbone"
     )
+    p.add_argument(
+        "--init-from",
+        type=Path,
+        default=None,
+        help="start a new run from this drafter checkpoint (e.g. deepinfer/data/dspark-smollm2)",
+    )
+    p.add_argument("--ce-weight", type=float, default=0.1, help="loss weight of CE on the data")
+    p.add_argument("--tv-weight", type=float, default=0.9, help="loss weight of TV to the target")
+    p.add_argument("--bce-weight", type=float, default=1.0, help="confidence-head BCE weight")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--eval-prompts", type=int, default=4)
     p.add_argument("--eval-tokens", type=int, default=32)
@@ -241,15 +251,20 @@ def main() -> None:
         log_every=5,
         checkpoint_every=10,
         out_dir=str(args.work_dir),
-        init_from_target_layers=None if resume else (args.init_layer,),
+        init_from_target_layers=None if resume or args.init_from else (args.init_layer,),
         progress=True,
+        loss_weights=LossWeights(ce=args.ce_weight, tv=args.tv_weight, bce=args.bce_weight),
     )
     t0 = time.monotonic()
+    start = None
+    if args.init_from is not None and not resume:
+        start = load_drafter(args.init_from, target).float()
     result = train_drafter(
         ReusingTarget(target),  # type: ignore[arg-type]
         data,
-        None if resume else config,
+        None if resume or start is not None else config,
         train,
+        drafter=start,
         resume_from=args.work_dir if resume else None,
     )
     print(f"trained to step {result.step} in {time.monotonic() - t0:.0f}s", flush=True)

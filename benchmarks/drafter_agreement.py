@@ -1,0 +1,105 @@
+"""How often the DSpark drafter's top-1 draft equals the target's top-1, and how a few minutes of
+training with given loss weights move it: a quick probe of a training recipe on the CPU.
+
+Teacher forcing on the first 300 tokens of one stdlib file (``json/decoder.py`` by default; it
+may be part of the training corpus, so this probes fit, not generalisation): for every second
+anchor ``n`` from 130 on, the drafter sees the target's features
+before ``n`` and the true tokens ``x_n .. x_{n+G-1}``, and its argmax at block position ``k`` is
+compared with the target's argmax after ``x_{n+k-1}``. Then (``--minutes > 0``) the same drafter
+trains for that long on the stdlib corpus with the given loss weights, and the probe runs again.
+
+    .venv/bin/python benchmarks/drafter_agreement.py --minutes 4 --ce-weight 1.0
+    .venv/bin/python benchmarks/drafter_agreement.py --minutes 4 --ce-weight 0.1
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import sysconfig
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+from train_drafter import EXPORT_DIR, ReusingTarget, corpus_files, repeat_batches, token_chunks
+
+from deepinfer.model import KVPool, load_model
+from deepinfer.model.spec_adapter import LlamaTargetAdapter
+from deepinfer_spec import DSparkDrafter
+from deepinfer_spec.training import TrainConfig, load_drafter, train_drafter
+from deepinfer_spec.training.loss import LossWeights
+
+
+@torch.no_grad()
+def agreement(drafter: DSparkDrafter, target: LlamaTargetAdapter, ids: torch.Tensor) -> list[float]:
+    """Per block position, the fraction of anchors where the drafter's argmax is the target's."""
+    cfg = drafter.config
+    drafter.eval()
+    out = target.score(ids, list(cfg.target_layer_ids))
+    context = drafter.project_context(out.features)
+    want = out.logits[0].argmax(-1)  # want[t]: the target's prediction after token t
+    hits, anchors = [0] * cfg.gamma, 0
+    for n in range(130, ids.shape[1] - cfg.gamma - 1, 2):
+        width = min(cfg.window, n)
+        valid = torch.ones(1, width, dtype=torch.bool)
+        hidden = drafter.backbone(ids[:, n], context[:, n - width : n], valid)
+        logits, _ = drafter.teacher_forced(hidden, ids[:, n : n + cfg.gamma])
+        got = logits[0].argmax(-1)
+        for k in range(cfg.gamma):
+            hits[k] += int(got[k] == want[n + k])
+        anchors += 1
+    return [h / max(1, anchors) for h in hits]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--drafter", type=Path, default=EXPORT_DIR, help="checkpoint to start from")
+    p.add_argument("--probe-file", default="json/decoder.py", help="stdlib file to probe on")
+    p.add_argument("--minutes", type=float, default=4.0)
+    p.add_argument("--ce-weight", type=float, default=1.0)
+    p.add_argument("--tv-weight", type=float, default=0.9)
+    p.add_argument("--bce-weight", type=float, default=1.0)
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--threads", type=int, default=2)
+    args = p.parse_args()
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    loaded = load_model()
+    tok = loaded.tokenizer
+    target = LlamaTargetAdapter(loaded.model, KVPool.for_model(loaded.config, num_blocks=64))
+    drafter = load_drafter(args.drafter, target).float()
+    text = Path(sysconfig.get_paths()["stdlib"], args.probe_file).read_text(encoding="utf-8")
+    ids = torch.tensor([tok.encode(text)[:300]])
+    before = agreement(drafter, target, ids)
+    print("before:", [round(a, 3) for a in before], flush=True)
+    if args.minutes <= 0:
+        return
+    deadline = time.monotonic() + args.minutes * 60
+    data = repeat_batches(
+        token_chunks(tok, corpus_files(held_out=False), 128, 7, deadline), batch_size=4, reuse=2
+    )
+    train = TrainConfig(
+        steps=100_000,
+        batch_size=4,
+        anchors_per_sequence=24,
+        max_seq_len=128,
+        lr=args.lr,
+        warmup_steps=5,
+        log_every=10,
+        progress=False,
+        loss_weights=LossWeights(ce=args.ce_weight, tv=args.tv_weight, bce=args.bce_weight),
+    )
+    start = time.monotonic()
+    result = train_drafter(ReusingTarget(target), data, None, train, drafter=drafter)  # type: ignore[arg-type]
+    after = agreement(result.drafter, target, ids)
+    print(
+        f"trained {result.step} steps in {time.monotonic() - start:.0f} s with "
+        f"ce {args.ce_weight}, tv {args.tv_weight}, bce {args.bce_weight}, lr {args.lr}"
+    )
+    print("after: ", [round(a, 3) for a in after])
+
+
+if __name__ == "__main__":
+    main()
