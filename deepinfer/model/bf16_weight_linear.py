@@ -87,8 +87,6 @@ class Bf16WeightLinear:
     ) -> torch.Tensor:
         """``x`` ``[M, K]`` fp32, ``panels`` of an ``[out_features, K]`` weight
         (:func:`bf16_panels`), ``bias`` ``[out_features]`` fp32 or None -> ``[M, N]`` fp32."""
-        if not self.available():
-            raise RuntimeError(f"the bf16-weight kernel is unavailable: {self.error or 'off'}")
         if x.dim() != 2 or x.dtype != torch.float32 or x.device.type != "cpu":
             raise ValueError(f"x must be a 2-d fp32 CPU tensor, got {x.dtype} {tuple(x.shape)}")
         n = out_features

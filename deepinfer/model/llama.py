@@ -161,7 +161,6 @@ class LlamaModel(nn.Module):
         self.rope = RotaryEmbedding(
             config.head_dim, config.rope_theta, config.rope_scaling, config.max_position_embeddings
         )
-        self.cpu_kernels = CpuKernels()
         self.use_cpu_kernels(CpuKernels.all())
         if init:
             self.init_weights()
