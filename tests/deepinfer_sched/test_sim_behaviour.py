@@ -140,3 +140,15 @@ def test_lru_cache_stays_prefix_closed(prompts: list[tuple[int, int]], capacity:
             assert cache.prefix_hits(probe) == linear
             # Prefix-closed: nothing cached beyond the first miss.
             assert not any(h in cache for h in probe[linear:])
+
+
+def test_a_lone_sequence_is_not_bounced_between_instances() -> None:
+    """Moving a sequence bigger than the planned amount would make the destination the hot
+    instance; with fast-forwarded decode steps a lone sequence then bounced every interval and
+    never finished (a hypothesis example hung the simulator)."""
+    trace = small_trace(1, 10.0, seed=0, max_output=300)
+    sched = SchedulerConfig(router="round_robin", migration="threshold", migration_interval_s=0.01)
+    res = run_simulation(trace, SimConfig(sched, num_instances=2, kv_capacity_tokens=50_000), 0)
+    assert res.migrations == 0
+    assert not res.records[0].rejected
+    assert res.events < 1000

@@ -343,11 +343,15 @@ class Simulator:
             src, dst = by_id[mv.src], by_id[mv.dst]
             moved = 0
             for r in reversed(list(src.running.values())):
-                if moved >= mv.kv_tokens:
-                    break
+                # Whole sequences, never more than planned: overshooting could leave the
+                # destination the most loaded, and a lone long sequence would then bounce
+                # between two instances every interval without ever decoding.
                 self._touch(src, now)
+                size = r.prompt_len + r.generated_by(src.iter_count)
+                if moved + size > mv.kv_tokens:
+                    continue
                 src.remove_running(r)
-                moved += r.prompt_len + r.generated
+                moved += size
                 self.result.migrations += 1
                 self._send(dst, r, now)
         if self.outstanding > 0 or self._next_arrival < len(self.trace):
