@@ -12,6 +12,7 @@ from deepinfer_kernels.cpu.native import (
     compiler_available,
     default_cache_dir,
     find_compiler,
+    source_digest,
 )
 
 __all__ = [
@@ -22,4 +23,5 @@ __all__ = [
     "compiler_available",
     "default_cache_dir",
     "find_compiler",
+    "source_digest",
 ]

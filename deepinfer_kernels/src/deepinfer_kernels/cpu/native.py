@@ -2,10 +2,10 @@
 
 Triton does the same for its launchers: the machine's C compiler (``$CC``, else ``cc``) builds
 the library on first use, with ``-march=native``, into ``$DEEPINFER_CACHE_DIR/kernels/``
-(default ``~/.cache/deepinfer/kernels``). The
-file name carries a key over everything the binary depends on (the source, the compiler's
-version, the flags, the CPU's feature flags, the OpenMP runtime it links), so a changed source,
-compiler or machine gets a new build and a stale one is never loaded. Builds are written to a
+(default ``~/.cache/deepinfer/kernels``). The file name carries a key over everything the
+binary depends on (the source and the files it ``#include "..."``s, the compiler's version, the
+flags, the CPU's feature flags, the OpenMP runtime it links), so a changed source, compiler or
+machine gets a new build and a stale one is never loaded. Builds are written to a
 temporary file and renamed into place under a lock, so concurrent processes build once and no
 process sees half a library.
 
@@ -22,6 +22,7 @@ import ctypes
 import hashlib
 import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
@@ -130,6 +131,29 @@ def _run(cmd: list[str]) -> None:
         raise NativeBuildError(f"{' '.join(cmd)} failed:\n{done.stderr.strip()[-2000:]}")
 
 
+_LOCAL_INCLUDE = re.compile(rb'^\s*#\s*include\s*"([^"]+)"', re.MULTILINE)
+
+
+def source_digest(source: Path) -> str:
+    """SHA-256 over ``source`` and, recursively, the files it ``#include "..."``s from its own
+    directory tree, so that editing an included file gives a new build key."""
+    digest = hashlib.sha256()
+    seen: set[Path] = set()
+    pending = [source.resolve()]
+    while pending:
+        path = pending.pop()
+        if path in seen:
+            continue
+        seen.add(path)
+        text = path.read_bytes()
+        digest.update(str(len(text)).encode() + b"\0" + text)
+        for name in _LOCAL_INCLUDE.findall(text):
+            included = path.parent / name.decode()
+            if included.is_file():
+                pending.append(included.resolve())
+    return digest.hexdigest()
+
+
 def build_library(source: Path, cache_dir: Path | None = None) -> Path:
     """Path of the shared library built from the C file ``source``, building it if needed.
 
@@ -142,7 +166,7 @@ def build_library(source: Path, cache_dir: Path | None = None) -> Path:
     openmp = loaded_openmp_runtime()
     flags = _compile_flags()
     key_parts = [
-        hashlib.sha256(source.read_bytes()).hexdigest(),
+        source_digest(source),
         _compiler_version(compiler),
         " ".join(flags),
         _cpu_flags(),
