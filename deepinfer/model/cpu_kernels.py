@@ -13,6 +13,7 @@ from pathlib import Path
 
 from deepinfer.model.add_rms_norm import AddRmsNorm
 from deepinfer.model.bf16_weight_linear import Bf16WeightLinear
+from deepinfer.model.decoder_layer_kernel import DecoderLayerKernel
 from deepinfer_kernels.cpu import PagedAttentionTiles
 
 
@@ -22,12 +23,15 @@ class CpuKernels:
 
     * ``linear``: few-row products of bf16-exact weights (bf16 panels, fp32 arithmetic);
     * ``norm``: residual add + RMSNorm;
-    * ``attention``: short paged-attention tiles (decode, verification).
+    * ``attention``: short paged-attention tiles (decode, verification);
+    * ``layer``: a decoder layer minus its attention as two calls, for steps of up to
+      ``BF16_MAX_ROWS`` rows when every projection weight is bf16-exact.
     """
 
     linear: Bf16WeightLinear | None = None
     norm: AddRmsNorm | None = None
     attention: PagedAttentionTiles | None = None
+    layer: DecoderLayerKernel | None = None
 
     @classmethod
     def all(cls, cache_dir: Path | None = None, enabled: bool | None = None) -> CpuKernels:
@@ -36,4 +40,5 @@ class CpuKernels:
             linear=Bf16WeightLinear(cache_dir, enabled),
             norm=AddRmsNorm(cache_dir, enabled),
             attention=PagedAttentionTiles(cache_dir, enabled),
+            layer=DecoderLayerKernel(cache_dir, enabled),
         )

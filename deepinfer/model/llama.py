@@ -19,9 +19,10 @@ from deepinfer.model.add_rms_norm import add_rms_norm
 from deepinfer.model.attention_metadata import AttentionMetadata
 from deepinfer.model.config import LlamaConfig
 from deepinfer.model.cpu_kernels import CpuKernels
+from deepinfer.model.decoder_layer_kernel import LayerPanels, LayerShape
 from deepinfer.model.kv_pool import KVPool
 from deepinfer.model.layers import Embedding, Linear, RMSNorm
-from deepinfer.model.linear import PackedWeight, linear
+from deepinfer.model.linear import BF16_MAX_ROWS, PackedWeight, linear
 from deepinfer.model.rope import RotaryEmbedding
 from deepinfer.model.weight_names import fused_to_hf, hf_to_fused
 from deepinfer_kernels.cpu import PagedAttentionTiles
@@ -229,6 +230,11 @@ class LlamaModel(nn.Module):
             return self.norm.forward(residual), []
         kernels = self.cpu_kernels
         plan = layers[0].self_attn.plan_attention(attn, kv_pool.block_size, kernels.attention)
+        panels = self._fused_panels(residual, kv_pool, attn)
+        if panels is not None:
+            return self._forward_fused(
+                panels, residual, cos, sin, plan, attn, kv_pool, wanted, layer_ids
+            )
         writer = deepinfer_kernels.plan_write_kv(
             attn.slot_mapping, num_blocks=kv_pool.num_blocks, block_size=kv_pool.block_size
         )
@@ -241,6 +247,92 @@ class LlamaModel(nn.Module):
             residual, normed = self._add_norm(residual, h, self._norm_after(i))
             if i in wanted:
                 captured[i] = residual
+        return normed, [captured[i] for i in layer_ids]
+
+    def _fused_panels(
+        self, x: torch.Tensor, kv_pool: KVPool, attn: AttentionMetadata
+    ) -> list[LayerPanels] | None:
+        """Every layer's bf16 panels when this step can take ``cpu_kernels.layer``: few fp32
+        CPU rows without autograd, contiguous fp32 caches, no padding slots, bf16-exact
+        projection weights."""
+        kernel = self.cpu_kernels.layer
+        rows = x.shape[0]
+        if (
+            kernel is None
+            or not 0 < rows <= BF16_MAX_ROWS
+            or x.dtype != torch.float32
+            or x.device.type != "cpu"
+            or torch.is_grad_enabled()
+            or kv_pool.tensor.dtype != torch.float32
+            or not kv_pool.layer_caches(0)[0].is_contiguous()
+            or int(attn.slot_mapping.min()) < 0
+            or not kernel.available()
+        ):
+            return None
+        out = []
+        for layer in self.decoder_layers():
+            att, mlp = layer.self_attn, layer.mlp
+            plain = (att.o_proj, mlp.gate_up_proj, mlp.down_proj)
+            if any(lin.bias is not None for lin in plain):
+                return None
+            qkv, o, gate_up, down = (lin.packed.bf16(lin.weight) for lin in (att.qkv_proj, *plain))
+            if qkv is None or o is None or gate_up is None or down is None:
+                return None
+            bias = att.qkv_proj.bias
+            out.append(LayerPanels(qkv, None if bias is None else bias.detach(), o, gate_up, down))
+        return out
+
+    def _forward_fused(
+        self,
+        panels: list[LayerPanels],
+        residual: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        plan: deepinfer_kernels.PagedAttentionPlan,
+        attn: AttentionMetadata,
+        kv_pool: KVPool,
+        wanted: set[int],
+        layer_ids: Sequence[int],
+    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """:meth:`forward_with_layers` on ``cpu_kernels.layer``: per layer, one call before
+        the attention and one after it, on buffers allocated once for the step."""
+        kernel = self.cpu_kernels.layer
+        assert kernel is not None
+        cfg = self.config
+        shape = LayerShape(
+            cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.intermediate_size
+        )
+        for p in panels:
+            shape.check_panels(p)
+        rows, d = residual.shape[0], cfg.head_dim
+        slots = kernel.slot_mapping(attn.slot_mapping, kv_pool.num_blocks * kv_pool.block_size)
+        cos, sin = cos.reshape(rows, d), sin.reshape(rows, d)
+        layers = self.decoder_layers()
+        # ``residual`` is this step's own embedding output: the layers update it in place.
+        residual, normed = self._add_norm(residual, None, layers[0].input_layernorm)
+        normed = normed.contiguous()
+        qkv = torch.empty(rows, shape.qkv_width)
+        scratch = torch.empty(shape.scratch_size(rows))
+        captured: dict[int, torch.Tensor] = {}
+        for i, layer in enumerate(layers):
+            k_cache, v_cache = kv_pool.layer_caches(i)
+            kernel.qkv(normed, panels[i], shape, cos, sin, slots, k_cache, v_cache, qkv)
+            q = qkv.view(rows, -1, d)[:, : cfg.num_heads]
+            out = plan.run(q, k_cache, v_cache).reshape(rows, cfg.q_size)
+            post, after = layer.post_attention_layernorm, self._norm_after(i)
+            kernel.mlp(
+                out,
+                panels[i],
+                shape,
+                residual,
+                normed,
+                post.weight,
+                after.weight,
+                post.eps,
+                scratch,
+            )
+            if i in wanted:
+                captured[i] = residual.clone()
         return normed, [captured[i] for i in layer_ids]
 
     # ------------------------------------------------------------------ dense forward

@@ -262,5 +262,6 @@ def built(kernel: Any) -> Any:
 
     if not compiler_available():
         pytest.skip("no C compiler on this machine")
-    assert kernel.available(), kernel.fn.error
+    ok = kernel.available()
+    assert ok, getattr(kernel, "error", None) or getattr(getattr(kernel, "fn", None), "error", None)
     return kernel

@@ -13,7 +13,7 @@ from deepinfer.model.cpu_kernels import CpuKernels
 @pytest.fixture(scope="module")
 def kernels(tmp_path_factory: pytest.TempPathFactory) -> CpuKernels:
     kernels = CpuKernels.all(cache_dir=tmp_path_factory.mktemp("kernels"), enabled=True)
-    for k in (kernels.linear, kernels.norm, kernels.attention):
+    for k in (kernels.linear, kernels.norm, kernels.attention, kernels.layer):
         built(k)
     return kernels
 
@@ -22,7 +22,7 @@ def test_a_new_model_starts_with_every_kernel() -> None:
     model = LlamaModel(tiny_config(), init=False)
     kernels = model.cpu_kernels
     assert kernels.linear is not None and kernels.norm is not None
-    assert kernels.attention is not None
+    assert kernels.attention is not None and kernels.layer is not None
 
 
 def test_model_on_every_kernel_decodes_like_torch(kernels: CpuKernels) -> None:

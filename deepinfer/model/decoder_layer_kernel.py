@@ -1,0 +1,265 @@
+"""A decoder layer as two compiled calls around its attention (few-row CPU steps).
+
+In a decode step on a CPU the arithmetic of a layer for one row is microseconds, and the torch
+ops around the matrix products (RoPE, the K/V write, SiLU * up, the residual adds and norms,
+views and allocations) cost more than the products once each pays its dispatch from Python.
+``csrc/decoder_layer.c`` runs everything before the attention (QKV product, RoPE, K/V write)
+as one call and everything after it (output projection, residual add, norm, SwiGLU MLP,
+residual add, the next layer's input norm) as another, reading the weights as bf16 panels
+(:mod:`deepinfer.model.bf16_weight_linear`) with fp32 arithmetic. Results equal the torch
+layer's up to fp32 rounding; :class:`~deepinfer.model.LlamaModel` takes this path for steps of
+up to ``BF16_MAX_ROWS`` rows whose every projection weight is bf16-exact, and its torch ops
+otherwise.
+
+Built on first use with the machine's C compiler (:mod:`deepinfer_kernels.cpu.native`); where
+it cannot be, it reports itself unavailable once, with a warning.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from deepinfer.model.bf16_weight_linear import PANEL
+from deepinfer_kernels.cpu.native import NativeFunction
+
+SOURCE = Path(__file__).parent / "csrc" / "decoder_layer.c"
+
+_P = ctypes.c_void_p
+_I = ctypes.c_int64
+
+
+@dataclass(frozen=True)
+class LayerPanels:
+    """One decoder layer's projection weights as bf16 panels (``bf16_panels``)."""
+
+    qkv: torch.Tensor
+    qkv_bias: torch.Tensor | None
+    o: torch.Tensor
+    gate_up: torch.Tensor
+    down: torch.Tensor
+
+
+@dataclass(frozen=True)
+class LayerShape:
+    """Sizes of the layer: hidden ``H``, heads ``Hq``/``Hkv`` of size ``D``, MLP width ``I``."""
+
+    hidden: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate: int
+
+    @property
+    def qkv_width(self) -> int:
+        return (self.num_heads + 2 * self.num_kv_heads) * self.head_dim
+
+    def scratch_size(self, rows: int) -> int:
+        """Floats of scratch :meth:`DecoderLayerKernel.mlp` needs for ``rows`` rows."""
+        return rows * (2 * self.hidden + 3 * self.intermediate)
+
+    def check_panels(self, panels: LayerPanels) -> None:
+        h, q = self.hidden, self.num_heads * self.head_dim
+        want = {
+            "qkv": (self.qkv_width, h),
+            "o": (h, q),
+            "gate_up": (2 * self.intermediate, h),
+            "down": (h, self.intermediate),
+        }
+        for name, (n, k) in want.items():
+            t: torch.Tensor = getattr(panels, name)
+            shape = (-(-n // PANEL), k, 16, 2)
+            if t.dtype != torch.int16 or tuple(t.shape) != shape or not t.is_contiguous():
+                raise ValueError(
+                    f"panels.{name}: expected contiguous int16 {shape}, got {t.dtype} "
+                    f"{tuple(t.shape)}"
+                )
+        bias = panels.qkv_bias
+        if bias is not None and (
+            tuple(bias.shape) != (self.qkv_width,)
+            or bias.dtype != torch.float32
+            or not bias.is_contiguous()
+        ):
+            raise ValueError(f"panels.qkv_bias: expected contiguous fp32 [{self.qkv_width}]")
+
+
+@dataclass(frozen=True)
+class SlotMapping:
+    """A step's cache slots, checked once for every layer: int64 ``[T]``, each in
+    ``[0, capacity)`` (build it with :meth:`DecoderLayerKernel.slot_mapping`)."""
+
+    slots: torch.Tensor
+    capacity: int
+
+
+def _check_rows(name: str, t: torch.Tensor, rows: int, width: int) -> None:
+    if (
+        t.dtype != torch.float32
+        or t.device.type != "cpu"
+        or tuple(t.shape) != (rows, width)
+        or not t.is_contiguous()
+    ):
+        raise ValueError(
+            f"{name}: expected a contiguous fp32 CPU tensor [{rows}, {width}], got {t.dtype} "
+            f"{tuple(t.shape)} on {t.device}"
+        )
+
+
+class DecoderLayerKernel:
+    """The two compiled halves of a layer (``enabled=None`` reads ``DEEPINFER_CPU_KERNELS``).
+
+    Operands are checked on every call (cheap next to Python's dispatch of the ops it
+    replaces); callers own the buffers, so a forward allocates them once for all layers.
+    """
+
+    def __init__(self, cache_dir: Path | None = None, enabled: bool | None = None) -> None:
+        self._qkv = NativeFunction(
+            SOURCE,
+            "deepinfer_decoder_qkv",
+            [_P] * 9 + [_I] * 5,
+            cache_dir=cache_dir,
+            enabled=enabled,
+        )
+        self._mlp = NativeFunction(
+            SOURCE,
+            "deepinfer_decoder_mlp",
+            [_P] * 8 + [ctypes.c_float, _P] + [_I] * 4,
+            cache_dir=cache_dir,
+            enabled=enabled,
+        )
+
+    @property
+    def error(self) -> str | None:
+        """Why the kernel could not be built, once that was tried."""
+        return self._qkv.error or self._mlp.error
+
+    def available(self) -> bool:
+        """Whether both halves can run here (builds them on the first call)."""
+        return self._qkv.available() and self._mlp.available()
+
+    @staticmethod
+    def slot_mapping(slots: torch.Tensor, capacity: int) -> SlotMapping:
+        """Check ``slots`` (integer ``[T]``, every one in ``[0, capacity)``: padding slots are
+        not supported) once for all layers of a step."""
+        if slots.dim() != 1 or slots.dtype not in (torch.int32, torch.int64):
+            raise ValueError(
+                f"slots: expected an integer [T] tensor, got {slots.dtype} {tuple(slots.shape)}"
+            )
+        slots = slots.to(device="cpu", dtype=torch.int64).contiguous()
+        if slots.numel() and (int(slots.min()) < 0 or int(slots.max()) >= capacity):
+            raise ValueError(f"slots: expected values in [0, {capacity})")
+        return SlotMapping(slots, int(capacity))
+
+    def qkv(
+        self,
+        x: torch.Tensor,
+        panels: LayerPanels,
+        shape: LayerShape,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        slots: SlotMapping,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        out: torch.Tensor,
+    ) -> None:
+        """``out [T, (Hq + 2 Hkv) D]`` = rotated ``x Wqkv^T (+ b)``; writes K/V at ``slots``.
+
+        ``cos``/``sin``: RoPE tables ``[T, D]`` (``RotaryEmbedding.cos_sin`` flattened);
+        ``slots``: from :meth:`slot_mapping` with the caches' ``num_blocks * block_size``;
+        caches contiguous fp32 ``[num_blocks, block_size, Hkv, D]``.
+        """
+        rows, d = x.shape[0], shape.head_dim
+        _check_rows("x", x, rows, shape.hidden)
+        _check_rows("out", out, rows, shape.qkv_width)
+        _check_rows("cos", cos, rows, d)
+        _check_rows("sin", sin, rows, d)
+        if not isinstance(slots, SlotMapping) or tuple(slots.slots.shape) != (rows,):
+            raise ValueError(f"slots: expected a SlotMapping of {rows} slots")
+        for name, cache in (("k_cache", k_cache), ("v_cache", v_cache)):
+            if (
+                cache.dtype != torch.float32
+                or cache.dim() != 4
+                or tuple(cache.shape[2:]) != (shape.num_kv_heads, d)
+                or not cache.is_contiguous()
+            ):
+                raise ValueError(
+                    f"{name}: expected contiguous fp32 [blocks, block_size, "
+                    f"{shape.num_kv_heads}, {d}], got {cache.dtype} {tuple(cache.shape)}"
+                )
+        if k_cache.shape[:2] != v_cache.shape[:2]:
+            raise ValueError("v_cache: expected the blocks of k_cache")
+        if slots.capacity > k_cache.shape[0] * k_cache.shape[1]:
+            raise ValueError(
+                f"slots: checked for {slots.capacity} slots, the caches hold "
+                f"{k_cache.shape[0] * k_cache.shape[1]}"
+            )
+        if rows == 0:
+            return
+        bias = panels.qkv_bias
+        self._qkv(
+            x.data_ptr(),
+            panels.qkv.data_ptr(),
+            None if bias is None else bias.data_ptr(),
+            out.data_ptr(),
+            cos.data_ptr(),
+            sin.data_ptr(),
+            slots.slots.data_ptr(),
+            k_cache.data_ptr(),
+            v_cache.data_ptr(),
+            rows,
+            shape.hidden,
+            shape.num_heads,
+            shape.num_kv_heads,
+            d,
+        )
+
+    def mlp(
+        self,
+        attn: torch.Tensor,
+        panels: LayerPanels,
+        shape: LayerShape,
+        residual: torch.Tensor,
+        normed: torch.Tensor,
+        post_norm: torch.Tensor,
+        next_norm: torch.Tensor,
+        eps: float,
+        scratch: torch.Tensor,
+    ) -> None:
+        """Output projection, residual add, norm, MLP, residual add, next norm, for
+        ``attn [T, Hq D]``. Updates ``residual [T, H]`` in place; writes ``normed [T, H]``
+        (``next_norm`` applied). ``scratch``: fp32 with ``shape.scratch_size(T)`` values.
+        ``post_norm``/``next_norm`` share one ``eps`` (a Llama model's norms all do)."""
+        rows, h = attn.shape[0], shape.hidden
+        _check_rows("attn", attn, rows, shape.num_heads * shape.head_dim)
+        _check_rows("residual", residual, rows, h)
+        _check_rows("normed", normed, rows, h)
+        for name, w in (("post_norm", post_norm), ("next_norm", next_norm)):
+            if w.dtype != torch.float32 or tuple(w.shape) != (h,) or not w.is_contiguous():
+                raise ValueError(f"{name}: expected contiguous fp32 [{h}]")
+        if (
+            scratch.dtype != torch.float32
+            or not scratch.is_contiguous()
+            or scratch.numel() < shape.scratch_size(rows)
+        ):
+            raise ValueError(f"scratch: expected contiguous fp32 of {shape.scratch_size(rows)}")
+        if rows == 0:
+            return
+        self._mlp(
+            attn.data_ptr(),
+            panels.o.data_ptr(),
+            residual.data_ptr(),
+            normed.data_ptr(),
+            post_norm.data_ptr(),
+            panels.gate_up.data_ptr(),
+            panels.down.data_ptr(),
+            next_norm.data_ptr(),
+            eps,
+            scratch.data_ptr(),
+            rows,
+            h,
+            shape.num_heads * shape.head_dim,
+            shape.intermediate,
+        )

@@ -1,0 +1,225 @@
+"""The compiled decoder layer (``CpuKernels.layer``) against the model's torch ops.
+
+A step on the kernel must give the torch path's hidden states, captured layer outputs and K/V
+writes to fp32 rounding, for any layer shape (GQA ratios, odd head dims, QKV bias), ragged
+batches mixing decodes and short chunks, and must leave every step it does not apply to on
+torch.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from model_helpers import built, tiny_config
+
+from deepinfer.model import AttentionMetadata, KVPool, LlamaModel
+from deepinfer.model.cpu_kernels import CpuKernels
+from deepinfer.model.decoder_layer_kernel import (
+    DecoderLayerKernel,
+    LayerPanels,
+    LayerShape,
+    SlotMapping,
+)
+
+BLOCK = 4
+
+
+@pytest.fixture(scope="module")
+def kernel(tmp_path_factory: pytest.TempPathFactory) -> DecoderLayerKernel:
+    return built(DecoderLayerKernel(cache_dir=tmp_path_factory.mktemp("kernels"), enabled=True))
+
+
+def bf16_exact_model(seed: int = 0, **overrides: object) -> LlamaModel:
+    model = LlamaModel(tiny_config(**overrides), init=False)
+    model.init_weights(std=0.2, generator=torch.Generator().manual_seed(seed))
+    with torch.no_grad():
+        for param in model.parameters():
+            param.copy_(param.bfloat16().float())
+        for layer in model.decoder_layers():
+            if layer.self_attn.qkv_proj.bias is not None:
+                layer.self_attn.qkv_proj.bias.normal_(0.0, 0.1)
+    return model
+
+
+def step(
+    model: LlamaModel,
+    kernels: CpuKernels,
+    pool: KVPool,
+    tables: list[list[int]],
+    seq_lens: list[int],
+    query_lens: list[int],
+    ids: torch.Tensor,
+    layer_ids: list[int],
+) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    model.use_cpu_kernels(kernels)
+    attn = AttentionMetadata.build(tables, seq_lens, query_lens, BLOCK)
+    with torch.inference_mode():
+        return model.forward_with_layers(ids, attn.positions(), attn, pool, layer_ids)
+
+
+def ragged_step_matches(
+    model: LlamaModel,
+    kernel: DecoderLayerKernel,
+    history: list[int],
+    query_lens: list[int],
+    seed: int,
+) -> None:
+    """Prefill ``history[b]`` tokens per sequence on torch, then run one step of
+    ``query_lens[b]`` new tokens per sequence on each path (from copies of the pool)."""
+    cfg = model.config
+    gen = torch.Generator().manual_seed(seed)
+    blocks = [-(-(h + q) // BLOCK) for h, q in zip(history, query_lens)]
+    pool = KVPool.for_model(cfg, sum(blocks) + 1, BLOCK)
+    tables = [pool.allocate(n) for n in blocks]
+    torch_ops = CpuKernels()
+    done = [b for b, h in enumerate(history) if h]
+    if done:
+        ids = torch.randint(0, cfg.vocab_size, (sum(history),), generator=gen)
+        step(
+            model,
+            torch_ops,
+            pool,
+            [tables[b] for b in done],
+            [history[b] for b in done],
+            [history[b] for b in done],
+            ids,
+            [],
+        )
+    seq_lens = [h + q for h, q in zip(history, query_lens)]
+    ids = torch.randint(0, cfg.vocab_size, (sum(query_lens),), generator=gen)
+    layer_ids = sorted({0, cfg.num_layers - 1})
+    other = KVPool.for_model(cfg, pool.num_blocks, BLOCK)
+    other.tensor.copy_(pool.tensor)
+    fused = CpuKernels(layer=kernel)
+    model.use_cpu_kernels(fused)
+    with torch.inference_mode():
+        x = torch.zeros(ids.shape[0], cfg.hidden_size)
+        assert model._fused_panels(x, pool, _meta(tables, seq_lens, query_lens)) is not None
+    got, got_layers = step(model, fused, pool, tables, seq_lens, query_lens, ids, layer_ids)
+    want, want_layers = step(model, torch_ops, other, tables, seq_lens, query_lens, ids, layer_ids)
+    # The products sum in another order than torch's: fp32 rounding, relative to the tensor's
+    # scale, grows a little with every layer.
+    for a, b in zip([got, pool.tensor, *got_layers], [want, other.tensor, *want_layers]):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=2e-5 * max(1.0, float(b.abs().max())))
+
+
+def _meta(tables: list[list[int]], seq_lens: list[int], query_lens: list[int]) -> AttentionMetadata:
+    return AttentionMetadata.build(tables, seq_lens, query_lens, BLOCK)
+
+
+@settings(
+    max_examples=12,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(
+    kv_heads=st.sampled_from([1, 2, 4]),
+    group=st.sampled_from([1, 2, 3]),
+    head_dim=st.sampled_from([2, 6, 16, 34]),
+    intermediate=st.integers(1, 70),
+    bias=st.booleans(),
+    seqs=st.lists(st.tuples(st.integers(0, 11), st.integers(1, 5)), min_size=1, max_size=4),
+    seed=st.integers(0, 2**16),
+)
+def test_any_layer_shape_and_ragged_step_matches_torch(
+    kernel: DecoderLayerKernel,
+    kv_heads: int,
+    group: int,
+    head_dim: int,
+    intermediate: int,
+    bias: bool,
+    seqs: list[tuple[int, int]],
+    seed: int,
+) -> None:
+    heads = kv_heads * group
+    model = bf16_exact_model(
+        seed,
+        hidden_size=heads * head_dim + 3,
+        num_heads=heads,
+        num_kv_heads=kv_heads,
+        head_dim=head_dim,
+        intermediate_size=intermediate,
+        attention_bias=bias,
+    )
+    ragged_step_matches(model, kernel, [h for h, _ in seqs], [q for _, q in seqs], seed)
+
+
+def test_one_decode_row_at_a_block_boundary(kernel: DecoderLayerKernel) -> None:
+    ragged_step_matches(bf16_exact_model(3), kernel, [BLOCK], [1], seed=3)
+    ragged_step_matches(bf16_exact_model(4), kernel, [BLOCK - 1], [1], seed=4)
+
+
+def test_thirty_two_rows_take_the_kernel(kernel: DecoderLayerKernel) -> None:
+    ragged_step_matches(bf16_exact_model(5), kernel, [0, 7], [16, 16], seed=5)
+
+
+def test_steps_it_does_not_apply_to_stay_on_torch(kernel: DecoderLayerKernel) -> None:
+    model = bf16_exact_model(6)
+    model.use_cpu_kernels(CpuKernels(layer=kernel))
+    pool = KVPool.for_model(model.config, 20, BLOCK)
+    table = pool.allocate(20)
+    x = torch.zeros(1, model.config.hidden_size)
+    meta = _meta([table], [1], [1])
+    with torch.inference_mode():
+        assert model._fused_panels(x, pool, meta) is not None
+        many = torch.zeros(33, x.shape[1])
+        assert model._fused_panels(many, pool, _meta([table], [33], [33])) is None
+        assert model._fused_panels(x.double(), pool, meta) is None
+    assert model._fused_panels(x, pool, meta) is None  # autograd on
+    with torch.no_grad():
+        model.decoder_layers()[0].mlp.down_proj.weight[0, 0] += 1e-3  # not a bf16 value now
+    with torch.inference_mode():
+        assert model._fused_panels(x, pool, meta) is None
+
+
+def test_a_reloaded_weight_is_never_served_from_old_panels(kernel: DecoderLayerKernel) -> None:
+    model = bf16_exact_model(7)
+    ragged_step_matches(model, kernel, [5], [1], seed=7)
+    with torch.no_grad():
+        model.decoder_layers()[1].mlp.gate_up_proj.weight.mul_(-1.0)
+    ragged_step_matches(model, kernel, [5], [1], seed=7)
+
+
+def test_bad_operands_are_refused_by_name(kernel: DecoderLayerKernel) -> None:
+    model = bf16_exact_model(8)
+    cfg = model.config
+    shape = LayerShape(
+        cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.intermediate_size
+    )
+    pool = KVPool.for_model(cfg, 2, BLOCK)
+    k_cache, v_cache = pool.layer_caches(0)
+    with torch.inference_mode():
+        panels = model._fused_panels(torch.zeros(1, cfg.hidden_size), pool, _meta([[0]], [1], [1]))
+    assert panels is not None
+    d = cfg.head_dim
+    x, out = torch.zeros(1, cfg.hidden_size), torch.zeros(1, shape.qkv_width)
+    cos, sin = torch.ones(1, d), torch.zeros(1, d)
+    slots = kernel.slot_mapping(torch.tensor([0]), 2 * BLOCK)
+    kernel.qkv(x, panels[0], shape, cos, sin, slots, k_cache, v_cache, out)
+    with pytest.raises(ValueError, match="slots"):
+        kernel.slot_mapping(torch.tensor([2 * BLOCK]), 2 * BLOCK)
+    with pytest.raises(ValueError, match="slots"):
+        kernel.slot_mapping(torch.tensor([-1]), 2 * BLOCK)
+    with pytest.raises(ValueError, match="slots"):
+        kernel.qkv(
+            x, panels[0], shape, cos, sin, SlotMapping(torch.tensor([0]), 99), k_cache, v_cache, out
+        )
+    with pytest.raises(ValueError, match=r"^x:"):
+        kernel.qkv(x.double(), panels[0], shape, cos, sin, slots, k_cache, v_cache, out)
+    with pytest.raises(ValueError, match=r"^out:"):
+        kernel.qkv(x, panels[0], shape, cos, sin, slots, k_cache, v_cache, out[:, :-1])
+    with pytest.raises(ValueError, match=r"^k_cache:"):
+        kernel.qkv(x, panels[0], shape, cos, sin, slots, k_cache.double(), v_cache, out)
+    with pytest.raises(ValueError, match=r"panels\.o:"):
+        shape.check_panels(
+            LayerPanels(panels[0].qkv, None, panels[0].qkv, panels[0].gate_up, panels[0].down)
+        )
+    residual, normed = torch.zeros(1, cfg.hidden_size), torch.zeros(1, cfg.hidden_size)
+    w = torch.ones(cfg.hidden_size)
+    attn = torch.zeros(1, cfg.q_size)
+    with pytest.raises(ValueError, match="scratch"):
+        kernel.mlp(attn, panels[0], shape, residual, normed, w, w, 1e-5, torch.zeros(3))
+    with pytest.raises(ValueError, match="next_norm"):
+        kernel.mlp(attn, panels[0], shape, residual, normed, w, w[:-1], 1e-5, torch.zeros(10_000))
