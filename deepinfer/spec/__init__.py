@@ -22,6 +22,7 @@ from deepinfer.spec.factory import (
     build_speculator,
     load_sts,
     profile_target_sps,
+    time_draft,
 )
 from deepinfer.spec.speculator import DSparkSpeculator, SpecStats
 
@@ -33,4 +34,5 @@ __all__ = [
     "build_speculator",
     "load_sts",
     "profile_target_sps",
+    "time_draft",
 ]

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -31,6 +33,7 @@ from deepinfer_spec import (
     SPSCurve,
     VerifyScheduler,
     profile_sps,
+    propose,
 )
 from deepinfer_spec.training import load_drafter
 
@@ -83,6 +86,28 @@ def profile_target_sps(
         pool.free(blocks)
 
 
+@torch.no_grad()
+def time_draft(drafter: DSparkDrafter, repeats: int = 3) -> float:
+    """Median seconds of one greedy :func:`~deepinfer_spec.propose` for one row over a full
+    context window (what a drafting decode step adds for the drafter itself)."""
+    weight = drafter.context_proj.weight
+    window = drafter.config.window
+    context = torch.zeros(1, window, drafter.hidden_size, dtype=weight.dtype, device=weight.device)
+    valid = torch.ones(1, window, dtype=torch.bool, device=weight.device)
+    anchor = torch.zeros(1, dtype=torch.int64, device=weight.device)
+    sync = torch.cuda.synchronize if weight.device.type == "cuda" else None
+    times = []
+    for _ in range(repeats + 1):  # the first call warms up
+        if sync is not None:
+            sync()
+        start = time.perf_counter()
+        propose(drafter, anchor, context, valid, temperature=0.0)
+        if sync is not None:
+            sync()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times[1:])
+
+
 def load_sts(directory: str | os.PathLike[str]) -> dict[str, torch.Tensor]:
     """``{"greedy": T[G], "sampling": T[G]}`` from a checkpoint's ``sts.json`` (may be empty)."""
     path = Path(directory) / STS_FILE
@@ -110,8 +135,10 @@ def build_speculator(
     """Turn ``LLM(speculative=...)`` into a speculator for ``model`` (see module docstring).
 
     Without ``scheduler`` the prefix scheduler runs over an SPS curve profiled now on ``model``.
-    ``gate``: ``"default"`` pauses drafting while drafts are not accepted
-    (``DraftGate()``), ``None`` drafts on every step, or a configured :class:`DraftGate`.
+    ``gate``: ``"default"`` pauses drafting while it does not pay on this machine
+    (:meth:`DraftGate.break_even` over the drafter's measured forward, :func:`time_draft`, and
+    the target's profiled step times), ``None`` drafts on every step, or a configured
+    :class:`DraftGate`.
     """
     if speculative is None or isinstance(speculative, DSparkSpeculator):
         return speculative
@@ -128,12 +155,23 @@ def build_speculator(
         weight = model.embed_tokens.weight
         drafter = load_drafter(directory, target, weight.device).to(weight.dtype)
         sts = load_sts(directory)
+    curve = profile_target_sps(model, pool) if scheduler is None else None
     if scheduler is None:
-        scheduler = PrefixScheduler(profile_target_sps(model, pool))
+        assert curve is not None
+        scheduler = PrefixScheduler(curve)
     if isinstance(gate, str):
         if gate != "default":
             raise ValueError(f"gate: expected 'default', None or a DraftGate, got {gate!r}")
-        gate = DraftGate()
+        room = pool.num_free_blocks * pool.block_size - 2
+        if curve is None and room >= 1:
+            curve = profile_target_sps(model, pool, (1, 2), context=min(64, room))
+        if curve is None:  # no free block to time the target with: the unpriced gate
+            gate = DraftGate()
+        else:
+            plain = 1.0 / curve.at(1)
+            gate = DraftGate.break_even(
+                time_draft(drafter), plain, verify_extra_s=max(0.0, 1.0 / curve.at(2) - plain)
+            )
     return DSparkSpeculator(
         drafter,
         scheduler,

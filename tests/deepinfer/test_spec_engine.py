@@ -329,7 +329,12 @@ def test_build_speculator_gate_option(model, greedy_reference) -> None:
     build = functools.partial(
         build_speculator, drafter, model, pool, max_seqs=2, scheduler=FixedGammaScheduler(3)
     )
-    assert isinstance(build().gate, DraftGate)
+    default = build().gate
+    assert isinstance(default, DraftGate)
+    # The default gate is priced on this machine: the drafter's measured forward and the
+    # target's profiled step times.
+    assert default.break_even_accepted is not None and default.break_even_accepted > 0
+    assert default.min_accepted == max(0.25, default.break_even_accepted)
     assert build(gate=None).gate is None
     mine = DraftGate(min_accepted=1.0)
     assert build(gate=mine).gate is mine

@@ -68,3 +68,34 @@ def test_bad_arguments_name_themselves(kwargs: dict[str, object], name: str) -> 
 def test_bad_record() -> None:
     with pytest.raises(ValueError, match="num_rows"):
         DraftGate().record(num_rows=-1, num_accepted=0)
+
+
+def test_break_even_sets_the_threshold_from_costs() -> None:
+    # A drafter forward of 12 ms plus 3 ms more verification, on a 25 ms step: drafting pays
+    # from 0.6 accepted drafts per row.
+    gate = DraftGate.break_even(0.012, 0.025, verify_extra_s=0.003)
+    assert gate.break_even_accepted == pytest.approx(0.6)
+    assert gate.min_accepted == pytest.approx(0.6)
+    gate.record(num_rows=32, num_accepted=16)  # 0.5 per row: pays less than it costs
+    assert not gate.is_open
+    # A cheap drafter (a GPU): the floor keeps the plain gate's behaviour.
+    cheap = DraftGate.break_even(0.0005, 0.02, probe_every=3, warmup_rows=0)
+    assert cheap.break_even_accepted == pytest.approx(0.025)
+    assert cheap.min_accepted == 0.25 and cheap.probe_every == 3
+    assert DraftGate().break_even_accepted is None
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "name"),
+    [
+        ({"draft_s": -1.0, "plain_step_s": 1.0}, "draft_s"),
+        ({"draft_s": float("nan"), "plain_step_s": 1.0}, "draft_s"),
+        ({"draft_s": 0.1, "plain_step_s": 0.0}, "plain_step_s"),
+        ({"draft_s": 0.1, "plain_step_s": float("inf")}, "plain_step_s"),
+        ({"draft_s": 0.1, "plain_step_s": 1.0, "verify_extra_s": -0.1}, "verify_extra_s"),
+        ({"draft_s": 0.1, "plain_step_s": 1.0, "floor": -1.0}, "floor"),
+    ],
+)
+def test_break_even_rejects_bad_costs(kwargs: dict[str, float], name: str) -> None:
+    with pytest.raises(ValueError, match=name):
+        DraftGate.break_even(**kwargs)

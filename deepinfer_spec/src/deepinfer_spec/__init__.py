@@ -43,7 +43,7 @@ from deepinfer_spec.scheduling import (
 )
 from deepinfer_spec.state import ContextRing
 
-__version__ = "0.2.1"
+__version__ = "0.2.2"
 
 __all__ = [
     "__version__",

@@ -7,9 +7,13 @@ moving average of accepted drafts per drafting row (``tau - 1``). While that ave
 ``min_accepted`` only one step in ``probe_every`` drafts, so the average keeps following the
 workload and drafting resumes by itself once drafts are accepted again. Which steps draft never
 changes the output distribution: a step that does not draft is a plain decode step.
+:meth:`DraftGate.break_even` sets ``min_accepted`` from measured costs: where the drafter's
+forward is expensive next to a target step (a CPU), drafts must be accepted more often to pay.
 """
 
 from __future__ import annotations
+
+import math
 
 
 class DraftGate:
@@ -53,6 +57,46 @@ class DraftGate:
         self.rows_seen = 0
         self.num_skipped = 0  # steps that did not draft because the gate was closed
         self._since_probe = 0
+        # Set by break_even: the accepted drafts per row at which drafting starts to pay.
+        self.break_even_accepted: float | None = None
+
+    @classmethod
+    def break_even(
+        cls,
+        draft_s: float,
+        plain_step_s: float,
+        verify_extra_s: float = 0.0,
+        *,
+        floor: float = 0.25,
+        probe_every: int = 8,
+        decay: float = 0.9,
+        warmup_rows: int = 16,
+    ) -> DraftGate:
+        """A gate that pauses drafting while it does not pay on this hardware.
+
+        A plain step costs ``plain_step_s`` and emits one token per row; a drafting step costs
+        ``draft_s`` (the drafter's forward) plus ``verify_extra_s`` (the target reading the
+        drafts too) more and emits ``1 + a`` tokens, ``a`` the accepted drafts. It pays when
+        ``a > (draft_s + verify_extra_s) / plain_step_s``, so that ratio (at least ``floor``)
+        becomes ``min_accepted``; it is kept as :attr:`break_even_accepted`.
+        """
+        for name, value in (
+            ("draft_s", draft_s),
+            ("verify_extra_s", verify_extra_s),
+            ("floor", floor),
+        ):
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
+                raise ValueError(f"{name}: expected a finite number >= 0, got {value!r}")
+        if not (
+            isinstance(plain_step_s, (int, float))
+            and math.isfinite(plain_step_s)
+            and plain_step_s > 0
+        ):
+            raise ValueError(f"plain_step_s: expected a finite number > 0, got {plain_step_s!r}")
+        ratio = (draft_s + verify_extra_s) / plain_step_s
+        gate = cls(max(floor, ratio), probe_every, decay, warmup_rows)
+        gate.break_even_accepted = ratio
+        return gate
 
     @property
     def is_open(self) -> bool:
