@@ -1,0 +1,119 @@
+"""What DSpark costs and gains in the engine on this machine, against plain decoding.
+
+1. Forced drafting: decode-step time with ``FixedGammaScheduler(g)`` and no gate (every step
+   drafts and verifies ``g`` drafts) against a plain step, on the chat prompt; the tau at which
+   a ``g``-draft step breaks even is the ratio of the two. Also one drafter forward
+   (``deepinfer.spec.time_draft``).
+2. As shipped: plain decoding against ``LLM(speculative="dspark")`` (the priced draft gate) on
+   the code-editing and chat prompts of ``vs_transformers.py``, interleaved runs in one process.
+
+    .venv/bin/python benchmarks/engine_spec_cost.py --tokens 48 --repeats 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+from vs_transformers import CHAT_MESSAGES, CODE_PROMPT
+
+from deepinfer.engine import LLM, EngineConfig, SamplingParams
+from deepinfer.model import load_model
+from deepinfer.spec import build_speculator, time_draft
+from deepinfer_spec import FixedGammaScheduler
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--tokens", type=int, default=48, help="new tokens per run")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--threads", type=int, default=2)
+    args = p.parse_args()
+    torch.set_num_threads(args.threads)
+    loaded = load_model()
+    tok = loaded.tokenizer
+    cfg = EngineConfig(num_blocks=1024, max_num_seqs=32)
+    chat_ids = tok.encode(loaded.chat_template.render(CHAT_MESSAGES))
+    code_ids = tok.encode(CODE_PROMPT)
+    n = args.tokens
+    params = SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)
+    first = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
+
+    def build() -> LLM:
+        return LLM(loaded, engine_config=cfg, enable_prefix_caching=False)
+
+    # 1. forced drafting
+    plain = build()
+    engines = {"plain": plain}
+    for g in (1, 3, 5):
+        llm = build()
+        eng = llm.engine
+        eng.speculator = build_speculator(
+            "dspark", eng.model, eng.pool, max_seqs=32, scheduler=FixedGammaScheduler(g), gate=None
+        )
+        engines[f"{g} drafts"] = llm
+    spec_1 = engines["1 drafts"].engine.speculator
+    assert spec_1 is not None
+    print(f"one drafter forward: {1e3 * time_draft(spec_1.drafter, repeats=10):.1f} ms")  # type: ignore[attr-defined]
+    step_ms: dict[str, list[float]] = {k: [] for k in engines}
+    for llm in engines.values():
+        llm.generate([chat_ids], params)
+    for _ in range(args.repeats):
+        for name, llm in engines.items():
+            # The decode steps alone: a one-token run times the prefill and the first token.
+            start = time.perf_counter()
+            llm.generate([chat_ids], first)
+            prefill = time.perf_counter() - start
+            stats = getattr(llm.engine.speculator, "stats", None)
+            emitted0 = stats.num_emitted if stats is not None else 0
+            steps0 = stats.num_steps if stats is not None else 0
+            start = time.perf_counter()
+            llm.generate([chat_ids], params)
+            decode = time.perf_counter() - start - prefill
+            steps = (stats.num_steps - steps0) if stats is not None else n - 1
+            step_ms[name].append(1e3 * decode / max(1, steps))
+            if stats is not None:
+                tau = (stats.num_emitted - emitted0) / max(1, stats.num_steps - steps0)
+                step_ms.setdefault(f"{name} tau", []).append(tau)
+    base = statistics.median(step_ms["plain"])
+    print(f"plain decode step: {base:.1f} ms")
+    for g in (1, 3, 5):
+        ms = statistics.median(step_ms[f"{g} drafts"])
+        print(
+            f"{g}-draft step: {ms:.1f} ms ({ms / base:.2f}x plain: breaks even at tau "
+            f"{ms / base:.2f}); tau on the chat prompt {statistics.median(step_ms[f'{g} drafts tau']):.2f}"
+        )
+
+    # 2. as shipped
+    spec = LLM(loaded, engine_config=cfg, enable_prefix_caching=False, speculative="dspark")
+    speculator = spec.engine.speculator
+    assert speculator is not None
+    gate = speculator.gate  # type: ignore[attr-defined]
+    print(
+        f"priced gate: drafting pays from {gate.break_even_accepted:.2f} accepted drafts per row "
+        f"(min_accepted {gate.min_accepted:.2f})"
+    )
+    for name, ids in (("code-editing", code_ids), ("chat", chat_ids)):
+        runs: dict[str, list[float]] = {"plain": [], "dspark": []}
+        for llm in (plain, spec):
+            llm.generate([ids], params)
+        st = speculator.stats  # type: ignore[attr-defined]
+        rows0, emit0, steps0, gated0 = st.num_rows, st.num_emitted, st.num_steps, st.num_gated_steps
+        for _ in range(args.repeats):
+            for key, llm in (("plain", plain), ("dspark", spec)):
+                start = time.perf_counter()
+                llm.generate([ids], params)
+                runs[key].append(n / (time.perf_counter() - start))
+        tau = (st.num_emitted - emit0) / max(1, st.num_rows - rows0)
+        p_med, s_med = (statistics.median(runs[k]) for k in ("plain", "dspark"))
+        print(
+            f"{name}: plain {p_med:.1f} tok/s, dspark {s_med:.1f} tok/s ({s_med / p_med:.2f}x); "
+            f"drafting steps {st.num_steps - steps0}, gated {st.num_gated_steps - gated0}, "
+            f"tau {tau:.2f}"
+        )
+
+
+if __name__ == "__main__":
+    main()
