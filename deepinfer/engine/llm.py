@@ -72,8 +72,17 @@ class LLM:
         if pd is not None and pd is not False:
             from deepinfer.pd import PDConfig, PDCoordinator  # lazy: deepinfer.pd imports engine
 
-            if speculative is not None:
-                raise ValueError("pd and speculative cannot be combined yet")
+            if speculative is not None and not isinstance(speculative, (str, os.PathLike)):
+                raise ValueError(
+                    "speculative: with pd, give 'dspark' or a drafter checkpoint directory (each "
+                    f"decode worker loads it), not a {type(speculative).__name__}"
+                )
+            if speculative is not None and speculative != "dspark":
+                speculative = os.path.abspath(os.fspath(speculative))
+                if not os.path.isfile(os.path.join(speculative, "config.json")):
+                    raise ValueError(
+                        f"speculative: {speculative!r} is not a drafter checkpoint directory"
+                    )
             self.pd = PDCoordinator(
                 str(self.loaded.path),
                 dtype=dtype,
@@ -81,6 +90,7 @@ class LLM:
                 engine_config=config,
                 config=PDConfig.coerce(pd),
                 prefix_cache=cache_config,
+                speculative=speculative,
             )
             return
         net = self.loaded.model

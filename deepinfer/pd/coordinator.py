@@ -62,10 +62,19 @@ class PDCoordinator:
         engine_config: EngineConfig | None = None,
         config: PDConfig | None = None,
         prefix_cache: PrefixCacheConfig | None = None,
+        speculative: str | None = None,
     ) -> None:
         """``prefix_cache``: each prefill worker keeps a prefix cache with these tiers (a disk
         tier in its own ``...-pd-prefill-<i>`` directory: a directory has one writer); decode
-        workers receive every page and keep none."""
+        workers receive every page and keep none. ``speculative``: ``"dspark"`` or a drafter
+        checkpoint directory; each decode worker loads the drafter and decodes with DSpark (a
+        handed-off sequence first recomputes the drafter's context window, at most ``window``
+        positions, as after a prefix-cache hit)."""
+        if speculative is not None and not isinstance(speculative, str):
+            raise TypeError(
+                "speculative: PD workers load the drafter themselves; pass 'dspark' or a "
+                f"checkpoint directory, got {type(speculative).__name__}"
+            )
         self.config = config or PDConfig()
         self.prefix_cache = prefix_cache
         cfg = self.config
@@ -97,6 +106,8 @@ class PDCoordinator:
                     )  # fmt: skip
                     if role == "prefill" and prefix_cache is not None:
                         args += (worker_cache_json(prefix_cache, i),)
+                    if role == "decode" and speculative:
+                        args += (speculative,)
                     proc = ctx.Process(
                         target=target, args=args, daemon=True, name=f"deepinfer-pd-{role}-{i}"
                     )
@@ -294,6 +305,10 @@ class PDCoordinator:
             if message["error"] is not None:
                 return self._error_output(rid, req, str(message["error"]))
             req.shm = None  # a decode output means its pages were imported (and unlinked)
+            steps, verified, accepted = (int(x) for x in message.get("spec", (0, 0, 0)))
+            req.metrics.num_spec_steps = steps
+            req.metrics.num_verified_drafts = verified
+            req.metrics.num_accepted_drafts = accepted
             new = list(message["token_ids"])[req.delivered :]
             extra = str(message["text"])[len(req.text) :]
             reason = message["finish_reason"] if message["finished"] else None

@@ -95,7 +95,17 @@ class DecodeWorker(Worker):
 
 
 def decode_main(
-    conn: Connection, model_dir: str, dtype: str, device: str, engine_json: str, threads: int
+    conn: Connection,
+    model_dir: str,
+    dtype: str,
+    device: str,
+    engine_json: str,
+    threads: int,
+    speculative: str = "",
 ) -> None:
-    """Process entry point (spawn target)."""
-    serve(conn, model_dir, dtype, device, engine_json, threads, DecodeWorker)
+    """Process entry point (spawn target). ``speculative``: DSpark for this worker's decode
+    steps (see `deepinfer.pd.worker.build_engine`), empty for none."""
+    serve(
+        conn, model_dir, dtype, device, engine_json, threads, DecodeWorker,
+        speculative=speculative,
+    )  # fmt: skip

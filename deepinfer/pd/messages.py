@@ -36,8 +36,12 @@ def params_from_json(raw: dict[str, Any]) -> SamplingParams:
 
 
 def output_to_json(out: RequestOutput) -> dict[str, Any]:
-    """The parts of an output the coordinator forwards (metrics are rebuilt there)."""
+    """The parts of an output the coordinator forwards (timings are rebuilt there; the
+    speculative-decoding counters of the worker's request are copied)."""
+    m = out.metrics
+    spec = [m.num_spec_steps, m.num_verified_drafts, m.num_accepted_drafts] if m else [0, 0, 0]
     return {
+        "spec": spec,
         "op": "output",
         "request_id": out.request_id,
         "token_ids": list(out.token_ids),

@@ -36,11 +36,17 @@ IDLE_POLL_S = 1.0
 
 
 def build_engine(
-    model_dir: str, dtype: str, device: str, engine_json: str, cache_json: str = ""
+    model_dir: str,
+    dtype: str,
+    device: str,
+    engine_json: str,
+    cache_json: str = "",
+    speculative: str = "",
 ) -> tuple[LLMEngine, TieredKVStore | None]:
     """The worker's engine, with a prefix cache when ``cache_json`` holds a
     `PrefixCacheConfig` plus ``"directory_suffix"``, which makes this worker's disk directory
-    its own (a disk directory has one writer)."""
+    its own (a disk directory has one writer), and DSpark when ``speculative`` is ``"dspark"``
+    or a drafter checkpoint directory (the worker loads the drafter itself)."""
     loaded = load_model(model_dir, dtype=_DTYPES[dtype], device=device)
     config = EngineConfig(**json.loads(engine_json))
     cache, suffix = None, ""
@@ -51,7 +57,21 @@ def build_engine(
     pool, adapter, store = build_engine_kv(
         loaded.model, config, cache, model_dir, directory_suffix=suffix
     )
-    engine = LLMEngine(loaded.model, loaded.tokenizer, config, prefix_cache=adapter, pool=pool)
+    speculator = None
+    if speculative:
+        from deepinfer.spec import build_speculator  # lazy: deepinfer.spec imports the engine
+
+        speculator = build_speculator(
+            speculative, loaded.model, pool, max_seqs=config.max_num_seqs
+        )
+    engine = LLMEngine(
+        loaded.model,
+        loaded.tokenizer,
+        config,
+        prefix_cache=adapter,
+        pool=pool,
+        speculator=speculator,
+    )
     # Pay one-off costs (lazy imports, first kernels, page moves) before reporting ready, so
     # the first real request's latency is representative.
     engine.add_request([0], SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True))
@@ -93,11 +113,14 @@ def serve(
     threads: int,
     make: Callable[[Connection, LLMEngine], Worker],
     cache_json: str = "",
+    speculative: str = "",
 ) -> None:
     """The body of a worker process; returns on ``shutdown`` or when the coordinator is gone."""
     torch.set_num_threads(threads)
     try:
-        engine, store = build_engine(model_dir, dtype, device, engine_json, cache_json)
+        engine, store = build_engine(
+            model_dir, dtype, device, engine_json, cache_json, speculative
+        )
     except Exception as exc:  # report any start-up failure instead of dying silently
         send(conn, {"op": "fatal", "error": f"{type(exc).__name__}: {exc}"})
         return

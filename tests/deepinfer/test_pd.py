@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import spec_helpers
 from model_helpers import random_hf_state, tiny_config, write_tiny_gguf
 
 from deepinfer.engine import LLM, EngineConfig, RequestOutput, SamplingParams
@@ -279,3 +280,40 @@ def test_next_turns_follow_their_prefill_worker_cache(
         outs = llm.generate(second[::-1], params)
     cached = [o.metrics.num_cached_tokens if o.metrics else -1 for o in outs]
     assert cached == ([24, 24] if router == "prefix_affinity" else [0, 0])
+
+
+def test_decode_workers_run_dspark_losslessly(
+    gguf_path: Path,
+    prompts: list[list[int]],
+    params: list[SamplingParams],
+    colocated: list[RequestOutput],
+    tmp_path: Path,
+) -> None:
+    """``LLM(pd=..., speculative=<checkpoint>)``: each decode worker loads the drafter, first
+    recomputes the handed-off prompt's drafter context, and verifies drafts; greedy output is
+    the colocated plain engine's, and drafts were accepted (the counters reach the caller)."""
+    from deepinfer.model import load_model
+    from deepinfer_spec.training import save_drafter
+
+    loaded = load_model(str(gguf_path), cache_dir=tmp_path / "convert")
+    drafter = spec_helpers.oracle_drafter(loaded.model, [o.token_ids for o in colocated])
+    ckpt = save_drafter(drafter, tmp_path / "drafter")
+    with LLM(
+        str(gguf_path), engine_config=ENGINE, cache_dir=tmp_path, pd=True, speculative=ckpt
+    ) as llm:
+        outs = llm.generate(prompts, params)
+    for i, (got, want) in enumerate(zip(outs, colocated)):
+        assert got.error is None, got.error
+        assert got.token_ids == want.token_ids, f"prompt {i} (len {len(prompts[i])})"
+    metrics = [o.metrics for o in outs if o.metrics is not None]
+    assert sum(m.num_accepted_drafts for m in metrics) > 0
+    assert all(m.num_accepted_drafts <= m.num_verified_drafts for m in metrics)
+
+
+def test_pd_refuses_a_drafter_object(gguf_path: Path, tmp_path: Path) -> None:
+    from deepinfer.model import load_model
+
+    loaded = load_model(str(gguf_path), cache_dir=tmp_path)
+    drafter = spec_helpers.oracle_drafter(loaded.model, [[1, 2, 3]])
+    with pytest.raises(ValueError, match="speculative: with pd"):
+        LLM(str(gguf_path), engine_config=ENGINE, cache_dir=tmp_path, pd=True, speculative=drafter)

@@ -8,10 +8,9 @@ every path (full acceptance, partial rejection, ragged verify lengths) is exerci
 from __future__ import annotations
 
 import functools
-import itertools
-from collections import Counter, defaultdict
 
 import pytest
+import spec_helpers
 import torch
 from model_helpers import random_hf_state, tiny_config
 
@@ -67,30 +66,7 @@ def plain_engine(model) -> LLMEngine:
 
 
 def oracle_drafter(model, outputs: list[list[int]], seed: int = 0) -> DSparkDrafter:
-    """A drafter whose Markov bias predicts the most frequent successor seen in ``outputs``."""
-    cfg = model.config
-    target = LlamaTargetAdapter(model, KVPool.for_model(cfg, num_blocks=4, block_size=4))
-    torch.manual_seed(seed)
-    drafter = DSparkDrafter(
-        DSparkConfig(
-            target_layer_ids=(0, 1),
-            gamma=4,
-            window=WINDOW,
-            markov_rank=cfg.vocab_size,
-            num_heads=4,
-        ),
-        target,
-    )
-    succ: dict[int, Counter[int]] = defaultdict(Counter)
-    for seq in outputs:
-        for a, b in itertools.pairwise(seq):
-            succ[a][b] += 1
-    with torch.no_grad():
-        drafter.markov_in.weight.copy_(torch.eye(cfg.vocab_size))
-        drafter.markov_out.weight.zero_()
-        for a, counter in succ.items():
-            drafter.markov_out.weight[counter.most_common(1)[0][0], a] = 60.0
-    return drafter.eval()
+    return spec_helpers.oracle_drafter(model, outputs, seed, window=WINDOW)
 
 
 class RecordingSpeculator(DSparkSpeculator):
