@@ -61,9 +61,7 @@ def build_engine(
     if speculative:
         from deepinfer.spec import build_speculator  # lazy: deepinfer.spec imports the engine
 
-        speculator = build_speculator(
-            speculative, loaded.model, pool, max_seqs=config.max_num_seqs
-        )
+        speculator = build_speculator(speculative, loaded.model, pool, max_seqs=config.max_num_seqs)
     engine = LLMEngine(
         loaded.model,
         loaded.tokenizer,
@@ -118,9 +116,7 @@ def serve(
     """The body of a worker process; returns on ``shutdown`` or when the coordinator is gone."""
     torch.set_num_threads(threads)
     try:
-        engine, store = build_engine(
-            model_dir, dtype, device, engine_json, cache_json, speculative
-        )
+        engine, store = build_engine(model_dir, dtype, device, engine_json, cache_json, speculative)
     except Exception as exc:  # report any start-up failure instead of dying silently
         send(conn, {"op": "fatal", "error": f"{type(exc).__name__}: {exc}"})
         return
