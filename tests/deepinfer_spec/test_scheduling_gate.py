@@ -76,6 +76,8 @@ def test_break_even_sets_the_threshold_from_costs() -> None:
     gate = DraftGate.break_even(0.012, 0.025, verify_extra_s=0.003)
     assert gate.break_even_accepted == pytest.approx(0.6)
     assert gate.min_accepted == pytest.approx(0.6)
+    # Probes cost ~0.6 of a step each: spaced 20 steps apart to spend 3% of the time.
+    assert gate.probe_every == 20
     gate.record(num_rows=32, num_accepted=16)  # 0.5 per row: pays less than it costs
     assert not gate.is_open
     # A cheap drafter (a GPU): the floor keeps the plain gate's behaviour.
@@ -94,6 +96,7 @@ def test_break_even_sets_the_threshold_from_costs() -> None:
         ({"draft_s": 0.1, "plain_step_s": float("inf")}, "plain_step_s"),
         ({"draft_s": 0.1, "plain_step_s": 1.0, "verify_extra_s": -0.1}, "verify_extra_s"),
         ({"draft_s": 0.1, "plain_step_s": 1.0, "floor": -1.0}, "floor"),
+        ({"draft_s": 0.1, "plain_step_s": 1.0, "probe_budget": 0.0}, "probe_budget"),
     ],
 )
 def test_break_even_rejects_bad_costs(kwargs: dict[str, float], name: str) -> None:

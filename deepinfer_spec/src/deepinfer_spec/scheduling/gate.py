@@ -69,6 +69,7 @@ class DraftGate:
         *,
         floor: float = 0.25,
         probe_every: int = 8,
+        probe_budget: float = 0.03,
         decay: float = 0.9,
         warmup_rows: int = 16,
     ) -> DraftGate:
@@ -79,11 +80,16 @@ class DraftGate:
         drafts too) more and emits ``1 + a`` tokens, ``a`` the accepted drafts. It pays when
         ``a > (draft_s + verify_extra_s) / plain_step_s``, so that ratio (at least ``floor``)
         becomes ``min_accepted``; it is kept as :attr:`break_even_accepted`.
+
+        A probe costs about that ratio of a step, so probes are spaced to spend at most
+        ``probe_budget`` of the time while the gate is closed: every
+        ``max(probe_every, ceil(ratio / probe_budget))`` steps.
         """
         for name, value in (
             ("draft_s", draft_s),
             ("verify_extra_s", verify_extra_s),
             ("floor", floor),
+            ("probe_budget", probe_budget),
         ):
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
                 raise ValueError(f"{name}: expected a finite number >= 0, got {value!r}")
@@ -93,8 +99,11 @@ class DraftGate:
             and plain_step_s > 0
         ):
             raise ValueError(f"plain_step_s: expected a finite number > 0, got {plain_step_s!r}")
+        if probe_budget == 0:
+            raise ValueError("probe_budget: expected a number > 0, got 0")
         ratio = (draft_s + verify_extra_s) / plain_step_s
-        gate = cls(max(floor, ratio), probe_every, decay, warmup_rows)
+        spaced = max(probe_every, math.ceil(ratio / probe_budget))
+        gate = cls(max(floor, ratio), spaced, decay, warmup_rows)
         gate.break_even_accepted = ratio
         return gate
 
