@@ -6,6 +6,8 @@
    (``deepinfer.spec.time_draft``).
 2. As shipped: plain decoding against ``LLM(speculative="dspark")`` (the priced draft gate) on
    the code-editing and chat prompts of ``vs_transformers.py``, interleaved runs in one process.
+3. The speculator's own per-step cost: the same engine with a gate that never opens (every
+   step is a plain step plus the drafter-context bookkeeping) against plain decoding.
 
     .venv/bin/python benchmarks/engine_spec_cost.py --tokens 48 --repeats 3
 """
@@ -22,7 +24,7 @@ from vs_transformers import CHAT_MESSAGES, CODE_PROMPT
 from deepinfer.engine import LLM, EngineConfig, SamplingParams
 from deepinfer.model import load_model
 from deepinfer.spec import build_speculator, time_draft
-from deepinfer_spec import FixedGammaScheduler
+from deepinfer_spec import DraftGate, FixedGammaScheduler
 
 
 def main() -> None:
@@ -113,6 +115,22 @@ def main() -> None:
             f"drafting steps {st.num_steps - steps0}, gated {st.num_gated_steps - gated0}, "
             f"tau {tau:.2f}"
         )
+
+    # 3. bookkeeping only
+    closed = DraftGate(min_accepted=float("inf"), probe_every=2**31 - 1, warmup_rows=0)
+    closed.record(num_rows=1, num_accepted=0)
+    speculator.gate = closed  # type: ignore[attr-defined]
+    runs = {"plain": [], "never drafting": []}
+    for _ in range(2 * args.repeats):
+        for key, llm in (("plain", plain), ("never drafting", spec)):
+            start = time.perf_counter()
+            llm.generate([code_ids], params)
+            runs[key].append(n / (time.perf_counter() - start))
+    p_med, s_med = (statistics.median(runs[k]) for k in ("plain", "never drafting"))
+    print(
+        f"bookkeeping only (code prompt): plain {p_med:.1f} tok/s, DSpark engine with a closed "
+        f"gate {s_med:.1f} tok/s ({s_med / p_med:.2f}x)"
+    )
 
 
 if __name__ == "__main__":
