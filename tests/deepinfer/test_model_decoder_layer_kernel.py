@@ -153,6 +153,8 @@ def test_one_decode_row_at_a_block_boundary(kernel: DecoderLayerKernel) -> None:
 
 def test_thirty_two_rows_take_the_kernel(kernel: DecoderLayerKernel) -> None:
     ragged_step_matches(bf16_exact_model(5), kernel, [0, 7], [16, 16], seed=5)
+    # A chunk longer than the attention tiles' 16 queries: its attention runs on SDPA.
+    ragged_step_matches(bf16_exact_model(9), kernel, [3, 0], [25, 7], seed=9)
 
 
 def test_steps_it_does_not_apply_to_stay_on_torch(kernel: DecoderLayerKernel) -> None:
