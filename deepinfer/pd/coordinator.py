@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import json
 import multiprocessing as mp
 import time
 from collections.abc import Iterator
 from collections.abc import Sequence as Seq
+from dataclasses import replace
 from multiprocessing.connection import wait
 from typing import Any
 
@@ -28,10 +28,11 @@ from deepinfer.pd.config import PDConfig
 from deepinfer.pd.decode_worker import decode_main
 from deepinfer.pd.messages import params_to_json, recv, send
 from deepinfer.pd.prefill_worker import prefill_main
-from deepinfer.pd.routing import make_router, prompt_block_hashes, worker_cache_json
+from deepinfer.pd.routing import make_router, prompt_block_hashes, worker_cache_fields
 from deepinfer.pd.state import RequestState, WorkerProc
 from deepinfer.pd.transport import discard
 from deepinfer.pd.views import PDRequestView, WorkerView
+from deepinfer.pd.worker import WorkerSettings
 from deepinfer_sched.policies import (
     DisaggregatedPD,
     LeastLoadedPairing,
@@ -78,7 +79,13 @@ class PDCoordinator:
         self.config = config or PDConfig()
         self.prefix_cache = prefix_cache
         cfg = self.config
-        engine_json = json.dumps(dataclasses.asdict(engine_config or EngineConfig()))
+        base = WorkerSettings(
+            str(model_dir),
+            dtype,
+            device,
+            dataclasses.asdict(engine_config or EngineConfig()),
+            cfg.worker_threads,
+        )
         self.router = make_router(cfg.router)
         self.pairing = LeastLoadedPairing()
         self.pd_policy: PDPolicy = (
@@ -101,13 +108,12 @@ class PDCoordinator:
             for target, role, count, procs in targets:
                 for i in range(count):
                     parent, child = ctx.Pipe(duplex=True)
-                    args: tuple[Any, ...] = (
-                        child, str(model_dir), dtype, device, engine_json, cfg.worker_threads
-                    )  # fmt: skip
+                    settings = base
                     if role == "prefill" and prefix_cache is not None:
-                        args += (worker_cache_json(prefix_cache, i),)
+                        settings = replace(base, cache=worker_cache_fields(prefix_cache, i))
                     if role == "decode" and speculative:
-                        args += (speculative,)
+                        settings = replace(base, speculative=speculative)
+                    args = (child, settings.to_json())
                     proc = ctx.Process(
                         target=target, args=args, daemon=True, name=f"deepinfer-pd-{role}-{i}"
                     )

@@ -94,18 +94,6 @@ class DecodeWorker(Worker):
             discard(self.pending.popleft()["kv"])
 
 
-def decode_main(
-    conn: Connection,
-    model_dir: str,
-    dtype: str,
-    device: str,
-    engine_json: str,
-    threads: int,
-    speculative: str = "",
-) -> None:
-    """Process entry point (spawn target). ``speculative``: DSpark for this worker's decode
-    steps (see `deepinfer.pd.worker.build_engine`), empty for none."""
-    serve(
-        conn, model_dir, dtype, device, engine_json, threads, DecodeWorker,
-        speculative=speculative,
-    )  # fmt: skip
+def decode_main(conn: Connection, settings_json: str) -> None:
+    """Process entry point (spawn target); ``settings_json``: a `WorkerSettings`."""
+    serve(conn, settings_json, DecodeWorker)

@@ -71,15 +71,6 @@ class PrefillWorker(Worker):
         )
 
 
-def prefill_main(
-    conn: Connection,
-    model_dir: str,
-    dtype: str,
-    device: str,
-    engine_json: str,
-    threads: int,
-    cache_json: str = "",
-) -> None:
-    """Process entry point (spawn target). ``cache_json``: the worker's prefix cache settings
-    (see `deepinfer.pd.worker.build_engine`), empty for none."""
-    serve(conn, model_dir, dtype, device, engine_json, threads, PrefillWorker, cache_json)
+def prefill_main(conn: Connection, settings_json: str) -> None:
+    """Process entry point (spawn target); ``settings_json``: a `WorkerSettings`."""
+    serve(conn, settings_json, PrefillWorker)

@@ -4,7 +4,7 @@ workers' cache view, and each prefill worker's cache settings."""
 from __future__ import annotations
 
 import dataclasses
-import json
+from typing import Any
 
 from deepinfer.engine.cache_setup import PrefixCacheConfig
 from deepinfer_cache import hash_token_blocks
@@ -40,8 +40,8 @@ def prompt_block_hashes(
     return tuple(int.from_bytes(h[:8], "big") for h in hashes)
 
 
-def worker_cache_json(cache: PrefixCacheConfig, index: int) -> str:
+def worker_cache_fields(cache: PrefixCacheConfig, index: int) -> dict[str, Any]:
     """Prefill worker ``index``'s cache settings: the shared tiers plus a directory suffix, so
     its disk tier is a sibling of the named (or default) directory, ``...-pd-prefill-<i>``:
     never inside another tier's directory, and never shared by two writers."""
-    return json.dumps({**dataclasses.asdict(cache), "directory_suffix": f"-pd-prefill-{index}"})
+    return {**dataclasses.asdict(cache), "directory_suffix": f"-pd-prefill-{index}"}

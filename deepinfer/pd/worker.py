@@ -11,6 +11,7 @@ import contextlib
 import json
 import traceback
 from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -35,33 +36,59 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 IDLE_POLL_S = 1.0
 
 
-def build_engine(
-    model_dir: str,
-    dtype: str,
-    device: str,
-    engine_json: str,
-    cache_json: str = "",
-    speculative: str = "",
-) -> tuple[LLMEngine, TieredKVStore | None]:
-    """The worker's engine, with a prefix cache when ``cache_json`` holds a
-    `PrefixCacheConfig` plus ``"directory_suffix"``, which makes this worker's disk directory
-    its own (a disk directory has one writer), and DSpark when ``speculative`` is ``"dspark"``
-    or a drafter checkpoint directory (the worker loads the drafter itself)."""
-    loaded = load_model(model_dir, dtype=_DTYPES[dtype], device=device)
-    config = EngineConfig(**json.loads(engine_json))
+@dataclass(frozen=True)
+class WorkerSettings:
+    """Everything a worker process is started with, sent as one JSON string (no pickle).
+
+    ``engine``: `EngineConfig` fields; ``cache``: `PrefixCacheConfig` fields plus
+    ``"directory_suffix"`` (this worker's own disk directory: a directory has one writer), or
+    None for no prefix cache; ``speculative``: ``"dspark"`` or a drafter checkpoint directory
+    (the worker loads the drafter itself), empty for none.
+    """
+
+    model_dir: str
+    dtype: str = "float32"
+    device: str = "cpu"
+    engine: dict[str, Any] = field(default_factory=dict)
+    threads: int = 1
+    cache: dict[str, Any] | None = None
+    speculative: str = ""
+
+    def __post_init__(self) -> None:
+        if self.dtype not in _DTYPES:
+            raise ValueError(f"dtype: expected one of {sorted(_DTYPES)}, got {self.dtype!r}")
+        if not isinstance(self.threads, int) or self.threads < 1:
+            raise ValueError(f"threads: expected a positive int, got {self.threads!r}")
+        if self.cache is not None and "directory_suffix" not in self.cache:
+            raise ValueError("cache: expected PrefixCacheConfig fields plus 'directory_suffix'")
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> WorkerSettings:
+        return cls(**json.loads(text))
+
+
+def build_engine(settings: WorkerSettings) -> tuple[LLMEngine, TieredKVStore | None]:
+    """The worker's engine, with the prefix cache and DSpark its settings ask for."""
+    loaded = load_model(settings.model_dir, dtype=_DTYPES[settings.dtype], device=settings.device)
+    config = EngineConfig(**settings.engine)
     cache, suffix = None, ""
-    if cache_json:
-        fields = json.loads(cache_json)
+    if settings.cache is not None:
+        fields = dict(settings.cache)
         suffix = fields.pop("directory_suffix")
         cache = PrefixCacheConfig(**fields)
     pool, adapter, store = build_engine_kv(
-        loaded.model, config, cache, model_dir, directory_suffix=suffix
+        loaded.model, config, cache, settings.model_dir, directory_suffix=suffix
     )
     speculator = None
-    if speculative:
+    if settings.speculative:
         from deepinfer.spec import build_speculator  # lazy: deepinfer.spec imports the engine
 
-        speculator = build_speculator(speculative, loaded.model, pool, max_seqs=config.max_num_seqs)
+        speculator = build_speculator(
+            settings.speculative, loaded.model, pool, max_seqs=config.max_num_seqs
+        )
     engine = LLMEngine(
         loaded.model,
         loaded.tokenizer,
@@ -103,20 +130,14 @@ class Worker:
 
 
 def serve(
-    conn: Connection,
-    model_dir: str,
-    dtype: str,
-    device: str,
-    engine_json: str,
-    threads: int,
-    make: Callable[[Connection, LLMEngine], Worker],
-    cache_json: str = "",
-    speculative: str = "",
+    conn: Connection, settings_json: str, make: Callable[[Connection, LLMEngine], Worker]
 ) -> None:
-    """The body of a worker process; returns on ``shutdown`` or when the coordinator is gone."""
-    torch.set_num_threads(threads)
+    """The body of a worker process (``settings_json``: a :class:`WorkerSettings`); returns on
+    ``shutdown`` or when the coordinator is gone."""
     try:
-        engine, store = build_engine(model_dir, dtype, device, engine_json, cache_json, speculative)
+        settings = WorkerSettings.from_json(settings_json)
+        torch.set_num_threads(settings.threads)
+        engine, store = build_engine(settings)
     except Exception as exc:  # report any start-up failure instead of dying silently
         send(conn, {"op": "fatal", "error": f"{type(exc).__name__}: {exc}"})
         return
