@@ -1,7 +1,7 @@
 """What the prefill and decode worker processes share: start-up and the serve loop.
 
-A worker is started with the ``spawn`` context and receives only its end of a pipe and plain
-``str``/``int`` settings; it loads the model itself, answers ``ready`` (or ``fatal``), then
+A worker is started with the ``spawn`` context and receives only its end of a pipe and a
+:class:`WorkerSettings` as a JSON string; it loads the model (and any drafter) itself, answers ``ready`` (or ``fatal``), then
 alternates between reading JSON messages and stepping its own `LLMEngine`.
 """
 
