@@ -8,6 +8,8 @@ torch.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
@@ -225,3 +227,31 @@ def test_bad_operands_are_refused_by_name(kernel: DecoderLayerKernel) -> None:
         kernel.mlp(attn, panels[0], shape, residual, normed, w, w, 1e-5, torch.zeros(3))
     with pytest.raises(ValueError, match="next_norm"):
         kernel.mlp(attn, panels[0], shape, residual, normed, w, w[:-1], 1e-5, torch.zeros(10_000))
+
+
+def test_without_a_compiler_the_model_keeps_its_torch_ops(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("CC", raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    layer = DecoderLayerKernel(cache_dir=tmp_path, enabled=True)
+    model = bf16_exact_model(10)
+    model.use_cpu_kernels(CpuKernels(layer=layer))
+    pool = KVPool.for_model(model.config, 4, BLOCK)
+    meta = _meta([pool.allocate(1)], [3], [3])
+    ids = torch.tensor([5, 6, 7])
+    with torch.inference_mode():
+        with pytest.warns(RuntimeWarning, match="no C compiler"):
+            assert model._fused_panels(torch.zeros(3, model.config.hidden_size), pool, meta) is None
+        got = model(ids, meta.positions(), meta, pool)
+        model.use_cpu_kernels(CpuKernels())
+        want = model(ids, meta.positions(), meta, pool)
+    assert torch.equal(got, want)
+    assert layer.error is not None and "no C compiler" in layer.error
+
+
+def test_env_switch_turns_it_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DEEPINFER_CPU_KERNELS", "0")
+    assert not DecoderLayerKernel().available()
+    assert CpuKernels.all(enabled=False).layer is not None
+    assert not CpuKernels.all(enabled=False).layer.available()  # type: ignore[union-attr]
