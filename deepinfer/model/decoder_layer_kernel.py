@@ -94,6 +94,18 @@ class SlotMapping:
     slots: torch.Tensor
     capacity: int
 
+    def __post_init__(self) -> None:
+        s = self.slots
+        if (
+            s.dtype != torch.int64
+            or s.dim() != 1
+            or s.device.type != "cpu"
+            or not s.is_contiguous()
+        ):
+            raise ValueError(f"slots: expected a contiguous int64 CPU [T] tensor, got {s.dtype}")
+        if s.numel() and (int(s.min()) < 0 or int(s.max()) >= self.capacity):
+            raise ValueError(f"slots: expected values in [0, {self.capacity})")
+
 
 def _check_rows(name: str, t: torch.Tensor, rows: int, width: int) -> None:
     if (
@@ -148,10 +160,7 @@ class DecoderLayerKernel:
             raise ValueError(
                 f"slots: expected an integer [T] tensor, got {slots.dtype} {tuple(slots.shape)}"
             )
-        slots = slots.to(device="cpu", dtype=torch.int64).contiguous()
-        if slots.numel() and (int(slots.min()) < 0 or int(slots.max()) >= capacity):
-            raise ValueError(f"slots: expected values in [0, {capacity})")
-        return SlotMapping(slots, int(capacity))
+        return SlotMapping(slots.to(device="cpu", dtype=torch.int64).contiguous(), int(capacity))
 
     def qkv(
         self,
@@ -172,6 +181,7 @@ class DecoderLayerKernel:
         caches contiguous fp32 ``[num_blocks, block_size, Hkv, D]``.
         """
         rows, d = x.shape[0], shape.head_dim
+        shape.check_panels(panels)
         _check_rows("x", x, rows, shape.hidden)
         _check_rows("out", out, rows, shape.qkv_width)
         _check_rows("cos", cos, rows, d)
@@ -233,6 +243,7 @@ class DecoderLayerKernel:
         (``next_norm`` applied). ``scratch``: fp32 with ``shape.scratch_size(T)`` values.
         ``post_norm``/``next_norm`` share one ``eps`` (a Llama model's norms all do)."""
         rows, h = attn.shape[0], shape.hidden
+        shape.check_panels(panels)
         _check_rows("attn", attn, rows, shape.num_heads * shape.head_dim)
         _check_rows("residual", residual, rows, h)
         _check_rows("normed", normed, rows, h)

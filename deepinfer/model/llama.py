@@ -302,8 +302,6 @@ class LlamaModel(nn.Module):
         shape = LayerShape(
             cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.intermediate_size
         )
-        for p in panels:
-            shape.check_panels(p)
         rows, d = residual.shape[0], cfg.head_dim
         slots = kernel.slot_mapping(attn.slot_mapping, kv_pool.num_blocks * kv_pool.block_size)
         cos, sin = cos.reshape(rows, d), sin.reshape(rows, d)

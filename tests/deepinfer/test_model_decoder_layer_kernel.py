@@ -210,6 +210,13 @@ def test_bad_operands_are_refused_by_name(kernel: DecoderLayerKernel) -> None:
         kernel.qkv(
             x, panels[0], shape, cos, sin, SlotMapping(torch.tensor([0]), 99), k_cache, v_cache, out
         )
+    with pytest.raises(ValueError, match="slots"):
+        SlotMapping(torch.tensor([10**9]), 8)  # built by hand: still checked
+    with pytest.raises(ValueError, match="slots"):
+        SlotMapping(torch.tensor([0], dtype=torch.int32), 8)
+    swapped = LayerPanels(panels[0].o, None, panels[0].qkv, panels[0].gate_up, panels[0].down)
+    with pytest.raises(ValueError, match=r"panels\.qkv"):
+        kernel.qkv(x, swapped, shape, cos, sin, slots, k_cache, v_cache, out)
     with pytest.raises(ValueError, match=r"^x:"):
         kernel.qkv(x.double(), panels[0], shape, cos, sin, slots, k_cache, v_cache, out)
     with pytest.raises(ValueError, match=r"^out:"):
