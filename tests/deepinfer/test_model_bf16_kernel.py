@@ -199,11 +199,7 @@ def test_build_is_cached_and_a_damaged_file_is_rebuilt(tmp_path: Path) -> None:
     assert torch.equal(rebuilt(x, panels, 3), torch.full((1, 3), 4.0))
 
 
-def test_without_a_compiler_linear_falls_back(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.delenv("CC", raising=False)
-    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+def test_without_a_compiler_linear_falls_back(tmp_path: Path, no_c_compiler: None) -> None:
     k = Bf16WeightLinear(cache_dir=tmp_path, enabled=True)
     with pytest.warns(RuntimeWarning, match="no C compiler"):
         assert not k.available()

@@ -237,10 +237,8 @@ def test_bad_operands_are_refused_by_name(kernel: DecoderLayerKernel) -> None:
 
 
 def test_without_a_compiler_the_model_keeps_its_torch_ops(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, no_c_compiler: None
 ) -> None:
-    monkeypatch.delenv("CC", raising=False)
-    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
     layer = DecoderLayerKernel(cache_dir=tmp_path, enabled=True)
     model = bf16_exact_model(10)
     model.use_cpu_kernels(CpuKernels(layer=layer))
