@@ -155,9 +155,9 @@ def build_speculator(
         weight = model.embed_tokens.weight
         drafter = load_drafter(directory, target, weight.device).to(weight.dtype)
         sts = load_sts(directory)
-    curve = profile_target_sps(model, pool) if scheduler is None else None
+    curve: SPSCurve | None = None
     if scheduler is None:
-        assert curve is not None
+        curve = profile_target_sps(model, pool)
         scheduler = PrefixScheduler(curve)
     if isinstance(gate, str):
         if gate != "default":

@@ -85,22 +85,17 @@ class DraftGate:
         ``probe_budget`` of the time while the gate is closed: every
         ``max(probe_every, ceil(ratio / probe_budget))`` steps.
         """
-        for name, value in (
-            ("draft_s", draft_s),
-            ("verify_extra_s", verify_extra_s),
-            ("floor", floor),
-            ("probe_budget", probe_budget),
+        for name, value, positive in (
+            ("draft_s", draft_s, False),
+            ("verify_extra_s", verify_extra_s, False),
+            ("floor", floor, False),
+            ("plain_step_s", plain_step_s, True),
+            ("probe_budget", probe_budget, True),
         ):
-            if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
-                raise ValueError(f"{name}: expected a finite number >= 0, got {value!r}")
-        if not (
-            isinstance(plain_step_s, (int, float))
-            and math.isfinite(plain_step_s)
-            and plain_step_s > 0
-        ):
-            raise ValueError(f"plain_step_s: expected a finite number > 0, got {plain_step_s!r}")
-        if probe_budget == 0:
-            raise ValueError("probe_budget: expected a number > 0, got 0")
+            finite = isinstance(value, (int, float)) and math.isfinite(value)
+            if not (finite and (value > 0 if positive else value >= 0)):
+                bound = "> 0" if positive else ">= 0"
+                raise ValueError(f"{name}: expected a finite number {bound}, got {value!r}")
         ratio = (draft_s + verify_extra_s) / plain_step_s
         spaced = max(probe_every, math.ceil(ratio / probe_budget))
         gate = cls(max(floor, ratio), spaced, decay, warmup_rows)
