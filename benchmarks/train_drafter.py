@@ -23,13 +23,19 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
 
 from deepinfer.model import KVPool, load_model
 from deepinfer.model.spec_adapter import LlamaTargetAdapter
 from deepinfer_spec import DSparkConfig
-from deepinfer_spec.training import TrainConfig, evaluate, load_drafter, train_drafter
-from deepinfer_spec.training.checkpoint import CONFIG, WEIGHTS
+from deepinfer_spec.training import (
+    TrainConfig,
+    evaluate,
+    frequent_tokens,
+    load_drafter,
+    save_drafter,
+    train_drafter,
+)
+from deepinfer_spec.training.checkpoint import WEIGHTS
 from deepinfer_spec.training.loss import LossWeights
 
 REPO = Path(__file__).resolve().parents[1]
@@ -122,16 +128,32 @@ def eval_prompts(tokenizer: object, count: int, length: int) -> list[list[int]]:
     return prompts
 
 
-def export(work_dir: Path, out_dir: Path) -> None:
-    """Copy the drafter weights as bf16 plus its config into ``out_dir``."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    state = load_file(str(work_dir / WEIGHTS))
-    save_file(
-        {k: v.to(torch.bfloat16).contiguous() for k, v in state.items()},
-        str(out_dir / WEIGHTS),
-        metadata={"format": "deepinfer-spec-drafter/1"},
+def draft_vocabulary(tokenizer: object, size: int) -> torch.Tensor:
+    """The ``size`` most frequent tokens of the training corpus (stdlib source, docstrings and
+    ``pydoc_data``'s English reference text), end-of-turn and BOS ids first."""
+    tok = tokenizer
+    texts = (path.read_text(encoding="utf-8", errors="replace") for path in corpus_files(False))
+    always = [*tok.eos_token_ids, tok.bos_token_id]  # type: ignore[attr-defined]
+    return frequent_tokens(
+        (tok.encode(text) for text in texts),  # type: ignore[attr-defined]
+        tok.vocab_size,  # type: ignore[attr-defined]
+        size,
+        always=[t for t in always if t is not None],
     )
-    (out_dir / CONFIG).write_text((work_dir / CONFIG).read_text())
+
+
+def export(work_dir: Path, out_dir: Path, draft_vocab: int | None) -> None:
+    """Write the drafter into ``out_dir``: weights in bf16 (the feature statistics stay fp32),
+    restricted to a ``draft_vocab``-token shortlist when given, plus config and STS files."""
+    loaded = load_model()
+    target = LlamaTargetAdapter(loaded.model, KVPool.for_model(loaded.config, num_blocks=8))
+    drafter = load_drafter(work_dir, target)
+    if draft_vocab is not None:
+        drafter = drafter.restrict_vocab(draft_vocabulary(loaded.tokenizer, draft_vocab))
+    for param in drafter.parameters():
+        param.data = param.data.to(torch.bfloat16)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    save_drafter(drafter, out_dir)
     evaluated = work_dir / "eval.json"
     if evaluated.exists():  # STS temperatures fitted by the evaluation, per decoding mode
         data = json.loads(evaluated.read_text())
@@ -160,7 +182,11 @@ def main() -> None:
     p.add_argument("--window", type=int, default=128)
     p.add_argument("--layers", default="20,29", help="target layers feeding the context")
     p.add_argument(
-        "--init-layer", type=int, default=29, help="target layer copied into the backbone"
+        "--init-layer",
+        type=int,
+        default=None,
+        help="copy this target layer into the backbone (default: random init, which trains "
+        "faster: a copied late layer starts with huge residual activations)",
     )
     p.add_argument(
         "--init-from",
@@ -177,11 +203,17 @@ def main() -> None:
     p.add_argument("--eval-only", action="store_true")
     p.add_argument("--export", action="store_true", help=f"write bf16 weights to {EXPORT_DIR}")
     p.add_argument("--export-only", action="store_true", help="export --work-dir and exit")
+    p.add_argument(
+        "--draft-vocab",
+        type=int,
+        default=None,
+        help="export restricted to the N most frequent corpus tokens (default: all)",
+    )
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     if args.export_only:
-        export(args.work_dir, EXPORT_DIR)
+        export(args.work_dir, EXPORT_DIR, args.draft_vocab)
         return
 
     loaded = load_model()
@@ -251,7 +283,9 @@ def main() -> None:
         log_every=5,
         checkpoint_every=10,
         out_dir=str(args.work_dir),
-        init_from_target_layers=None if resume or args.init_from else (args.init_layer,),
+        init_from_target_layers=(
+            None if resume or args.init_from or args.init_layer is None else (args.init_layer,)
+        ),
         progress=True,
         loss_weights=LossWeights(ce=args.ce_weight, tv=args.tv_weight, bce=args.bce_weight),
     )
@@ -275,7 +309,7 @@ def main() -> None:
         json.dumps({"step": result.step, "eval": metrics}, indent=1)
     )
     if args.export:
-        export(args.work_dir, EXPORT_DIR)
+        export(args.work_dir, EXPORT_DIR, args.draft_vocab)
 
 
 if __name__ == "__main__":

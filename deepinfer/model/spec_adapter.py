@@ -7,13 +7,14 @@ those tokens; rejecting drafts just shortens a sequence and frees whole blocks p
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 
 import torch
 
 from deepinfer.model.attention_metadata import AttentionMetadata
 from deepinfer.model.kv_pool import KVPool
+from deepinfer.model.linear import PackedWeight, linear
 from deepinfer.model.llama import LlamaModel
 from deepinfer_spec.adapter import TargetOutput
 
@@ -25,8 +26,8 @@ class _Sequence:
 
 
 class LlamaTargetAdapter:
-    """Implements ``deepinfer_spec.TargetAdapter`` (and ``SupportsLayerWeights``) for a
-    :class:`LlamaModel`.
+    """Implements ``deepinfer_spec.TargetAdapter`` (and ``SupportsLayerWeights``,
+    ``SupportsLmHeadRows``) for a :class:`LlamaModel`.
 
     Example::
 
@@ -64,6 +65,28 @@ class LlamaTargetAdapter:
     def lm_head(self, hidden: torch.Tensor) -> torch.Tensor:
         """``W_out @ final_norm(hidden)`` in fp32."""
         return self.model.compute_logits(self.model.norm(hidden))
+
+    def lm_head_rows(self, token_ids: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
+        """``hidden -> lm_head(hidden)[..., token_ids]`` from a copy of those head rows only.
+
+        The copy runs on the model's compiled CPU product like the full head (bf16 panels for
+        few rows of a bf16-exact checkpoint); it is taken now, so it does not follow later
+        changes to the model's weights.
+        """
+        model = self.model
+        weight = model.lm_head_weight
+        ids = torch.as_tensor(token_ids, dtype=torch.int64, device=weight.device)
+        if ids.ndim != 1 or (
+            ids.numel() and not 0 <= int(ids.min()) <= int(ids.max()) < self.vocab_size
+        ):
+            raise ValueError(f"token_ids: expected a 1-D tensor of ids in [0, {self.vocab_size})")
+        rows = weight.detach()[ids].contiguous()
+        packed = PackedWeight(model.cpu_kernels.linear)
+
+        def head(hidden: torch.Tensor) -> torch.Tensor:
+            return linear(model.norm(hidden), rows, pack=packed).float()
+
+        return head
 
     def score(self, input_ids: torch.Tensor, layer_ids: Sequence[int]) -> TargetOutput:
         hidden, layers = self.model.forward_dense(input_ids, layer_ids)

@@ -8,7 +8,7 @@ from model_helpers import random_hf_state, tiny_config
 
 from deepinfer.model import KVPool, build_model
 from deepinfer.model.spec_adapter import LlamaTargetAdapter
-from deepinfer_spec.adapter import SupportsLayerWeights, TargetAdapter
+from deepinfer_spec.adapter import SupportsLayerWeights, SupportsLmHeadRows, TargetAdapter
 from deepinfer_spec.recompute_target import RecomputeTarget
 
 LAYERS = [0, 1]
@@ -83,6 +83,27 @@ def test_score_and_heads_are_consistent(pair) -> None:
         torch.testing.assert_close(adapter.lm_head(out.features), out.logits, atol=1e-5, rtol=1e-5)
         assert adapter.embed(ids).shape == (1, 4, adapter.hidden_size)
     assert out.logits.shape == (1, 4, adapter.vocab_size)
+
+
+@pytest.mark.parametrize("bf16_exact", [False, True], ids=["fp32", "bf16-exact"])
+@pytest.mark.parametrize("rows", [1, 5, 40])
+def test_head_rows_equal_the_full_head_at_those_rows(pair, bf16_exact: bool, rows: int) -> None:
+    adapter, _ = pair
+    assert isinstance(adapter, SupportsLmHeadRows)
+    if bf16_exact:  # the compiled bf16-panel product then serves up to 32 rows
+        with torch.no_grad():
+            w = adapter.model.lm_head_weight
+            w.copy_(w.to(torch.bfloat16).float())
+    ids = torch.tensor([17, 2, 63, 0, 40, 9, 2 * 16 + 1])
+    head = adapter.lm_head_rows(ids)
+    hidden = torch.randn(rows, adapter.hidden_size, generator=torch.Generator().manual_seed(rows))
+    with torch.inference_mode():
+        want = adapter.lm_head(hidden)[:, ids]
+        got = head(hidden)
+    assert got.shape == (rows, ids.numel()) and got.dtype == torch.float32
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+    with pytest.raises(ValueError, match="token_ids"):
+        adapter.lm_head_rows(torch.tensor([adapter.vocab_size]))
 
 
 def test_invalid_calls_raise(pair) -> None:

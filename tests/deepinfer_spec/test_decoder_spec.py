@@ -71,14 +71,24 @@ _PREFIX = PrefixScheduler(SPSCurve.roofline(weight_read_s=5e-3, per_token_s=2e-7
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    ("temperature", "scheduler"),
-    [(1.0, RaggedScheduler(0.0, [0, 1, 2, 4])), (0.8, RaggedScheduler(0.0)), (1.0, _PREFIX)],
-    ids=["ragged", "full", "prefix-scheduler"],
+    ("temperature", "scheduler", "draft_vocab"),
+    [
+        (1.0, RaggedScheduler(0.0, [0, 1, 2, 4]), None),
+        (0.8, RaggedScheduler(0.0), None),
+        (1.0, _PREFIX, None),
+        # A draft vocabulary: the tokens outside it are still emitted, only never drafted.
+        (1.0, RaggedScheduler(0.0), [5, 0, 9, 2, 7, 11, 3, 14, 1, 8]),
+    ],
+    ids=["ragged", "full", "prefix-scheduler", "draft-vocab"],
 )
-def test_sampling_is_lossless(temperature: float, scheduler: VerifyScheduler) -> None:
+def test_sampling_is_lossless(
+    temperature: float, scheduler: VerifyScheduler, draft_vocab: list[int] | None
+) -> None:
     model = TinyTarget(vocab_size=16, hidden_size=32, num_layers=2, logit_scale=2.0, seed=3)
     target = RecomputeTarget(model)
     drafter = make_drafter(target, seed=1, gamma=3)
+    if draft_vocab is not None:
+        drafter = drafter.restrict_vocab(draft_vocab)
     gen = torch.Generator().manual_seed(1234)
     decoder = SpecDecoder(
         drafter, target, scheduler, max_requests=4000, temperature=temperature, generator=gen

@@ -170,3 +170,47 @@ def test_init_backbone_from_target_copies_layer_weights(target: RecomputeTarget)
         wrong.init_backbone_from_target([0])
     with pytest.raises(ValueError, match="layers"):
         d.init_backbone_from_target([0, 1])
+
+
+def test_feature_standardisation_is_identity_until_fitted_then_exact(
+    target: RecomputeTarget,
+) -> None:
+    d = make_drafter(target)
+    dim = d.feature_dim
+    gen = torch.Generator().manual_seed(3)
+    # Two dimensions with a huge offset and spread, like a Llama residual stream's outliers.
+    sample = torch.randn(200, dim, generator=gen)
+    sample[:, 0] = sample[:, 0] * 300.0 + 900.0
+    sample[:, 5] = 40.0  # constant: carries nothing, must not be divided by zero
+    raw = d.project_context(sample)
+    expect = d.context_norm(d.context_proj(sample))
+    torch.testing.assert_close(raw, expect)
+    d.fit_feature_stats(sample)
+    mean, std = sample.mean(0), sample.std(0)
+    std[5] = 1.0
+    torch.testing.assert_close(
+        d.project_context(sample), d.context_norm(d.context_proj((sample - mean) / std))
+    )
+    standardised = (sample - d.feature_shift) * d.feature_scale
+    torch.testing.assert_close(standardised.mean(0), torch.zeros(dim), atol=1e-4, rtol=0)
+    assert torch.isfinite(d.feature_scale).all() and float(d.feature_scale[5]) == 1.0
+    # The statistics are state: saved and restored with the weights.
+    assert {"feature_shift", "feature_scale"} <= set(d.state_dict())
+
+
+@pytest.mark.parametrize(
+    ("features", "match"),
+    [
+        (torch.zeros(10, 7), "last dimension"),
+        (torch.zeros(1, 64), "at least 2 rows"),
+        (torch.full((4, 64), float("nan")), "NaN"),
+    ],
+)
+def test_fit_feature_stats_rejects_bad_samples(
+    target: RecomputeTarget, features: torch.Tensor, match: str
+) -> None:
+    d = make_drafter(target)
+    assert d.feature_dim == 64
+    with pytest.raises(ValueError, match=match):
+        d.fit_feature_stats(features)
+    assert torch.equal(d.feature_scale, torch.ones(64))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -10,6 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from conftest import make_drafter
+from safetensors.torch import load_file, save_file
 from spec_tiny_target import TinyTarget
 
 from deepinfer_spec import DSparkConfig, DSparkDrafter, RecomputeTarget
@@ -179,6 +181,43 @@ def test_checkpoint_round_trip_and_resume(tiny_model: TinyTarget, tmp_path: Path
         "config.json",
         "drafter.safetensors",
     ]
+
+
+def test_fresh_training_fits_feature_stats_and_old_checkpoints_still_load(
+    tiny_model: TinyTarget, tmp_path: Path
+) -> None:
+    data = torch.randint(0, 32, (8, 12), generator=torch.Generator().manual_seed(0))
+    cfg = DSparkConfig(target_layer_ids=(0, 1), gamma=3, window=4, markov_rank=8, num_heads=4)
+    train = TrainConfig(steps=1, batch_size=4, progress=False, out_dir=str(tmp_path / "new"))
+    fitted = train_drafter(tiny_model, list(data), cfg, train).drafter
+    features = tiny_model.score(data[:4], [0, 1]).features[:, 1:]  # the first batch, sink dropped
+    torch.testing.assert_close(fitted.feature_shift, features.reshape(-1, 64).mean(0))
+    assert torch.equal(
+        load_drafter(tmp_path / "new", tiny_model).feature_scale, fitted.feature_scale
+    )
+    plain = train_drafter(
+        tiny_model,
+        list(data),
+        cfg,
+        dataclasses.replace(train, standardize_features=False, out_dir=None),
+    ).drafter
+    assert torch.equal(plain.feature_scale, torch.ones(64))
+    # A checkpoint from before the statistics existed loads with the identity; any other
+    # missing or unknown weight is still refused.
+    old = tmp_path / "old"
+    save_drafter(fitted, old)
+    state = load_file(str(old / "drafter.safetensors"))
+    save_file(
+        {k: v for k, v in state.items() if not k.startswith("feature_")},
+        str(old / "drafter.safetensors"),
+    )
+    legacy = load_drafter(old, tiny_model)
+    assert torch.equal(legacy.feature_shift, torch.zeros(64))
+    torch.testing.assert_close(legacy.context_proj.weight, fitted.context_proj.weight)
+    del state["markov_out.weight"]
+    save_file(state, str(old / "drafter.safetensors"))
+    with pytest.raises(ValueError, match=r"markov_out\.weight"):
+        load_drafter(old, tiny_model)
 
 
 def test_cli_trains_resumes_and_evaluates(

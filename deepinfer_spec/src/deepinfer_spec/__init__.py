@@ -14,6 +14,7 @@ Example (``target`` is any ``TargetAdapter``, e.g. ``RecomputeTarget(model)``)::
 from deepinfer_spec.adapter import (
     ScoringTarget,
     SupportsLayerWeights,
+    SupportsLmHeadRows,
     TargetAdapter,
     TargetOutput,
 )
@@ -58,6 +59,7 @@ __all__ = [
     "SpecDecoder",
     "StepOutput",
     "SupportsLayerWeights",
+    "SupportsLmHeadRows",
     "TargetAdapter",
     "TargetOutput",
     "propose",

@@ -10,7 +10,7 @@ rejected drafts). Nothing is ever recomputed over the whole context. See docs/sp
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -119,3 +119,16 @@ class SupportsLayerWeights(Protocol):
     """
 
     def layer_state_dict(self, layer_id: int) -> dict[str, torch.Tensor]: ...
+
+
+@runtime_checkable
+class SupportsLmHeadRows(Protocol):
+    """Optional: a head restricted to some vocabulary rows, for drafters with a draft vocabulary.
+
+    ``lm_head_rows(token_ids)`` returns a function ``hidden [..., H] -> logits [..., len(ids)]``
+    equal to ``lm_head(hidden)[..., token_ids]``, computed from those rows only (the target may
+    keep a sliced copy of the rows for as long as the function lives). Without it, the drafter
+    computes the full head and indexes it: the same values, none of the saving.
+    """
+
+    def lm_head_rows(self, token_ids: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]: ...

@@ -32,6 +32,11 @@ class DSparkConfig:
         intermediate_size: SwiGLU width of the backbone MLP; ``None`` means ``4 * hidden_size``.
         rope_theta: RoPE base; positions are relative to the anchor token.
         rms_norm_eps: epsilon of every RMSNorm in the drafter.
+        draft_vocab_size: draft only among this many token ids (a frequency shortlist, see
+            :meth:`DSparkDrafter.restrict_vocab`); ``None`` drafts over the whole vocabulary.
+            The LM head and the Markov head's output then cost ``draft_vocab_size / vocab``
+            of the full ones; a token outside the shortlist is never drafted (the target still
+            emits it as a correction or bonus token).
     """
 
     target_layer_ids: tuple[int, ...]
@@ -45,6 +50,7 @@ class DSparkConfig:
     intermediate_size: int | None = None
     rope_theta: float = 10000.0
     rms_norm_eps: float = 1e-6
+    draft_vocab_size: int | None = None
 
     def __post_init__(self) -> None:
         ids = self.target_layer_ids
@@ -69,6 +75,8 @@ class DSparkConfig:
                 )
         if self.intermediate_size is not None:
             _check_positive_int("intermediate_size", self.intermediate_size)
+        if self.draft_vocab_size is not None:
+            _check_positive_int("draft_vocab_size", self.draft_vocab_size)
         if self.sequential_head not in _SEQUENTIAL_HEADS:
             raise ValueError(
                 f"sequential_head: expected one of {_SEQUENTIAL_HEADS}, got {self.sequential_head!r}"

@@ -8,13 +8,14 @@ and the confidence that it survives verification is ``c_k = sigmoid(w . [h_k ; W
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import dataclasses
+from collections.abc import Callable, Sequence
 from typing import cast
 
 import torch
 from torch import nn
 
-from deepinfer_spec.adapter import ScoringTarget, SupportsLayerWeights
+from deepinfer_spec.adapter import ScoringTarget, SupportsLayerWeights, SupportsLmHeadRows
 from deepinfer_spec.config import DSparkConfig
 from deepinfer_spec.layers import DraftLayer, RMSNorm
 
@@ -29,6 +30,9 @@ class DSparkDrafter(nn.Module):
             trained or saved with the drafter.
     """
 
+    feature_shift: torch.Tensor
+    feature_scale: torch.Tensor
+
     def __init__(self, config: DSparkConfig, target: ScoringTarget) -> None:
         super().__init__()
         if not isinstance(config, DSparkConfig):
@@ -40,12 +44,25 @@ class DSparkDrafter(nn.Module):
                 f"config.target_layer_ids: {bad} out of range for a target with "
                 f"{target.num_layers} layers"
             )
+        draft_size = vocab if config.draft_vocab_size is None else config.draft_vocab_size
+        if draft_size > vocab:
+            raise ValueError(
+                f"config.draft_vocab_size: {draft_size} exceeds the target's vocabulary ({vocab})"
+            )
         self.config = config
         self.hidden_size, self.vocab_size = hidden, vocab
+        self.draft_vocab_size = draft_size
         # A plain attribute, bypassing nn.Module registration on purpose (see class docstring).
         object.__setattr__(self, "_target", target)
         rank = config.markov_rank
-        self.context_proj = nn.Linear(len(config.target_layer_ids) * hidden, hidden, bias=False)
+        feature_dim = len(config.target_layer_ids) * hidden
+        # Per-dimension standardisation of the raw target features. A Llama residual stream has
+        # a few dimensions tens of times larger than the rest (and they differ between layers);
+        # unstandardised, they dominate W_c's output and the context looks the same at every
+        # position. Identity until fit_feature_stats is called; saved with the weights.
+        self.register_buffer("feature_shift", torch.zeros(feature_dim))
+        self.register_buffer("feature_scale", torch.ones(feature_dim))
+        self.context_proj = nn.Linear(feature_dim, hidden, bias=False)
         self.context_norm = RMSNorm(hidden, config.rms_norm_eps)
         self.mask_embed = nn.Parameter(torch.randn(config.gamma - 1, hidden) * 0.02)
         inter = config.intermediate_size or 4 * hidden
@@ -62,7 +79,10 @@ class DSparkDrafter(nn.Module):
         )
         self.markov_in = nn.Embedding(vocab, rank)  # W1
         nn.init.normal_(self.markov_in.weight, std=rank**-0.5)
-        self.markov_out = nn.Linear(rank, vocab, bias=False)  # W2
+        self.markov_out = nn.Linear(rank, draft_size, bias=False)  # W2, one row per draftable id
+        if config.draft_vocab_size is not None:
+            # Token id of each draft-vocabulary entry; set by restrict_vocab or a checkpoint.
+            self.register_buffer("draft_vocab", torch.arange(draft_size))
         # Zero W2: an untrained drafter's sequential bias is exactly zero.
         nn.init.zeros_(self.markov_out.weight)
         self.rnn = nn.Linear(rank, rank, bias=False) if config.sequential_head == "rnn" else None
@@ -77,18 +97,47 @@ class DSparkDrafter(nn.Module):
         """Size of the raw target features (``len(target_layer_ids) * hidden_size``)."""
         return self.context_proj.in_features
 
-    def project_context(self, features: torch.Tensor) -> torch.Tensor:
-        """``RMSNorm(W_c @ features)``: ``[..., feature_dim] -> [..., hidden_size]``."""
+    def _check_features(self, features: torch.Tensor) -> None:
         if features.shape[-1] != self.feature_dim:
             raise ValueError(
                 f"features: expected last dimension {self.feature_dim} "
                 f"(= {len(self.config.target_layer_ids)} layers x {self.hidden_size}), "
                 f"got {tuple(features.shape)}"
             )
-        out: torch.Tensor = self.context_norm(
-            self.context_proj(features.to(self.context_proj.weight.dtype))
-        )
+
+    def project_context(self, features: torch.Tensor) -> torch.Tensor:
+        """``RMSNorm(W_c @ ((features - shift) * scale))``: ``[..., feature_dim] -> [..., hidden]``.
+
+        ``shift`` and ``scale`` are the per-dimension mean and inverse standard deviation of the
+        target's features (:meth:`fit_feature_stats`), or 0 and 1 when never fitted.
+        """
+        self._check_features(features)
+        dtype = self.context_proj.weight.dtype
+        # In fp32: a shift of hundreds loses the small deviations in bf16.
+        standard = (features.float() - self.feature_shift.float()) * self.feature_scale.float()
+        out: torch.Tensor = self.context_norm(self.context_proj(standard.to(dtype)))
         return out
+
+    @torch.no_grad()
+    def fit_feature_stats(self, features: torch.Tensor) -> None:
+        """Set the standardisation of :meth:`project_context` from a sample of target features.
+
+        ``features [..., feature_dim]``: rows from ordinary positions of real text. Leave out a
+        sequence's first position: Llama-family models park a huge activation there (an
+        attention sink), which would swamp the statistics.
+        """
+        self._check_features(features)
+        rows = features.reshape(-1, self.feature_dim).float()
+        if rows.shape[0] < 2:
+            raise ValueError(f"features: need at least 2 rows, got {rows.shape[0]}")
+        if not bool(torch.isfinite(rows).all()):
+            raise ValueError("features: contains NaN or infinite values")
+        mean, std = rows.mean(0), rows.std(0)
+        # A dimension constant over the sample carries nothing: give it scale 1, not 1/0.
+        floor = max(float(std.max()) * 1e-6, 1e-12)
+        scale = torch.where(std > floor, 1.0 / std.clamp_min(floor), torch.ones_like(std))
+        self.feature_shift.copy_(mean)
+        self.feature_scale.copy_(scale)
 
     def backbone(
         self, anchor_ids: torch.Tensor, context: torch.Tensor, context_valid: torch.Tensor
@@ -126,9 +175,77 @@ class DSparkDrafter(nn.Module):
             x = layer(x, context, mask, q_pos, k_pos)
         return x
 
+    @property
+    def draft_vocab_ids(self) -> torch.Tensor | None:
+        """Token ids the drafter can propose, in draft-index order; ``None`` for all of them."""
+        ids = self._buffers.get("draft_vocab")
+        return ids
+
+    def draft_token_ids(self, index: torch.Tensor) -> torch.Tensor:
+        """Token ids of draft-vocabulary indices (the identity without a draft vocabulary)."""
+        ids = self.draft_vocab_ids
+        return index if ids is None else ids[index]
+
     def base_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """``U = lm_head(h)`` through the target's frozen head."""
-        return self.target.lm_head(hidden)
+        """``U = lm_head(h)`` through the target's frozen head: ``[..., draft_vocab_size]``,
+        only the draft vocabulary's rows of the head when there is one."""
+        ids = self.draft_vocab_ids
+        if ids is None:
+            return self.target.lm_head(hidden)
+        return self._restricted_head(ids)(hidden)
+
+    def _restricted_head(self, ids: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
+        # Built once per draft vocabulary (and device): a target can pre-slice its head rows,
+        # which is the whole saving. The key changes when a checkpoint is loaded into ``ids``.
+        key = (ids.device, ids.data_ptr(), ids._version)
+        cached = self.__dict__.get("_head_cache")
+        if cached is not None and cached[0] == key:
+            return cast(Callable[[torch.Tensor], torch.Tensor], cached[1])
+        target = self.target
+        if isinstance(target, SupportsLmHeadRows):
+            head = target.lm_head_rows(ids)
+        else:
+            rows = ids.clone()
+
+            def head(hidden: torch.Tensor) -> torch.Tensor:
+                return target.lm_head(hidden)[..., rows.to(hidden.device)]
+
+        object.__setattr__(self, "_head_cache", (key, head))
+        return head
+
+    @torch.no_grad()
+    def restrict_vocab(self, token_ids: torch.Tensor | Sequence[int]) -> DSparkDrafter:
+        """A copy of this drafter that drafts only among ``token_ids`` (e.g. the most frequent
+        tokens of a corpus: FR-Spec's frequency-ranked shortlist).
+
+        On those tokens the copy computes exactly the same logits; every other token gets
+        probability 0 in the draft. No retraining is needed. ``token_ids`` must be distinct ids
+        the drafter can currently propose.
+        """
+        ids = torch.as_tensor(token_ids, dtype=torch.int64).detach().cpu()
+        if ids.ndim != 1 or ids.numel() == 0:
+            raise ValueError(f"token_ids: expected a non-empty 1-D list, got {tuple(ids.shape)}")
+        if int(ids.min()) < 0 or int(ids.max()) >= self.vocab_size:
+            raise ValueError(f"token_ids: expected ids in [0, {self.vocab_size})")
+        if len(set(ids.tolist())) != ids.numel():
+            raise ValueError("token_ids: duplicates are not allowed")
+        current = self.draft_vocab_ids
+        if current is None:
+            rows = ids
+        else:
+            position = torch.full((self.vocab_size,), -1, dtype=torch.int64)
+            position[current.cpu()] = torch.arange(current.numel())
+            rows = position[ids]
+            if bool((rows < 0).any()):
+                raise ValueError("token_ids: contains ids outside the current draft vocabulary")
+        config = dataclasses.replace(self.config, draft_vocab_size=int(ids.numel()))
+        weight = self.markov_out.weight
+        out = DSparkDrafter(config, self.target).to(device=weight.device, dtype=weight.dtype)
+        state = dict(self.state_dict())
+        state["markov_out.weight"] = weight[rows.to(weight.device)]
+        state["draft_vocab"] = ids.to(weight.device)
+        out.load_state_dict(state, strict=True)
+        return out.train(self.training)
 
     def sequential_step(
         self, prev_ids: torch.Tensor, code: torch.Tensor | None

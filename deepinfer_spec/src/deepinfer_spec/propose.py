@@ -50,7 +50,9 @@ def propose(
             oldest first, ending right before the anchor.
         context_valid: ``[B, W]`` bool, False for padding.
         temperature: ``> 0`` samples from ``softmax(logits / temperature)``; ``0`` is greedy
-            (argmax, lowest id on ties; ``probs`` one-hot).
+            (argmax, lowest index on ties; ``probs`` one-hot). With a draft vocabulary (see
+            :meth:`DSparkDrafter.restrict_vocab`) only its tokens are drawn, and ``probs`` is
+            still over the whole vocabulary, 0 outside the draft vocabulary.
         generator: source of randomness for sampling.
     """
     if not isinstance(temperature, (int, float)) or temperature < 0:
@@ -61,8 +63,9 @@ def propose(
     hidden = drafter.backbone(anchor_ids, context, context_valid)
     base = drafter.base_logits(hidden).float()
     batch, gamma = hidden.shape[0], hidden.shape[1]
+    draft_ids = drafter.draft_vocab_ids  # None: logits are over the whole vocabulary
     tokens = torch.empty(batch, gamma, dtype=torch.int64, device=hidden.device)
-    probs = torch.empty(batch, gamma, vocab, dtype=torch.float32, device=hidden.device)
+    probs = torch.zeros(batch, gamma, vocab, dtype=torch.float32, device=hidden.device)
     conf = torch.empty(batch, gamma, dtype=torch.float32, device=hidden.device)
     prev = anchor_ids.to(torch.int64)
     code: torch.Tensor | None = None
@@ -71,11 +74,15 @@ def propose(
         conf[:, k] = torch.sigmoid(drafter.confidence_logit(hidden[:, k], code).float())
         logits = base[:, k] + bias.float()
         if temperature == 0:
-            prev = torch.argmax(logits, dim=-1)
-            probs[:, k] = torch.nn.functional.one_hot(prev, vocab).float()
+            prev = drafter.draft_token_ids(torch.argmax(logits, dim=-1))
+            probs[:, k].scatter_(1, prev[:, None], 1.0)
         else:
             p = torch.softmax(logits / temperature, dim=-1)
-            prev = torch.multinomial(p, 1, generator=generator).squeeze(1)
-            probs[:, k] = p
+            index = torch.multinomial(p, 1, generator=generator).squeeze(1)
+            prev = drafter.draft_token_ids(index)
+            if draft_ids is None:
+                probs[:, k] = p
+            else:  # tokens outside the draft vocabulary keep probability 0
+                probs[:, k, draft_ids] = p
         tokens[:, k] = prev
     return Draft(token_ids=tokens, probs=probs, confidence=conf)

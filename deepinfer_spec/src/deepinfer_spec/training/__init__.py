@@ -11,7 +11,7 @@ Example::
 """
 
 from deepinfer_spec.training.checkpoint import load_drafter, save_drafter
-from deepinfer_spec.training.data import read_jsonl, sample_from_target
+from deepinfer_spec.training.data import frequent_tokens, read_jsonl, sample_from_target
 from deepinfer_spec.training.evaluate import EvalReport, evaluate
 from deepinfer_spec.training.loss import LossTerms, LossWeights, dspark_loss, position_weights
 from deepinfer_spec.training.trainer import TrainConfig, TrainResult, train_drafter
@@ -24,6 +24,7 @@ __all__ = [
     "TrainResult",
     "dspark_loss",
     "evaluate",
+    "frequent_tokens",
     "load_drafter",
     "position_weights",
     "read_jsonl",

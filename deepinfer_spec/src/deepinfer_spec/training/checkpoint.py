@@ -28,6 +28,7 @@ WEIGHTS, CONFIG, OPTIMIZER, TRAINER = (
     "optimizer.safetensors",
     "trainer_state.json",
 )
+OPTIONAL_BUFFERS = ("feature_shift", "feature_scale")
 
 
 def save_drafter(drafter: DSparkDrafter, directory: str | os.PathLike[str]) -> Path:
@@ -67,7 +68,14 @@ def load_drafter(
         )
     drafter = DSparkDrafter(config, target)
     state = load_file(str(path / WEIGHTS), device=str(device))
-    drafter.load_state_dict(state, strict=True)
+    missing, unexpected = drafter.load_state_dict(state, strict=False)
+    # Checkpoints written before feature standardisation existed keep the identity (0, 1).
+    missing = [k for k in missing if k not in OPTIONAL_BUFFERS]
+    if missing or unexpected:
+        raise ValueError(
+            f"{path / WEIGHTS}: weights do not match the config "
+            f"(missing {sorted(missing)}, unexpected {sorted(unexpected)})"
+        )
     return drafter.to(device)
 
 

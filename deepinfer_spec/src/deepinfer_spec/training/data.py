@@ -102,3 +102,35 @@ def sample_from_target(
             ids = torch.cat((ids, nxt), dim=1)
         out.extend(ids.tolist())
     return out
+
+
+def frequent_tokens(
+    data: Iterable[Sequence[int] | torch.Tensor],
+    vocab_size: int,
+    size: int,
+    *,
+    always: Sequence[int] = (),
+) -> torch.Tensor:
+    """The ``size`` most frequent token ids of ``data``: a draft vocabulary for
+    :meth:`~deepinfer_spec.DSparkDrafter.restrict_vocab`.
+
+    ``always`` ids (end-of-turn and other special tokens a corpus may rarely show) come first;
+    the rest follow by descending count, ties by ascending id. Fewer than ``size`` ids are
+    returned only when ``vocab_size`` is smaller.
+    """
+    if not isinstance(size, int) or size < 1:
+        raise ValueError(f"size: expected a positive int, got {size!r}")
+    counts = torch.zeros(vocab_size, dtype=torch.int64)
+    for seq in data:
+        ids = torch.as_tensor(seq, dtype=torch.int64).reshape(-1)
+        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= vocab_size):
+            raise ValueError(f"data: token ids must lie in [0, {vocab_size})")
+        counts += torch.bincount(ids, minlength=vocab_size)
+    first = list(dict.fromkeys(int(t) for t in always))
+    if any(not 0 <= t < vocab_size for t in first):
+        raise ValueError(f"always: token ids must lie in [0, {vocab_size})")
+    # Stable sort on -count keeps ascending ids among equal counts.
+    order = torch.sort(-counts, stable=True).indices.tolist()
+    chosen = set(first)
+    rest = [t for t in order if t not in chosen]
+    return torch.tensor((first + rest)[: min(size, vocab_size)], dtype=torch.int64)

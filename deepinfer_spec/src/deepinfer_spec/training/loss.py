@@ -12,6 +12,10 @@ The target's next-token distribution at position ``n + k - 1`` is ``p_t,k``. Per
 
 ``loss = sum_k w_k (0.1 CE_k + 0.9 TV_k + 1.0 BCE_k) / sum_k w_k`` with
 ``w_k = exp(-(k-1)/G)``, averaged over blocks.
+
+With a draft vocabulary ``S`` (``DSparkConfig.draft_vocab_size``) ``p_d,k`` is 0 outside ``S``,
+so ``TV_k = 0.5 * (sum_{s in S} |p_d,k(s) - p_t,k(s)| + p_t,k(not S))`` exactly, and ``CE_k``
+is 0 where ``x_{n+k}`` lies outside ``S`` (it would be infinite: no draft can match it).
 """
 
 from __future__ import annotations
@@ -108,8 +112,21 @@ def dspark_loss(
     logits, conf_logit = drafter.teacher_forced(hidden, tokens[:, :-1])
     log_pd = F.log_softmax(logits.float(), dim=-1)
     p_t = F.softmax(target_out.logits.detach()[rows[:, None], block[:, :-1]].float(), dim=-1)
-    ce = -log_pd.gather(-1, tokens[:, 1:, None]).squeeze(-1)
-    tv = 0.5 * (log_pd.exp() - p_t).abs().sum(-1)
+    labels = tokens[:, 1:]
+    draft_ids = drafter.draft_vocab_ids
+    if draft_ids is None:
+        ce = -log_pd.gather(-1, labels[..., None]).squeeze(-1)
+        tv = 0.5 * (log_pd.exp() - p_t).abs().sum(-1)
+    else:
+        index = torch.full((drafter.vocab_size,), -1, dtype=torch.int64, device=dev)
+        index[draft_ids] = torch.arange(draft_ids.numel(), device=dev)
+        label_index = index[labels]
+        drafted = label_index >= 0
+        ce = -log_pd.gather(-1, label_index.clamp(min=0)[..., None]).squeeze(-1)
+        ce = torch.where(drafted, ce, torch.zeros_like(ce))
+        p_t_draft = p_t[..., draft_ids]
+        outside = (1.0 - p_t_draft.sum(-1)).clamp(min=0.0)
+        tv = 0.5 * ((log_pd.exp() - p_t_draft).abs().sum(-1) + outside)
     soft_label = (1.0 - tv).detach().clamp(0.0, 1.0)
     bce = F.binary_cross_entropy_with_logits(conf_logit.float(), soft_label, reduction="none")
     w = position_weights(gamma, dev)

@@ -31,6 +31,9 @@ class TrainConfig:
 
     ``steps`` is the total step count, also when resuming. ``out_dir`` receives a checkpoint
     every ``checkpoint_every`` steps and at the end (``None``: no checkpoints).
+    ``standardize_features``: a fresh drafter (built from a config) fits its feature
+    standardisation (:meth:`DSparkDrafter.fit_feature_stats`) on the first batch; a drafter
+    passed in or resumed keeps its own.
     """
 
     steps: int = 1000
@@ -46,6 +49,7 @@ class TrainConfig:
     checkpoint_every: int = 0
     out_dir: str | None = None
     init_from_target_layers: tuple[int, ...] | None = None
+    standardize_features: bool = True
     progress: bool = True
     device: str = "cpu"
     loss_weights: LossWeights = field(default_factory=LossWeights)
@@ -117,6 +121,7 @@ def train_drafter(
     gamma = drafter.config.gamma
     layer_ids = list(drafter.config.target_layer_ids)
     stream = batches(data, train.batch_size, train.max_seq_len, gamma + 1, drafter.vocab_size)
+    fit_stats = config is not None and train.standardize_features
     bar = _progress(train, step)
     window: list[dict[str, float]] = []
     for ids, lengths in stream:
@@ -125,6 +130,9 @@ def train_drafter(
         ids = ids.to(device)
         with torch.no_grad():
             target_out = target.score(ids, layer_ids)
+        if fit_stats:
+            drafter.fit_feature_stats(_ordinary_positions(target_out.features, lengths))
+            fit_stats = False
         rows, anchors = sample_anchors(lengths, gamma, train.anchors_per_sequence, gen)
         terms = dspark_loss(drafter, ids, target_out, rows, anchors, train.loss_weights)
         for group in opt.param_groups:
@@ -160,6 +168,13 @@ def train_drafter(
         _checkpoint(train, drafter, opt, step, history)
     drafter.eval()
     return TrainResult(drafter=drafter, step=step, history=history)
+
+
+def _ordinary_positions(features: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """Feature rows of positions ``1 .. len_b - 1`` (the first position is an attention sink)."""
+    keep = torch.arange(features.shape[1], device=features.device)[None, :]
+    mask = (keep >= 1) & (keep < lengths.to(features.device)[:, None])
+    return features[mask]
 
 
 def _checkpoint(
