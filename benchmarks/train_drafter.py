@@ -197,6 +197,9 @@ def main() -> None:
     p.add_argument("--ce-weight", type=float, default=0.1, help="loss weight of CE on the data")
     p.add_argument("--tv-weight", type=float, default=0.9, help="loss weight of TV to the target")
     p.add_argument("--bce-weight", type=float, default=1.0, help="confidence-head BCE weight")
+    p.add_argument(
+        "--distill-weight", type=float, default=0.0, help="soft-label CE to the target's p_t"
+    )
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--eval-prompts", type=int, default=4)
     p.add_argument("--eval-tokens", type=int, default=32)
@@ -287,7 +290,12 @@ def main() -> None:
             None if resume or args.init_from or args.init_layer is None else (args.init_layer,)
         ),
         progress=True,
-        loss_weights=LossWeights(ce=args.ce_weight, tv=args.tv_weight, bce=args.bce_weight),
+        loss_weights=LossWeights(
+            ce=args.ce_weight,
+            tv=args.tv_weight,
+            bce=args.bce_weight,
+            distill=args.distill_weight,
+        ),
     )
     t0 = time.monotonic()
     start = None

@@ -89,6 +89,19 @@ class RecordingSpeculator(DSparkSpeculator):
         return out
 
 
+class DraftCollector(DSparkSpeculator):
+    """Keeps every token it sent to verification."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.drafted: list[int] = []
+
+    def _propose(self, drafting):
+        out = super()._propose(drafting)
+        self.drafted.extend(t for w in drafting for t in w.drafts)
+        return out
+
+
 def spec_engine(model, drafter, scheduler=None, cls=DSparkSpeculator) -> LLMEngine:
     spec = cls(drafter, scheduler or PrefixScheduler(SPSCurve.flat()), max_seqs=CFG.max_num_seqs)
     return LLMEngine(model, None, CFG, speculator=spec)
@@ -113,6 +126,20 @@ def test_greedy_spec_equals_plain_greedy(model, greedy_reference) -> None:
     assert 0 < accepted < verified
     assert steps < sum(len(t) for t in expected)
     assert engine.speculator.stats.mean_accepted_length > 1.5
+
+
+def test_a_drafter_with_a_draft_vocabulary_stays_exact(model, greedy_reference) -> None:
+    reqs, expected = greedy_reference
+    used = sorted({t for out in expected for t in out})
+    shortlist = used[: len(used) * 3 // 4]  # a quarter of the emitted tokens can never be drafted
+    drafter = oracle_drafter(model, expected).restrict_vocab(shortlist)
+    engine = spec_engine(model, drafter, cls=DraftCollector)
+    outs = run(engine, reqs)
+    assert [o.token_ids for o in outs] == expected
+    drafted = engine.speculator.drafted
+    assert drafted and set(drafted) <= set(shortlist)
+    assert sum(o.metrics.num_accepted_drafts for o in outs) > 0
+    assert any(t not in shortlist for out in expected for t in out)  # off-list tokens emitted
 
 
 def test_untrained_drafter_is_still_lossless(model, greedy_reference) -> None:

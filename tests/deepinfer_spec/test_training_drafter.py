@@ -59,6 +59,33 @@ def test_loss_matches_its_definition_on_one_block(tiny_model: TinyTarget) -> Non
     assert all(p.grad is None for p in tiny_model.parameters())
 
 
+@pytest.mark.parametrize("shortlist", [None, [3, 9, 0, 17, 30, 12, 5, 21]])
+def test_distill_term_is_the_soft_label_cross_entropy(
+    tiny_model: TinyTarget, shortlist: list[int] | None
+) -> None:
+    target = RecomputeTarget(tiny_model)
+    d = make_drafter(target)
+    if shortlist is not None:
+        d = d.restrict_vocab(shortlist)
+    ids = torch.randint(0, 32, (1, 14), generator=torch.Generator().manual_seed(2))
+    out = tiny_model.score(ids, [0, 1])
+    only = LossWeights(ce=0.0, tv=0.0, bce=0.0, distill=1.0)
+    terms = dspark_loss(d, ids, out, torch.tensor([0]), torch.tensor([9]), only)
+    h = d.backbone(ids[:, 9], d.project_context(out.features[:, 1:9]), torch.ones(1, 8).bool())
+    log_pd = torch.log_softmax(d.teacher_forced(h, ids[:, 9:13])[0][0], -1)
+    p_t = torch.softmax(out.logits[0, 9:13], -1)
+    if shortlist is not None:
+        p_t = p_t[:, shortlist]
+    w = torch.exp(-torch.arange(4.0) / 4)
+    expect = (-(p_t * log_pd).sum(-1) * w).sum() / w.sum()
+    torch.testing.assert_close(terms.total, expect, rtol=1e-5, atol=1e-6)
+    assert math.isclose(terms.distill, float(expect.detach()), rel_tol=1e-5)
+    # Off by default (the paper's recipe): the default total does not include it.
+    default = dspark_loss(d, ids, out, torch.tensor([0]), torch.tensor([9]))
+    recomputed = 0.1 * default.ce + 0.9 * default.tv + 1.0 * default.bce
+    assert math.isclose(float(default.total.detach()), recomputed, rel_tol=1e-5)
+
+
 def test_anchor_sampling_respects_lengths() -> None:
     gen = torch.Generator().manual_seed(0)
     rows, anchors = sample_anchors(torch.tensor([10, 3, 6]), 4, 50, gen)

@@ -32,12 +32,18 @@ from deepinfer_spec.drafter import DSparkDrafter
 
 @dataclass(frozen=True)
 class LossWeights:
+    """Coefficients of the loss terms. ``distill`` (0 in the paper's recipe) weights the
+    soft-label cross-entropy ``-sum_s p_t,k(s) log p_d,k(s)`` (KL to the target up to a
+    constant): like CE its gradient stays large while the drafter is far from the target, but
+    it pulls toward the target's distribution rather than toward the data token."""
+
     ce: float = 0.1
     tv: float = 0.9
     bce: float = 1.0
+    distill: float = 0.0
 
     def __post_init__(self) -> None:
-        for name in ("ce", "tv", "bce"):
+        for name in ("ce", "tv", "bce", "distill"):
             value = getattr(self, name)
             if not math.isfinite(value) or value < 0:
                 raise ValueError(f"{name}: expected a finite weight >= 0, got {value}")
@@ -56,6 +62,7 @@ class LossTerms:
     tv: float
     bce: float
     acceptance: float
+    distill: float = 0.0
 
 
 def position_weights(gamma: int, device: torch.device | None = None) -> torch.Tensor:
@@ -117,6 +124,7 @@ def dspark_loss(
     if draft_ids is None:
         ce = -log_pd.gather(-1, labels[..., None]).squeeze(-1)
         tv = 0.5 * (log_pd.exp() - p_t).abs().sum(-1)
+        distill = -(p_t * log_pd).sum(-1)
     else:
         index = torch.full((drafter.vocab_size,), -1, dtype=torch.int64, device=dev)
         index[draft_ids] = torch.arange(draft_ids.numel(), device=dev)
@@ -127,10 +135,13 @@ def dspark_loss(
         p_t_draft = p_t[..., draft_ids]
         outside = (1.0 - p_t_draft.sum(-1)).clamp(min=0.0)
         tv = 0.5 * ((log_pd.exp() - p_t_draft).abs().sum(-1) + outside)
+        distill = -(p_t_draft * log_pd).sum(-1)
     soft_label = (1.0 - tv).detach().clamp(0.0, 1.0)
     bce = F.binary_cross_entropy_with_logits(conf_logit.float(), soft_label, reduction="none")
     w = position_weights(gamma, dev)
     per_pos = weights.ce * ce + weights.tv * tv + weights.bce * bce
+    if weights.distill:
+        per_pos = per_pos + weights.distill * distill
     total = (per_pos * w).sum(-1).mean() / w.sum()
 
     def wmean(x: torch.Tensor) -> float:
@@ -142,4 +153,5 @@ def dspark_loss(
         tv=wmean(tv),
         bce=wmean(bce),
         acceptance=float(soft_label.mean().item()),
+        distill=wmean(distill),
     )

@@ -97,7 +97,7 @@ def train_drafter(
     training it) or ``resume_from`` (a checkpoint directory written by a previous run: weights,
     optimizer moments and step are restored; the data stream restarts from its beginning).
     Returns the drafter, the step reached and the logged history (``step``, ``loss``, ``ce``,
-    ``tv``, ``bce``, ``acceptance``).
+    ``tv``, ``bce``, ``distill``, ``acceptance``).
     """
     if sum(x is not None for x in (config, drafter, resume_from)) != 1:
         raise ValueError("give exactly one of config, drafter, resume_from")
@@ -148,6 +148,7 @@ def train_drafter(
                 "ce": terms.ce,
                 "tv": terms.tv,
                 "bce": terms.bce,
+                "distill": terms.distill,
                 "acceptance": terms.acceptance,
             }
         )
