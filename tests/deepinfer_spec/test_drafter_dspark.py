@@ -214,3 +214,24 @@ def test_fit_feature_stats_rejects_bad_samples(
     with pytest.raises(ValueError, match=match):
         d.fit_feature_stats(features)
     assert torch.equal(d.feature_scale, torch.ones(64))
+
+
+@pytest.mark.parametrize("width", [1, 5, 8])
+def test_cached_rope_tables_give_the_recomputed_rotation(
+    target: RecomputeTarget, width: int
+) -> None:
+    d = make_drafter(target, num_layers=2)
+    g = torch.Generator().manual_seed(width)
+    anchors = torch.randint(0, 32, (3,), generator=g)
+    context = torch.randn(3, width, 32, generator=g)
+    valid = torch.rand(3, width, generator=g) > 0.3
+    got = d.backbone(anchors, context, valid)
+    # The same layers with the rotation recomputed from the positions (rope=None).
+    gamma = d.config.gamma
+    x = torch.cat((d.target.embed(anchors)[:, None], d.mask_embed[None].expand(3, -1, -1)), 1)
+    q_pos = torch.arange(gamma)
+    k_pos = torch.cat((torch.arange(-width, 0), q_pos))
+    mask = torch.cat((valid, torch.ones(3, gamma, dtype=torch.bool)), 1)[:, None, None, :]
+    for layer in d.layers:
+        x = layer(x, context, mask, q_pos, k_pos)
+    torch.testing.assert_close(got, x, rtol=0, atol=0)

@@ -17,7 +17,7 @@ from torch import nn
 
 from deepinfer_spec.adapter import ScoringTarget, SupportsLayerWeights, SupportsLmHeadRows
 from deepinfer_spec.config import DSparkConfig
-from deepinfer_spec.layers import DraftLayer, RMSNorm
+from deepinfer_spec.layers import DraftLayer, RMSNorm, rope_tables
 
 
 class DSparkDrafter(nn.Module):
@@ -32,6 +32,8 @@ class DSparkDrafter(nn.Module):
 
     feature_shift: torch.Tensor
     feature_scale: torch.Tensor
+    rope_cos: torch.Tensor
+    rope_sin: torch.Tensor
 
     def __init__(self, config: DSparkConfig, target: ScoringTarget) -> None:
         super().__init__()
@@ -77,6 +79,12 @@ class DSparkDrafter(nn.Module):
             )
             for _ in range(config.num_layers)
         )
+        # RoPE tables of every relative position the backbone can see (context -window..-1,
+        # block 0..gamma-1): the positions never change, so they are computed once.
+        rope_pos = torch.arange(-config.window, config.gamma)
+        cos, sin = rope_tables(rope_pos, hidden // config.num_heads, config.rope_theta)
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
         self.markov_in = nn.Embedding(vocab, rank)  # W1
         nn.init.normal_(self.markov_in.weight, std=rank**-0.5)
         self.markov_out = nn.Linear(rank, draft_size, bias=False)  # W2, one row per draftable id
@@ -171,8 +179,14 @@ class DSparkDrafter(nn.Module):
         )
         mask = keys_valid[:, None, None, :]
         context = context.to(dtype)
+        # Rows of the tables for positions -width .. gamma-1; the block's are the last gamma.
+        k_cos, k_sin = (
+            self.rope_cos[-(width + gamma) :].float(),
+            self.rope_sin[-(width + gamma) :].float(),
+        )
+        rope = (k_cos[width:], k_sin[width:], k_cos, k_sin)
         for layer in self.layers:
-            x = layer(x, context, mask, q_pos, k_pos)
+            x = layer(x, context, mask, q_pos, k_pos, rope)
         return x
 
     @property
