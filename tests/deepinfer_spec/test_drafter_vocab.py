@@ -156,3 +156,12 @@ def test_frequent_tokens_ranks_by_count_with_forced_ids_first() -> None:
         frequent_tokens([[12]], 10, 3)
     with pytest.raises(ValueError, match="always"):
         frequent_tokens(data, 10, 3, always=[10])
+
+
+def test_a_drafter_restricted_under_inference_mode_still_drafts(target: RecomputeTarget) -> None:
+    full = make_drafter(target)
+    anchors, context, valid = _inputs(2, 8, 5)
+    with torch.inference_mode():  # its draft_vocab buffer is then an inference tensor
+        short = full.restrict_vocab(SHORTLIST)
+        d = propose(short, anchors, context, valid, temperature=0)
+    assert set(d.token_ids.flatten().tolist()) <= set(SHORTLIST)

@@ -211,7 +211,8 @@ class DSparkDrafter(nn.Module):
     def _restricted_head(self, ids: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
         # Built once per draft vocabulary (and device): a target can pre-slice its head rows,
         # which is the whole saving. The key changes when a checkpoint is loaded into ``ids``.
-        key = (ids.device, ids.data_ptr(), ids._version)
+        # (Inference tensors have no version counter and cannot be modified in place.)
+        key = (ids.device, ids.data_ptr(), 0 if ids.is_inference() else ids._version)
         cached = self.__dict__.get("_head_cache")
         if cached is not None and cached[0] == key:
             return cast(Callable[[torch.Tensor], torch.Tensor], cached[1])

@@ -98,8 +98,8 @@ class DraftLayer(nn.Module):
         """``x [B, G, H]``, ``context [B, W, H]``, ``attn_mask [B, 1, G, W + G]`` (True = attend).
 
         ``rope``: the :func:`rope_tables` of ``q_pos`` and ``k_pos`` (``cos_q, sin_q, cos_k,
-        sin_k``), when the caller has them already; ``cos``/``sin`` of large angles cost ~50 ns
-        an element on a CPU, a millisecond per drafter step if recomputed for every key.
+        sin_k``), when the caller has them already: recomputing ``cos``/``sin`` for every key
+        cost the SmolLM2 drafter 0.6 of its 8.5 ms per greedy proposal on the 2-core CPU.
         """
         b, g, _ = x.shape
         h = self.input_layernorm(x)
