@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from deepinfer.model import KVPool, load_model
+from deepinfer.model import KVPool, LoadedModel, load_model
 from deepinfer.model.spec_adapter import LlamaTargetAdapter
 from deepinfer_spec import DSparkConfig
 from deepinfer_spec.training import (
@@ -165,10 +165,9 @@ def draft_vocabulary(tokenizer: object, size: int) -> torch.Tensor:
     )
 
 
-def export(work_dir: Path, out_dir: Path, draft_vocab: int | None) -> None:
+def export(loaded: LoadedModel, work_dir: Path, out_dir: Path, draft_vocab: int | None) -> None:
     """Write the drafter into ``out_dir``: weights in bf16 (the feature statistics stay fp32),
     restricted to a ``draft_vocab``-token shortlist when given, plus config and STS files."""
-    loaded = load_model()
     target = LlamaTargetAdapter(loaded.model, KVPool.for_model(loaded.config, num_blocks=8))
     drafter = load_drafter(work_dir, target)
     if draft_vocab is not None:
@@ -239,7 +238,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     if args.export_only:
-        export(args.work_dir, EXPORT_DIR, args.draft_vocab)
+        export(load_model(), args.work_dir, EXPORT_DIR, args.draft_vocab)
         return
 
     loaded = load_model()
@@ -340,7 +339,7 @@ def main() -> None:
         json.dumps({"step": result.step, "eval": metrics}, indent=1)
     )
     if args.export:
-        export(args.work_dir, EXPORT_DIR, args.draft_vocab)
+        export(loaded, args.work_dir, EXPORT_DIR, args.draft_vocab)
 
 
 if __name__ == "__main__":

@@ -1,8 +1,9 @@
 """What the prefill and decode worker processes share: start-up and the serve loop.
 
 A worker is started with the ``spawn`` context and receives only its end of a pipe and a
-:class:`WorkerSettings` as a JSON string; it loads the model (and any drafter) itself, answers ``ready`` (or ``fatal``), then
-alternates between reading JSON messages and stepping its own `LLMEngine`.
+:class:`WorkerSettings` as a JSON string; it loads the model (and any drafter) itself, answers
+``ready`` (or ``fatal``), then alternates between reading JSON messages and stepping its own
+`LLMEngine`.
 """
 
 from __future__ import annotations

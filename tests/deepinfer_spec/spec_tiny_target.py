@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from deepinfer_spec import RecomputeTarget, TargetOutput
-from deepinfer_spec.layers import DraftLayer, RMSNorm
+from deepinfer_spec.layers import DraftLayer, RMSNorm, RopeTables
 
 
 class _Layer(DraftLayer):
@@ -24,7 +24,7 @@ class _Layer(DraftLayer):
         pos = torch.arange(t, device=x.device)
         mask = torch.tril(torch.ones(t, t, dtype=torch.bool, device=x.device))[None, None]
         empty = x.new_zeros(x.shape[0], 0, x.shape[2])
-        return self(x, empty, mask, pos, pos)
+        return self(x, empty, mask, RopeTables.at(pos, pos, self.head_dim, self.theta))
 
 
 class TinyTarget(nn.Module):

@@ -9,6 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from deepinfer_spec import DSparkConfig, DSparkDrafter, RecomputeTarget, propose
+from deepinfer_spec.layers import RopeTables
 
 
 @pytest.mark.parametrize(
@@ -226,12 +227,13 @@ def test_cached_rope_tables_give_the_recomputed_rotation(
     context = torch.randn(3, width, 32, generator=g)
     valid = torch.rand(3, width, generator=g) > 0.3
     got = d.backbone(anchors, context, valid)
-    # The same layers with the rotation recomputed from the positions (rope=None).
+    # The same layers with the rotation recomputed from the positions.
     gamma = d.config.gamma
     x = torch.cat((d.target.embed(anchors)[:, None], d.mask_embed[None].expand(3, -1, -1)), 1)
     q_pos = torch.arange(gamma)
     k_pos = torch.cat((torch.arange(-width, 0), q_pos))
     mask = torch.cat((valid, torch.ones(3, gamma, dtype=torch.bool)), 1)[:, None, None, :]
+    rope = RopeTables.at(q_pos, k_pos, d.layers[0].head_dim, d.config.rope_theta)
     for layer in d.layers:
-        x = layer(x, context, mask, q_pos, k_pos)
+        x = layer(x, context, mask, rope)
     torch.testing.assert_close(got, x, rtol=0, atol=0)

@@ -17,7 +17,7 @@ from torch import nn
 
 from deepinfer_spec.adapter import ScoringTarget, SupportsLayerWeights, SupportsLmHeadRows
 from deepinfer_spec.config import DSparkConfig
-from deepinfer_spec.layers import DraftLayer, RMSNorm, rope_tables
+from deepinfer_spec.layers import DraftLayer, RMSNorm, RopeTables, rope_tables
 
 
 class DSparkDrafter(nn.Module):
@@ -172,33 +172,37 @@ class DSparkDrafter(nn.Module):
         anchor = self.target.embed(anchor_ids).to(dtype)[:, None, :]
         x = torch.cat((anchor, self.mask_embed[None].expand(batch, -1, -1)), dim=1)
         dev = x.device
-        q_pos = torch.arange(gamma, device=dev)
-        k_pos = torch.cat((torch.arange(-width, 0, device=dev), q_pos))
         keys_valid = torch.cat(
             (context_valid, torch.ones(batch, gamma, dtype=torch.bool, device=dev)), 1
         )
         mask = keys_valid[:, None, None, :]
         context = context.to(dtype)
-        # Rows of the tables for positions -width .. gamma-1; the block's are the last gamma.
-        k_cos, k_sin = (
-            self.rope_cos[-(width + gamma) :].float(),
-            self.rope_sin[-(width + gamma) :].float(),
-        )
-        rope = (k_cos[width:], k_sin[width:], k_cos, k_sin)
+        # Keys are positions -width .. gamma-1 (the tables' last rows); queries the last gamma.
+        k_cos, k_sin = self.rope_cos[-(width + gamma) :], self.rope_sin[-(width + gamma) :]
+        rope = RopeTables(k_cos[width:], k_sin[width:], k_cos, k_sin)
         for layer in self.layers:
-            x = layer(x, context, mask, q_pos, k_pos, rope)
+            x = layer(x, context, mask, rope)
         return x
 
     @property
     def draft_vocab_ids(self) -> torch.Tensor | None:
         """Token ids the drafter can propose, in draft-index order; ``None`` for all of them."""
-        ids = self._buffers.get("draft_vocab")
-        return ids
+        return self._buffers.get("draft_vocab")
 
     def draft_token_ids(self, index: torch.Tensor) -> torch.Tensor:
         """Token ids of draft-vocabulary indices (the identity without a draft vocabulary)."""
         ids = self.draft_vocab_ids
         return index if ids is None else ids[index]
+
+    def draft_index(self, token_ids: torch.Tensor) -> torch.Tensor:
+        """The inverse of :meth:`draft_token_ids`: each id's draft-vocabulary index, -1 for ids
+        the drafter cannot propose (the identity without a draft vocabulary)."""
+        ids = self.draft_vocab_ids
+        if ids is None:
+            return token_ids
+        index = torch.full((self.vocab_size,), -1, dtype=torch.int64, device=ids.device)
+        index[ids] = torch.arange(ids.numel(), device=ids.device)
+        return index[token_ids.to(ids.device)]
 
     def base_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """``U = lm_head(h)`` through the target's frozen head: ``[..., draft_vocab_size]``,
@@ -244,15 +248,9 @@ class DSparkDrafter(nn.Module):
             raise ValueError(f"token_ids: expected ids in [0, {self.vocab_size})")
         if len(set(ids.tolist())) != ids.numel():
             raise ValueError("token_ids: duplicates are not allowed")
-        current = self.draft_vocab_ids
-        if current is None:
-            rows = ids
-        else:
-            position = torch.full((self.vocab_size,), -1, dtype=torch.int64)
-            position[current.cpu()] = torch.arange(current.numel())
-            rows = position[ids]
-            if bool((rows < 0).any()):
-                raise ValueError("token_ids: contains ids outside the current draft vocabulary")
+        rows = self.draft_index(ids)
+        if bool((rows < 0).any()):
+            raise ValueError("token_ids: contains ids outside the current draft vocabulary")
         config = dataclasses.replace(self.config, draft_vocab_size=int(ids.numel()))
         weight = self.markov_out.weight
         out = DSparkDrafter(config, self.target).to(device=weight.device, dtype=weight.dtype)

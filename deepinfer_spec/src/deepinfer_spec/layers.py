@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -41,13 +43,24 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
 
 
-def rotary(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
-    """Rotate pairs ``(x_i, x_{i+d/2})`` of ``x [B, heads, T, d]`` by ``positions[t] * theta^(-2i/d)``.
+class RopeTables(NamedTuple):
+    """:func:`rope_tables` of a layer's query and key positions."""
 
-    Attention scores then depend on positions only through their difference, so the drafter can
-    number positions relative to the anchor and be independent of the absolute sequence length.
-    """
-    return apply_rotary(x, *rope_tables(positions, x.shape[-1], theta))
+    q_cos: torch.Tensor
+    q_sin: torch.Tensor
+    k_cos: torch.Tensor
+    k_sin: torch.Tensor
+
+    @classmethod
+    def at(
+        cls, q_pos: torch.Tensor, k_pos: torch.Tensor, head_dim: int, theta: float
+    ) -> RopeTables:
+        """Tables for query positions ``q_pos`` and key positions ``k_pos``.
+
+        Attention scores then depend on positions only through their difference, so the drafter
+        can number positions relative to the anchor and be independent of the sequence length.
+        """
+        return cls(*rope_tables(q_pos, head_dim, theta), *rope_tables(k_pos, head_dim, theta))
 
 
 class DraftLayer(nn.Module):
@@ -91,15 +104,14 @@ class DraftLayer(nn.Module):
         x: torch.Tensor,
         context: torch.Tensor,
         attn_mask: torch.Tensor,
-        q_pos: torch.Tensor,
-        k_pos: torch.Tensor,
-        rope: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+        rope: RopeTables,
     ) -> torch.Tensor:
         """``x [B, G, H]``, ``context [B, W, H]``, ``attn_mask [B, 1, G, W + G]`` (True = attend).
 
-        ``rope``: the :func:`rope_tables` of ``q_pos`` and ``k_pos`` (``cos_q, sin_q, cos_k,
-        sin_k``), when the caller has them already: recomputing ``cos``/``sin`` for every key
-        cost the SmolLM2 drafter 0.6 of its 8.5 ms per greedy proposal on the 2-core CPU.
+        ``rope``: the rotation of the ``G`` queries and ``W + G`` keys. The caller builds it once
+        for all layers (the drafter keeps it for every relative position): recomputing
+        ``cos``/``sin`` for every key cost the SmolLM2 drafter 0.6 of its 8.5 ms per greedy
+        proposal on the 2-core CPU.
         """
         b, g, _ = x.shape
         h = self.input_layernorm(x)
@@ -107,10 +119,7 @@ class DraftLayer(nn.Module):
         q = self.q_proj(h).view(b, g, self.num_heads, self.head_dim).transpose(1, 2)
         k = self.k_proj(kv_in).view(b, -1, self.num_kv_heads, self.head_dim).transpose(1, 2)
         v = self.v_proj(kv_in).view(b, -1, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        if rope is None:
-            q, k = rotary(q, q_pos, self.theta), rotary(k, k_pos, self.theta)
-        else:
-            q, k = apply_rotary(q, rope[0], rope[1]), apply_rotary(k, rope[2], rope[3])
+        q, k = apply_rotary(q, rope.q_cos, rope.q_sin), apply_rotary(k, rope.k_cos, rope.k_sin)
         if self.num_kv_heads != self.num_heads:
             rep = self.num_heads // self.num_kv_heads
             k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)

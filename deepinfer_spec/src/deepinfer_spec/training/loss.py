@@ -126,9 +126,7 @@ def dspark_loss(
         tv = 0.5 * (log_pd.exp() - p_t).abs().sum(-1)
         distill = -(p_t * log_pd).sum(-1)
     else:
-        index = torch.full((drafter.vocab_size,), -1, dtype=torch.int64, device=dev)
-        index[draft_ids] = torch.arange(draft_ids.numel(), device=dev)
-        label_index = index[labels]
+        label_index = drafter.draft_index(labels)
         drafted = label_index >= 0
         ce = -log_pd.gather(-1, label_index.clamp(min=0)[..., None]).squeeze(-1)
         ce = torch.where(drafted, ce, torch.zeros_like(ce))
