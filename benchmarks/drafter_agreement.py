@@ -7,14 +7,21 @@ anchor ``n`` from 130 on, the drafter sees the target's features
 before ``n`` and the true tokens ``x_n .. x_{n+G-1}``, and its argmax at block position ``k`` is
 compared with the target's argmax after ``x_{n+k-1}``. Then (``--minutes > 0``) the same drafter
 trains for that long on the stdlib corpus with the given loss weights, and the probe runs again.
+``--distill FILE`` also probes the held-out responses of a ``distill_corpus.py`` file: the text
+the target itself writes, which is what the drafter meets in the engine.
+
+A drafter with a draft vocabulary predicts draft indices; they are mapped to token ids before
+the comparison (before session 7 they were not, and a restricted drafter scored ~0).
 
     .venv/bin/python benchmarks/drafter_agreement.py --minutes 4 --ce-weight 1.0
     .venv/bin/python benchmarks/drafter_agreement.py --minutes 4 --ce-weight 0.1
+    .venv/bin/python benchmarks/drafter_agreement.py --minutes 0 --distill /tmp/distill.jsonl
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import sysconfig
 import time
@@ -33,24 +40,56 @@ from deepinfer_spec.training.loss import LossWeights
 
 
 @torch.no_grad()
-def agreement(drafter: DSparkDrafter, target: LlamaTargetAdapter, ids: torch.Tensor) -> list[float]:
-    """Per block position, the fraction of anchors where the drafter's argmax is the target's."""
+def agreement_hits(
+    drafter: DSparkDrafter, target: LlamaTargetAdapter, ids: torch.Tensor, first: int, stride: int
+) -> tuple[list[int], int]:
+    """Per block position, how many anchors ``first, first + stride, ...`` of ``ids [1, T]`` have
+    the drafter's argmax equal to the target's; and the number of anchors."""
     cfg = drafter.config
     drafter.eval()
     out = target.score(ids, list(cfg.target_layer_ids))
     context = drafter.project_context(out.features)
     want = out.logits[0].argmax(-1)  # want[t]: the target's prediction after token t
     hits, anchors = [0] * cfg.gamma, 0
-    for n in range(130, ids.shape[1] - cfg.gamma - 1, 2):
+    for n in range(max(1, first), ids.shape[1] - cfg.gamma - 1, stride):
         width = min(cfg.window, n)
         valid = torch.ones(1, width, dtype=torch.bool)
         hidden = drafter.backbone(ids[:, n], context[:, n - width : n], valid)
         logits, _ = drafter.teacher_forced(hidden, ids[:, n : n + cfg.gamma])
-        got = logits[0].argmax(-1)
+        got = drafter.draft_token_ids(logits[0].argmax(-1))
         for k in range(cfg.gamma):
             hits[k] += int(got[k] == want[n + k])
         anchors += 1
+    return hits, anchors
+
+
+def agreement(drafter: DSparkDrafter, target: LlamaTargetAdapter, ids: torch.Tensor) -> list[float]:
+    """Per block position, the fraction of anchors from 130 on (every second) where the
+    drafter's argmax is the target's."""
+    hits, anchors = agreement_hits(drafter, target, ids, 130, 2)
     return [h / max(1, anchors) for h in hits]
+
+
+def distill_agreement(
+    drafter: DSparkDrafter, target: LlamaTargetAdapter, path: Path, limit: int
+) -> dict[str, list[float]]:
+    """:func:`agreement` on the responses of up to ``limit`` held-out records of a
+    ``distill_corpus.py`` file (every anchor inside the response), per record kind."""
+    totals: dict[str, tuple[list[int], int]] = {}
+    for lineno, line in enumerate(path.read_text().splitlines()):
+        if lineno % 20 != 19:  # train_drafter.distill_chunks trains on the others
+            continue
+        item = json.loads(line)
+        ids, start = item["input_ids"], int(item["prompt_len"])
+        if len(ids) - start < 16:
+            continue
+        hits, anchors = agreement_hits(drafter, target, torch.tensor([ids]), start, 1)
+        old_hits, old_anchors = totals.get(item["kind"], ([0] * len(hits), 0))
+        totals[item["kind"]] = ([a + b for a, b in zip(old_hits, hits)], old_anchors + anchors)
+        limit -= 1
+        if limit == 0:
+            break
+    return {kind: [h / max(1, n) for h in hits] for kind, (hits, n) in totals.items()}
 
 
 def main() -> None:
@@ -63,6 +102,13 @@ def main() -> None:
     p.add_argument("--bce-weight", type=float, default=1.0)
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument(
+        "--distill",
+        type=Path,
+        default=None,
+        help="also probe the held-out responses of this distill_corpus.py file",
+    )
+    p.add_argument("--distill-records", type=int, default=40)
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
@@ -74,6 +120,10 @@ def main() -> None:
     ids = torch.tensor([tok.encode(text)[:300]])
     before = agreement(drafter, target, ids)
     print("before:", [round(a, 3) for a in before], flush=True)
+    if args.distill is not None:
+        found = distill_agreement(drafter, target, args.distill, args.distill_records)
+        for kind, values in found.items():
+            print(f"held-out {kind} responses:", [round(a, 3) for a in values], flush=True)
     if args.minutes <= 0:
         return
     deadline = time.monotonic() + args.minutes * 60
