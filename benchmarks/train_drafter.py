@@ -99,6 +99,52 @@ def token_chunks(
         yield pick()
 
 
+def distill_chunks(
+    path: Path, seq_len: int, seed: int, deadline: float, held_out: bool = False
+) -> Iterator[list[int]]:
+    """Windows of the self-distillation records of ``path`` (``distill_corpus.py``'s JSONL),
+    epoch after epoch in a fresh shuffled order, until ``deadline``.
+
+    Each window holds ``seq_len`` tokens ending at a random point of the response, so anchors
+    fall mostly on text the target wrote and the window still carries some prompt to attend to.
+    Every 20th record (by line number) is held out for evaluation (``held_out=True`` yields those,
+    one pass only)."""
+    records = []
+    for lineno, line in enumerate(path.read_text().splitlines()):
+        item = json.loads(line)
+        ids, prompt_len = item["input_ids"], int(item["prompt_len"])
+        if len(ids) - prompt_len >= 8 and (lineno % 20 == 19) == held_out:
+            records.append((ids, prompt_len))
+    if not records:
+        raise ValueError(f"{path}: no usable records")
+    rng = random.Random(seed)
+    while True:
+        order = list(range(len(records)))
+        if not held_out:
+            rng.shuffle(order)
+        for i in order:
+            if time.monotonic() > deadline:
+                return
+            ids, prompt_len = records[i]
+            end = rng.randint(min(len(ids), prompt_len + seq_len // 2), len(ids))
+            yield ids[max(0, end - seq_len) : end]
+        if held_out:
+            return
+
+
+def mixed(
+    first: Iterator[list[int]], second: Iterator[list[int]], share: float, seed: int
+) -> Iterator[list[int]]:
+    """Items of ``second`` with probability ``share``, else of ``first``; ends with either."""
+    rng = random.Random(seed)
+    while True:
+        source = second if rng.random() < share else first
+        item = next(source, None)
+        if item is None:
+            return
+        yield item
+
+
 class ReusingTarget:
     """The frozen target, remembering its last ``score`` so that a batch repeated ``--reuse``
     times (fresh random anchors each time) costs one target forward: on a CPU the target
@@ -222,6 +268,15 @@ def main() -> None:
     p.add_argument(
         "--distill-weight", type=float, default=0.0, help="soft-label CE to the target's p_t"
     )
+    p.add_argument(
+        "--distill",
+        type=Path,
+        default=None,
+        help="self-distillation JSONL from distill_corpus.py, mixed into the stdlib chunks",
+    )
+    p.add_argument(
+        "--distill-share", type=float, default=0.75, help="fraction of chunks from --distill"
+    )
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--eval-prompts", type=int, default=4)
     p.add_argument("--eval-tokens", type=int, default=32)
@@ -291,13 +346,13 @@ def main() -> None:
     if resume:
         start_step = json.loads((args.work_dir / "trainer_state.json").read_text())["step"]
     deadline = time.monotonic() + args.minutes * 60
-    data = repeat_batches(
-        token_chunks(
-            loaded.tokenizer, corpus_files(held_out=False), args.seq_len, start_step, deadline
-        ),
-        args.batch_size,
-        args.reuse,
+    chunks = token_chunks(
+        loaded.tokenizer, corpus_files(held_out=False), args.seq_len, start_step, deadline
     )
+    if args.distill is not None:
+        own = distill_chunks(args.distill, args.seq_len, start_step, deadline)
+        chunks = mixed(chunks, own, args.distill_share, start_step)
+    data = repeat_batches(chunks, args.batch_size, args.reuse)
     train = TrainConfig(
         steps=args.max_steps,
         batch_size=args.batch_size,
