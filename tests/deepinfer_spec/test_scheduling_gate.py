@@ -102,3 +102,40 @@ def test_break_even_sets_the_threshold_from_costs() -> None:
 def test_break_even_rejects_bad_costs(kwargs: dict[str, float], name: str) -> None:
     with pytest.raises(ValueError, match=name):
         DraftGate.break_even(**kwargs)
+
+
+def test_timed_steps_compare_throughput_instead_of_the_price() -> None:
+    """Accepted drafts above the price, but drafting steps measured slower per token than plain
+    steps: the gate closes; once drafting gets faster per token, it reopens."""
+    gate = DraftGate(min_accepted=0.25, probe_every=3, decay=0.5, warmup_rows=0)
+    gate.record(num_rows=1, num_accepted=1, seconds=0.050)  # 2 tokens in 50 ms: 25 ms/token
+    assert gate.is_open  # no plain step timed yet: the price decides (1 >= 0.25)
+    gate.record_plain(num_rows=1, seconds=0.020)  # 20 ms/token without drafting
+    assert gate.draft_s_per_token == pytest.approx(0.025)
+    assert not gate.is_open
+    assert _steps(gate, 3) == [False, False, True]  # closed: probes as before
+    gate.record(num_rows=2, num_accepted=6, seconds=0.040)  # 5 ms/token: mean 15 ms
+    assert gate.draft_s_per_token == pytest.approx(0.015)
+    assert gate.is_open
+
+
+def test_an_open_timed_gate_keeps_timing_plain_steps() -> None:
+    gate = DraftGate(min_accepted=0.0, probe_every=4, warmup_rows=0)
+    gate.record(num_rows=1, num_accepted=0)
+    assert _steps(gate, 8) == [True] * 8  # untimed: an open gate always drafts
+    gate.record(num_rows=1, num_accepted=3, seconds=0.02)
+    assert _steps(gate, 8) == [True, True, True, False] * 2
+    assert gate.num_skipped == 2
+
+
+def test_timed_records_validate_seconds() -> None:
+    gate = DraftGate()
+    for bad in (0.0, -1.0, float("nan"), float("inf"), "1"):
+        with pytest.raises(ValueError, match="seconds"):
+            gate.record(1, 0, seconds=bad)  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match="seconds"):
+            gate.record_plain(1, bad)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="num_rows"):
+        gate.record_plain(-1, 0.1)
+    gate.record_plain(0, 0.1)  # no rows: nothing to learn
+    assert gate.plain_s_per_token is None

@@ -9,6 +9,12 @@ workload and drafting resumes by itself once drafts are accepted again. Which st
 changes the output distribution: a step that does not draft is a plain decode step.
 :meth:`DraftGate.break_even` sets ``min_accepted`` from measured costs: where the drafter's
 forward is expensive next to a target step (a CPU), drafts must be accepted more often to pay.
+
+A price set in advance misses costs it did not time (verification, bookkeeping), and a drafter
+near its break-even point then drafts at a loss. A caller that times its steps passes
+``seconds`` to :meth:`DraftGate.record` and :meth:`DraftGate.record_plain`: once both kinds of
+step have been timed, the gate compares the measured throughputs, tokens per second while
+drafting against tokens per second without, and ignores ``min_accepted``.
 """
 
 from __future__ import annotations
@@ -54,6 +60,9 @@ class DraftGate:
         self.decay = float(decay)
         self.warmup_rows = warmup_rows
         self.mean_accepted: float | None = None  # None until a drafting row is recorded
+        # Measured seconds per emitted token, drafting and plain steps (None until timed).
+        self.draft_s_per_token: float | None = None
+        self.plain_s_per_token: float | None = None
         self.rows_seen = 0
         self.num_skipped = 0  # steps that did not draft because the gate was closed
         self._since_probe = 0
@@ -107,13 +116,26 @@ class DraftGate:
         """True while every step drafts."""
         if self.rows_seen < self.warmup_rows or self.mean_accepted is None:
             return True
+        if self.draft_s_per_token is not None and self.plain_s_per_token is not None:
+            return self.draft_s_per_token <= self.plain_s_per_token
         return self.mean_accepted >= self.min_accepted
 
     def should_draft(self) -> bool:
-        """Whether this step drafts (call once per step that has rows able to draft)."""
+        """Whether this step drafts (call once per step that has rows able to draft).
+
+        While closed, every ``probe_every``-th step drafts. Once drafting steps are timed, an
+        open gate also leaves every ``probe_every``-th step plain, so that the throughput it
+        compares against stays measured."""
         if self.is_open:
+            if self.draft_s_per_token is None:
+                self._since_probe = 0
+                return True
+            self._since_probe += 1
+            if self._since_probe < self.probe_every:
+                return True
             self._since_probe = 0
-            return True
+            self.num_skipped += 1
+            return False
         self._since_probe += 1
         if self._since_probe >= self.probe_every:
             self._since_probe = 0
@@ -121,18 +143,38 @@ class DraftGate:
         self.num_skipped += 1
         return False
 
-    def record(self, num_rows: int, num_accepted: int) -> None:
+    def record(self, num_rows: int, num_accepted: int, seconds: float | None = None) -> None:
         """Fold in one drafting step: ``num_rows`` rows drafted, ``num_accepted`` drafts were
-        accepted over all of them (bonus tokens excluded)."""
+        accepted over all of them (bonus tokens excluded); ``seconds``, the step's wall time,
+        when the caller times its steps (pass it only for steps of decode rows alone)."""
         if num_rows < 0 or num_accepted < 0:
             raise ValueError(
                 f"num_rows and num_accepted must be >= 0, got {num_rows} and {num_accepted}"
             )
+        _check_seconds(seconds)
         if num_rows == 0:
             return
-        rate = num_accepted / num_rows
-        if self.mean_accepted is None:
-            self.mean_accepted = rate
-        else:
-            self.mean_accepted = self.decay * self.mean_accepted + (1 - self.decay) * rate
+        self.mean_accepted = self._average(self.mean_accepted, num_accepted / num_rows)
         self.rows_seen += num_rows
+        if seconds is not None:
+            per_token = seconds / (num_rows + num_accepted)
+            self.draft_s_per_token = self._average(self.draft_s_per_token, per_token)
+
+    def record_plain(self, num_rows: int, seconds: float) -> None:
+        """Fold in one timed step that did not draft: ``num_rows`` decode rows, one token each,
+        in ``seconds`` (pass only steps of decode rows alone, like :meth:`record`)."""
+        if num_rows < 0:
+            raise ValueError(f"num_rows must be >= 0, got {num_rows}")
+        _check_seconds(seconds)
+        if num_rows:
+            self.plain_s_per_token = self._average(self.plain_s_per_token, seconds / num_rows)
+
+    def _average(self, old: float | None, new: float) -> float:
+        return new if old is None else self.decay * old + (1 - self.decay) * new
+
+
+def _check_seconds(seconds: float | None) -> None:
+    if seconds is None:
+        return
+    if not (isinstance(seconds, (int, float)) and math.isfinite(seconds) and seconds > 0):
+        raise ValueError(f"seconds: expected a finite number > 0, got {seconds!r}")
