@@ -15,9 +15,16 @@ itself. One step is still ONE target forward over the flat ragged batch:
 5. the KV "rollback" lowers ``num_computed`` (stale slots are overwritten next step) and the
    drafter's ring buffer receives the projected features of the anchor and accepted drafts.
 
-Invariant: a tracked sequence's ring count equals its ``num_computed``. Positions the ring never
-saw (a prefix loaded from the cache) are recomputed, at most ``window`` of them, by extending
-the sequence's chunk backwards; K/V of identical tokens at identical positions is rewritten.
+Invariant: a tracked sequence's context count (ring plus pending rows) equals its
+``num_computed``. Positions the ring never saw (a prefix loaded from the cache) are recomputed,
+at most ``window`` of them, by extending the sequence's chunk backwards; K/V of identical tokens
+at identical positions is rewritten.
+
+Context features are projected lazily: a step only keeps the raw target features of its new
+positions, and they are projected into the ring, for all drafting sequences at once, when a
+sequence drafts (or has a window's worth pending). A step that does not draft (the draft gate
+is closed, or the request cannot draft) then costs what a plain decode step costs, and a batch
+of drafting sequences pays one projection, not one per sequence.
 """
 
 from __future__ import annotations
@@ -137,6 +144,9 @@ class DSparkSpeculator:
             max_seqs, self.window, drafter.hidden_size, dtype=weight.dtype, device=weight.device
         )
         self._slots: dict[int, int] = {}
+        # Per slot: positions seen (ring + pending) and raw features not yet projected.
+        self._counts: dict[int, int] = {}
+        self._pending: dict[int, list[torch.Tensor]] = {}
         self._free = list(range(max_seqs - 1, -1, -1))
         self.stats = SpecStats()
 
@@ -152,16 +162,19 @@ class DSparkSpeculator:
         """Forget a finished or preempted sequence (a preempted one re-prefills its state)."""
         slot = self._slots.pop(seq_id, None)
         if slot is not None:
+            self._pending.pop(slot, None)
             self._free.append(slot)
 
     @torch.no_grad()
     def run(self, engine: LLMEngine, chunks: Seq[Chunk]) -> list[RequestOutput]:
         """Run one engine step (prefill chunks and decodes) with speculative decodes."""
+        start = time.perf_counter()
         works = [self._prepare(c) for c in chunks]
         drafting = [w for w in works if w.chunk.max_drafts > 0 and self._in_sync(w)]
+        gated = False
         if drafting and self.gate is not None and not self.gate.should_draft():
             # A step without drafts is a plain decode step; the ring still gets its features.
-            drafting = []
+            drafting, gated = [], True
             self.stats.num_gated_steps += 1
         draft = self._propose(drafting)
         model = engine.model
@@ -184,8 +197,6 @@ class DSparkSpeculator:
         now = time.perf_counter()
         outputs: list[RequestOutput] = []
         plain_ready: list[tuple[_Work, int]] = []
-        if drafting and self.gate is not None:
-            self.gate.record(len(drafting), sum(num for num, _ in accepted.values()))
         for w, off in zip(works, offsets):
             known = w.end - w.base
             if w.draft_row >= 0:
@@ -205,7 +216,28 @@ class DSparkSpeculator:
             sampled = engine.sample_next_tokens([w.seq for w, _ in plain_ready], logits)
             for (w, _), token in zip(plain_ready, sampled):
                 outputs.append(engine.append_tokens(w.seq, [token], now))
+        if self.gate is not None and (drafting or gated):
+            self._inform_gate(works, drafting, accepted, time.perf_counter() - start)
         return outputs
+
+    def _inform_gate(
+        self,
+        works: list[_Work],
+        drafting: list[_Work],
+        accepted: dict[int, tuple[int, list[int]]],
+        seconds: float,
+    ) -> None:
+        """Accepted drafts to the gate, and the step's time when it compares like with like: a
+        step of decode rows only, all drafting (or all gated), no prefill chunk in it."""
+        assert self.gate is not None
+        decode_only = all(w.chunk.length == 1 and w.base == w.chunk.start for w in works)
+        timed = decode_only and len(drafting) in (0, len(works))
+        if not drafting:
+            if timed:
+                self.gate.record_plain(len(works), seconds)
+            return
+        num_accepted = sum(num for num, _ in accepted.values())
+        self.gate.record(len(drafting), num_accepted, seconds if timed else None)
 
     # ------------------------------------------------------------------ steps
     def _prepare(self, chunk: Chunk) -> _Work:
@@ -215,15 +247,17 @@ class DSparkSpeculator:
         slot = self._slot(seq.seq_id)
         if slot is None:
             return _Work(chunk, chunk.start, [])
-        count = int(self.ring.counts(torch.tensor([slot]))[0])
+        count = self._counts[slot]
         if count > chunk.start:  # cannot happen while release() is called on preemption
-            self.ring.reset(torch.tensor([slot]))
+            self._reset(slot)
             count = 0
         base = max(count, chunk.start - self.window)
         if count < base:
             gap = base - count
+            self._flush([slot])
             zeros = torch.zeros(1, gap, self.ring.feature_dim, device=self.device)
             self.ring.append(torch.tensor([slot]), zeros, torch.tensor([gap]))
+            self._counts[slot] += gap
         return _Work(chunk, base, [])
 
     def _in_sync(self, w: _Work) -> bool:
@@ -233,7 +267,9 @@ class DSparkSpeculator:
         """Draft for every sequence in ``drafting`` and schedule how many to verify."""
         if not drafting:
             return None
-        slots = torch.tensor([self._slots[w.seq.seq_id] for w in drafting], device=self.device)
+        slot_ids = [self._slots[w.seq.seq_id] for w in drafting]
+        self._flush(slot_ids)
+        slots = torch.tensor(slot_ids, device=self.device)
         anchors = torch.tensor(
             [w.seq.all_ids[w.chunk.start] for w in drafting], dtype=torch.int64, device=self.device
         )
@@ -328,13 +364,38 @@ class DSparkSpeculator:
             result[w.draft_row] = (int(num_acc[i]), [int(t) for t in out_ids[i][: num_emit[i]]])
 
     def _append_features(self, w: _Work, features: torch.Tensor) -> None:
+        """Queue the raw features of the sequence's new positions (projected by _flush)."""
         slot = self._slots.get(w.seq.seq_id)
-        if slot is None or features.shape[0] == 0:
+        rows = int(features.shape[0])
+        if slot is None or rows == 0:
             return
-        projected = self.drafter.project_context(features.to(self.device))
-        self.ring.append(
-            torch.tensor([slot]), projected[None], torch.tensor([int(features.shape[0])])
-        )
+        pending = self._pending.setdefault(slot, [])
+        pending.append(features)
+        self._counts[slot] += rows
+        # Bounded memory: a sequence that never drafts still flushes every `window` positions.
+        if sum(int(f.shape[0]) for f in pending) >= self.window:
+            self._flush([slot])
+
+    def _flush(self, slots: list[int]) -> None:
+        """Project the pending features of ``slots`` into the ring: one projection, one append."""
+        todo = [(slot, self._pending.pop(slot)) for slot in slots if self._pending.get(slot)]
+        if not todo:
+            return
+        lengths = [sum(int(f.shape[0]) for f in chunks) for _, chunks in todo]
+        flat = torch.cat([f for _, chunks in todo for f in chunks]).to(self.device)
+        projected = self.drafter.project_context(flat)
+        if len(todo) == 1:
+            ragged = projected[None]
+        else:  # pad the projected rows (not the wider raw ones) to [B, T, H]
+            ragged = projected.new_zeros(len(todo), max(lengths), projected.shape[-1])
+            for i, part in enumerate(torch.split(projected, lengths)):
+                ragged[i, : lengths[i]] = part
+        self.ring.append(torch.tensor([slot for slot, _ in todo]), ragged, torch.tensor(lengths))
+
+    def _reset(self, slot: int) -> None:
+        self.ring.reset(torch.tensor([slot]))
+        self._counts[slot] = 0
+        self._pending.pop(slot, None)
 
     def _record(self, w: _Work, num_accepted: int, num_emitted: int) -> None:
         m = w.seq.metrics
@@ -351,5 +412,5 @@ class DSparkSpeculator:
         if slot is None and self._free:
             slot = self._free.pop()
             self._slots[seq_id] = slot
-            self.ring.reset(torch.tensor([slot]))
+            self._reset(slot)
         return slot

@@ -306,15 +306,47 @@ def test_draft_gate_pauses_a_useless_drafter_and_stays_lossless(model, greedy_re
     assert spec.stats.num_steps > 0  # the probes still drafted
 
 
+class UntimedGate(DraftGate):
+    """A gate that ignores step times (the timed rule is tested with given times) and keeps
+    what it was told, to check which steps the engine times."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.timed: list[tuple[str, int, float | None]] = []
+
+    def record(self, num_rows, num_accepted, seconds=None) -> None:
+        self.timed.append(("draft", num_rows, seconds))
+        super().record(num_rows, num_accepted)
+
+    def record_plain(self, num_rows, seconds) -> None:
+        self.timed.append(("plain", num_rows, seconds))
+
+
 def test_draft_gate_keeps_a_good_drafter_drafting(model, greedy_reference) -> None:
     reqs, expected = greedy_reference
-    gate = DraftGate(min_accepted=0.25, probe_every=4, warmup_rows=4)
+    gate = UntimedGate(min_accepted=0.25, probe_every=4, warmup_rows=4)
     spec = DSparkSpeculator(
         oracle_drafter(model, expected), FixedGammaScheduler(3), max_seqs=8, gate=gate
     )
     engine = LLMEngine(model, None, CFG, speculator=spec)
     assert [o.token_ids for o in run(engine, reqs)] == expected
     assert spec.stats.num_gated_steps == 0
+
+
+def test_engine_times_only_decode_steps_for_the_gate(model, greedy_reference) -> None:
+    """Steps with a prefill chunk in them are never timed (their cost is not the drafting's);
+    pure decode steps are, drafting or gated."""
+    reqs, expected = greedy_reference
+    gate = UntimedGate(min_accepted=0.25, probe_every=2, warmup_rows=0)
+    spec = DSparkSpeculator(
+        oracle_drafter(model, expected), FixedGammaScheduler(3), max_seqs=8, gate=gate
+    )
+    engine = LLMEngine(model, None, CFG, speculator=spec)
+    assert [o.token_ids for o in run(engine, reqs, stagger=3)] == expected
+    timed = [t for t in gate.timed if t[2] is not None]
+    assert timed and all(seconds > 0 for _, _, seconds in timed)
+    # Staggered arrivals put prefill chunks next to drafting rows: those steps are untimed.
+    assert any(seconds is None for kind, _, seconds in gate.timed if kind == "draft")
 
 
 def test_speculator_rejects_a_bad_gate(model, greedy_reference) -> None:
@@ -343,3 +375,43 @@ def test_build_speculator_gate_option(model, greedy_reference) -> None:
     assert build(gate=mine).gate is mine
     with pytest.raises(ValueError, match="gate"):
         build(gate="sometimes")
+
+
+class ContextRecorder(DSparkSpeculator):
+    """Records, for each drafting row, the tokens before its anchor and the context it drafted
+    from (the ring's valid rows, after the pending features were projected)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.seen: list[tuple[list[int], torch.Tensor]] = []
+
+    def _propose(self, drafting):
+        out = super()._propose(drafting)
+        if not drafting:
+            return out
+        slots = torch.tensor([self._slots[w.seq.seq_id] for w in drafting])
+        context, valid = self.ring.view(slots)
+        for i, w in enumerate(drafting):
+            history = list(w.seq.all_ids[: w.chunk.start])
+            self.seen.append((history, context[i][valid[i]].clone()))
+        return out
+
+
+def test_lazily_projected_context_equals_the_eager_projection(model, greedy_reference) -> None:
+    """Steps that do not draft only queue raw features; when a row drafts, its context must be
+    exactly the projection of the target's features of the last ``window`` positions, also
+    after several gated steps and in a batch of sequences flushed together."""
+    reqs, expected = greedy_reference
+    drafter = oracle_drafter(model, expected)
+    gate = DraftGate(min_accepted=float("inf"), probe_every=3, warmup_rows=0)
+    gate.record(num_rows=1, num_accepted=0)  # closed from the start: only every 3rd step drafts
+    spec = ContextRecorder(drafter, FixedGammaScheduler(2), max_seqs=8, gate=gate)
+    engine = LLMEngine(model, None, CFG, speculator=spec)
+    assert [o.token_ids for o in run(engine, reqs, stagger=2)] == expected
+    assert spec.stats.num_gated_steps > 0 and len(spec.seen) > 4
+    target = drafter.target
+    for history, context in spec.seen:
+        assert context.shape[0] == min(WINDOW, len(history))
+        features = target.score(torch.tensor([history]), list(drafter.config.target_layer_ids))
+        eager = drafter.project_context(features.features[0, len(history) - context.shape[0] :])
+        torch.testing.assert_close(context, eager.to(context.dtype), atol=1e-5, rtol=1e-5)
