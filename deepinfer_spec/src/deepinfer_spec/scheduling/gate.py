@@ -64,7 +64,7 @@ class DraftGate:
         self.draft_s_per_token: float | None = None
         self.plain_s_per_token: float | None = None
         self.rows_seen = 0
-        self.num_skipped = 0  # steps that did not draft because the gate was closed
+        self.num_skipped = 0  # steps that did not draft: closed gate, or a plain timing probe
         self._since_probe = 0
         # Set by break_even: the accepted drafts per row at which drafting starts to pay.
         self.break_even_accepted: float | None = None
@@ -113,7 +113,8 @@ class DraftGate:
 
     @property
     def is_open(self) -> bool:
-        """True while every step drafts."""
+        """True while drafting pays: every step drafts, except that a timed gate leaves one
+        step in ``probe_every`` plain."""
         if self.rows_seen < self.warmup_rows or self.mean_accepted is None:
             return True
         if self.draft_s_per_token is not None and self.plain_s_per_token is not None:
