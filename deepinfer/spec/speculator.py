@@ -23,8 +23,8 @@ at identical positions is rewritten.
 Context features are projected lazily: a step only keeps the raw target features of its new
 positions, and they are projected into the ring, for all drafting sequences at once, when a
 sequence drafts (or has a window's worth pending). A step that does not draft (the draft gate
-is closed, or the request cannot draft) then costs what a plain decode step costs, and a batch
-of drafting sequences pays one projection, not one per sequence.
+is closed, or the request cannot draft) then does no drafter work beyond keeping those rows,
+and a batch of drafting sequences pays one projection, not one per sequence.
 """
 
 from __future__ import annotations
