@@ -21,7 +21,6 @@ the comparison (before session 7 they were not, and a restricted drafter scored 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import sysconfig
 import time
@@ -30,7 +29,14 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from train_drafter import EXPORT_DIR, ReusingTarget, corpus_files, repeat_batches, token_chunks
+from train_drafter import (
+    EXPORT_DIR,
+    ReusingTarget,
+    corpus_files,
+    distill_records,
+    repeat_batches,
+    token_chunks,
+)
 
 from deepinfer.model import KVPool, load_model
 from deepinfer.model.spec_adapter import LlamaTargetAdapter
@@ -76,16 +82,12 @@ def distill_agreement(
     """:func:`agreement` on the responses of up to ``limit`` held-out records of a
     ``distill_corpus.py`` file (every anchor inside the response), per record kind."""
     totals: dict[str, tuple[list[int], int]] = {}
-    for lineno, line in enumerate(path.read_text().splitlines()):
-        if lineno % 20 != 19:  # train_drafter.distill_chunks trains on the others
-            continue
-        item = json.loads(line)
-        ids, start = item["input_ids"], int(item["prompt_len"])
+    for ids, start, kind in distill_records(path, held_out=True):
         if len(ids) - start < 16:
             continue
         hits, anchors = agreement_hits(drafter, target, torch.tensor([ids]), start, 1)
-        old_hits, old_anchors = totals.get(item["kind"], ([0] * len(hits), 0))
-        totals[item["kind"]] = ([a + b for a, b in zip(old_hits, hits)], old_anchors + anchors)
+        old_hits, old_anchors = totals.get(kind, ([0] * len(hits), 0))
+        totals[kind] = ([a + b for a, b in zip(old_hits, hits)], old_anchors + anchors)
         limit -= 1
         if limit == 0:
             break

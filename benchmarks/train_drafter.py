@@ -99,37 +99,42 @@ def token_chunks(
         yield pick()
 
 
-def distill_chunks(
-    path: Path, seq_len: int, seed: int, deadline: float, held_out: bool = False
-) -> Iterator[list[int]]:
-    """Windows of the self-distillation records of ``path`` (``distill_corpus.py``'s JSONL),
-    epoch after epoch in a fresh shuffled order, until ``deadline``.
-
-    Each window holds ``seq_len`` tokens ending at a random point of the response, so anchors
-    fall mostly on text the target wrote and the window still carries some prompt to attend to.
-    Every 20th record (by line number) is held out for evaluation (``held_out=True`` yields those,
-    one pass only)."""
+def distill_records(path: Path, held_out: bool) -> list[tuple[list[int], int, str]]:
+    """``(input_ids, prompt_len, kind)`` of the records of a ``distill_corpus.py`` JSONL file:
+    every 20th record (by line number) is held out for evaluation (``held_out=True`` returns
+    those), the others are for training."""
     records = []
     for lineno, line in enumerate(path.read_text().splitlines()):
+        if (lineno % 20 == 19) != held_out:
+            continue
         item = json.loads(line)
-        ids, prompt_len = item["input_ids"], int(item["prompt_len"])
-        if len(ids) - prompt_len >= 8 and (lineno % 20 == 19) == held_out:
-            records.append((ids, prompt_len))
+        records.append((item["input_ids"], int(item["prompt_len"]), str(item["kind"])))
+    return records
+
+
+def distill_chunks(path: Path, seq_len: int, seed: int, deadline: float) -> Iterator[list[int]]:
+    """Windows of the training records of ``path`` (:func:`distill_records`), epoch after epoch
+    in a fresh shuffled order, until ``deadline``.
+
+    Each window holds ``seq_len`` tokens ending at a random point of the response, so anchors
+    fall mostly on text the target wrote and the window still carries some prompt to attend to."""
+    records = [
+        (ids, prompt_len)
+        for ids, prompt_len, _ in distill_records(path, held_out=False)
+        if len(ids) - prompt_len >= 8
+    ]
     if not records:
         raise ValueError(f"{path}: no usable records")
     rng = random.Random(seed)
     while True:
         order = list(range(len(records)))
-        if not held_out:
-            rng.shuffle(order)
+        rng.shuffle(order)
         for i in order:
             if time.monotonic() > deadline:
                 return
             ids, prompt_len = records[i]
             end = rng.randint(min(len(ids), prompt_len + seq_len // 2), len(ids))
             yield ids[max(0, end - seq_len) : end]
-        if held_out:
-            return
 
 
 def mixed(
