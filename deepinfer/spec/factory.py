@@ -24,6 +24,7 @@ import torch
 from deepinfer.model.attention_metadata import AttentionMetadata
 from deepinfer.model.kv_pool import KVPool
 from deepinfer.model.llama import LlamaModel
+from deepinfer.model.module_linear import ModuleLinear
 from deepinfer.model.spec_adapter import LlamaTargetAdapter
 from deepinfer.spec.speculator import DSparkSpeculator
 from deepinfer_spec import (
@@ -32,6 +33,7 @@ from deepinfer_spec import (
     PrefixScheduler,
     SPSCurve,
     VerifyScheduler,
+    module_linear,
     profile_sps,
     propose,
 )
@@ -92,7 +94,10 @@ def time_draft(drafter: DSparkDrafter, repeats: int = 3) -> float:
     context window (what a drafting decode step adds for the drafter itself)."""
     weight = drafter.context_proj.weight
     window = drafter.config.window
-    context = torch.zeros(1, window, drafter.hidden_size, dtype=weight.dtype, device=weight.device)
+    # The speculator's form of the context: the ring's keys and values.
+    context = torch.zeros(
+        1, window, drafter.context_kv_dim, dtype=weight.dtype, device=weight.device
+    )
     valid = torch.ones(1, window, dtype=torch.bool, device=weight.device)
     anchor = torch.zeros(1, dtype=torch.int64, device=weight.device)
     sync = torch.cuda.synchronize if weight.device.type == "cuda" else None
@@ -101,7 +106,7 @@ def time_draft(drafter: DSparkDrafter, repeats: int = 3) -> float:
         if sync is not None:
             sync()
         start = time.perf_counter()
-        propose(drafter, anchor, context, valid, temperature=0.0)
+        propose(drafter, anchor, context, valid, temperature=0.0, context_is_kv=True)
         if sync is not None:
             sync()
         times.append(time.perf_counter() - start)
@@ -135,6 +140,9 @@ def build_speculator(
     """Turn ``LLM(speculative=...)`` into a speculator for ``model`` (see module docstring).
 
     Without ``scheduler`` the prefix scheduler runs over an SPS curve profiled now on ``model``.
+    A CPU drafter still on its modules' own products is switched to the model's
+    (:class:`~deepinfer.model.module_linear.ModuleLinear`).
+
     ``gate``: ``"default"`` pauses drafting while it does not pay on this machine
     (:meth:`DraftGate.break_even` over the drafter's measured forward, :func:`time_draft`, and
     the target's profiled step times), ``None`` drafts on every step, or a configured
@@ -155,6 +163,10 @@ def build_speculator(
         weight = model.embed_tokens.weight
         drafter = load_drafter(directory, target, weight.device).to(weight.dtype)
         sts = load_sts(directory)
+    if drafter.linear is module_linear and drafter.context_proj.weight.device.type == "cpu":
+        # The model's few-row products (bf16 panels of a bf16 checkpoint's exact values); a
+        # LinearFn the caller already chose is kept.
+        drafter.use_linear(ModuleLinear(model.cpu_kernels.linear))
     curve: SPSCurve | None = None
     if scheduler is None:
         curve = profile_target_sps(model, pool)

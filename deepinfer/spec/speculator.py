@@ -13,7 +13,8 @@ itself. One step is still ONE target forward over the flat ragged batch:
    the request asked for) accepts a prefix; the accepted tokens plus the correction/bonus go
    through the engine's stop rules (a stop token mid-block truncates the rest);
 5. the KV "rollback" lowers ``num_computed`` (stale slots are overwritten next step) and the
-   drafter's ring buffer receives the projected features of the anchor and accepted drafts.
+   drafter's ring buffer receives the context entries (keys and values of the drafter's
+   layers, ``DSparkDrafter.context_kv``) of the anchor and accepted drafts.
 
 Invariant: a tracked sequence's context count (ring plus pending rows) equals its
 ``num_computed``. Positions the ring never saw (a prefix loaded from the cache) are recomputed,
@@ -21,10 +22,12 @@ at most ``window`` of them, by extending the sequence's chunk backwards; K/V of 
 at identical positions is rewritten.
 
 Context features are projected lazily: a step only keeps the raw target features of its new
-positions, and they are projected into the ring, for all drafting sequences at once, when a
-sequence drafts (or has a window's worth pending). A step that does not draft (the draft gate
-is closed, or the request cannot draft) then does no drafter work beyond keeping those rows,
-and a batch of drafting sequences pays one projection, not one per sequence.
+positions, and they are projected (and turned into the drafter's keys and values) into the
+ring, for all drafting sequences at once, when a sequence drafts (or has a window's worth
+pending). A step that does not draft (the draft gate is closed, or the request cannot draft)
+then does no drafter work beyond keeping those rows, and a batch of drafting sequences pays one
+projection, not one per sequence. A proposal projects only its own block: the context's keys
+and values are computed once per position, when it enters the ring.
 """
 
 from __future__ import annotations
@@ -140,8 +143,10 @@ class DSparkSpeculator:
         self.gate = gate
         weight = drafter.context_proj.weight
         self.device = weight.device
+        # The ring keeps each position's keys and values for the drafter's layers (its
+        # context_kv), not its projected features: a proposal then projects only its block.
         self.ring = ContextRing(
-            max_seqs, self.window, drafter.hidden_size, dtype=weight.dtype, device=weight.device
+            max_seqs, self.window, drafter.context_kv_dim, dtype=weight.dtype, device=weight.device
         )
         self._slots: dict[int, int] = {}
         # Per slot: positions seen (ring + pending) and raw features not yet projected.
@@ -281,7 +286,14 @@ class DSparkSpeculator:
         temps = [float(w.seq.params.temperature) for w in drafting]
         for temp in sorted(set(temps)):
             rows = torch.tensor([i for i, t in enumerate(temps) if t == temp], device=self.device)
-            d = propose(self.drafter, anchors[rows], context[rows], valid[rows], temperature=temp)
+            d = propose(
+                self.drafter,
+                anchors[rows],
+                context[rows],
+                valid[rows],
+                temperature=temp,
+                context_is_kv=True,
+            )
             tokens[rows] = d.token_ids
             sts = self.sts_greedy if temp == 0 else self.sts_sampling
             conf[rows] = apply_temperatures(d.confidence, sts) if sts is not None else d.confidence
@@ -377,18 +389,19 @@ class DSparkSpeculator:
             self._flush([slot])
 
     def _flush(self, slots: list[int]) -> None:
-        """Project the pending features of ``slots`` into the ring: one projection, one append."""
+        """Project the pending features of ``slots`` and append their keys and values to the
+        ring: one projection, one append."""
         todo = [(slot, self._pending.pop(slot)) for slot in slots if self._pending.get(slot)]
         if not todo:
             return
         lengths = [sum(int(f.shape[0]) for f in chunks) for _, chunks in todo]
         flat = torch.cat([f for _, chunks in todo for f in chunks]).to(self.device)
-        projected = self.drafter.project_context(flat)
+        entries = self.drafter.context_kv(self.drafter.project_context(flat))
         if len(todo) == 1:
-            ragged = projected[None]
-        else:  # pad the projected rows (not the wider raw ones) to [B, T, H]
-            ragged = projected.new_zeros(len(todo), max(lengths), projected.shape[-1])
-            for i, part in enumerate(torch.split(projected, lengths)):
+            ragged = entries[None]
+        else:  # pad the entries (not the wider raw rows) to [B, T, D]
+            ragged = entries.new_zeros(len(todo), max(lengths), entries.shape[-1])
+            for i, part in enumerate(torch.split(entries, lengths)):
                 ragged[i, : lengths[i]] = part
         self.ring.append(torch.tensor([slot for slot, _ in todo]), ragged, torch.tensor(lengths))
 

@@ -18,6 +18,7 @@ from deepinfer.engine.config import EngineConfig
 from deepinfer.engine.engine import LLMEngine
 from deepinfer.engine.sampling_params import SamplingParams
 from deepinfer.model import KVPool, build_model
+from deepinfer.model.module_linear import ModuleLinear
 from deepinfer.model.spec_adapter import LlamaTargetAdapter
 from deepinfer.spec import DSparkSpeculator, build_speculator, profile_target_sps
 from deepinfer_spec import (
@@ -27,6 +28,7 @@ from deepinfer_spec import (
     FixedGammaScheduler,
     PrefixScheduler,
     SPSCurve,
+    module_linear,
 )
 
 WINDOW = 8
@@ -364,7 +366,10 @@ def test_build_speculator_gate_option(model, greedy_reference) -> None:
     build = functools.partial(
         build_speculator, drafter, model, pool, max_seqs=2, scheduler=FixedGammaScheduler(3)
     )
+    assert drafter.linear is module_linear
     default = build().gate
+    # A CPU drafter on its modules' own products is switched to the model's products.
+    assert isinstance(drafter.linear, ModuleLinear)
     assert isinstance(default, DraftGate)
     # The default gate is priced on this machine: the drafter's measured forward and the
     # target's profiled step times.
@@ -375,6 +380,15 @@ def test_build_speculator_gate_option(model, greedy_reference) -> None:
     assert build(gate=mine).gate is mine
     with pytest.raises(ValueError, match="gate"):
         build(gate="sometimes")
+    # A LinearFn the caller chose is kept.
+    other = oracle_drafter(model, expected)
+    other.use_linear(spec_module_linear)
+    build_speculator(other, model, pool, max_seqs=2, scheduler=FixedGammaScheduler(3), gate=None)
+    assert other.linear is spec_module_linear
+
+
+def spec_module_linear(x: torch.Tensor, layer: torch.nn.Linear) -> torch.Tensor:
+    return torch.nn.functional.linear(x, layer.weight, layer.bias)
 
 
 class ContextRecorder(DSparkSpeculator):
@@ -399,8 +413,9 @@ class ContextRecorder(DSparkSpeculator):
 
 def test_lazily_projected_context_equals_the_eager_projection(model, greedy_reference) -> None:
     """Steps that do not draft only queue raw features; when a row drafts, its context must be
-    exactly the projection of the target's features of the last ``window`` positions, also
-    after several gated steps and in a batch of sequences flushed together."""
+    exactly the drafter's keys and values (context_kv) of the projection of the target's
+    features of the last ``window`` positions, also after several gated steps and in a batch of
+    sequences flushed together."""
     reqs, expected = greedy_reference
     drafter = oracle_drafter(model, expected)
     gate = DraftGate(min_accepted=float("inf"), probe_every=3, warmup_rows=0)
@@ -413,5 +428,6 @@ def test_lazily_projected_context_equals_the_eager_projection(model, greedy_refe
     for history, context in spec.seen:
         assert context.shape[0] == min(WINDOW, len(history))
         features = target.score(torch.tensor([history]), list(drafter.config.target_layer_ids))
-        eager = drafter.project_context(features.features[0, len(history) - context.shape[0] :])
+        raw = features.features[0, len(history) - context.shape[0] :]
+        eager = drafter.context_kv(drafter.project_context(raw))
         torch.testing.assert_close(context, eager.to(context.dtype), atol=1e-5, rtol=1e-5)

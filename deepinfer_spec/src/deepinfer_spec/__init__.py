@@ -29,6 +29,7 @@ from deepinfer_spec.calibration import (
 from deepinfer_spec.config import DSparkConfig
 from deepinfer_spec.decoder import RequestState, SpecDecoder, StepOutput
 from deepinfer_spec.drafter import DSparkDrafter
+from deepinfer_spec.linear import LinearFn, module_linear
 from deepinfer_spec.propose import Draft, propose
 from deepinfer_spec.recompute_target import RecomputeTarget
 from deepinfer_spec.scheduling import (
@@ -53,6 +54,7 @@ __all__ = [
     "DSparkConfig",
     "DSparkDrafter",
     "Draft",
+    "LinearFn",
     "RecomputeTarget",
     "RequestState",
     "ScoringTarget",
@@ -62,6 +64,7 @@ __all__ = [
     "SupportsLmHeadRows",
     "TargetAdapter",
     "TargetOutput",
+    "module_linear",
     "propose",
     # calibration and verification scheduling (spec-B)
     "DraftGate",

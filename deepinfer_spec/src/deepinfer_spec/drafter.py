@@ -18,6 +18,7 @@ from torch import nn
 from deepinfer_spec.adapter import ScoringTarget, SupportsLayerWeights, SupportsLmHeadRows
 from deepinfer_spec.config import DSparkConfig
 from deepinfer_spec.layers import DraftLayer, RMSNorm, RopeTables, rope_tables
+from deepinfer_spec.linear import LinearFn, module_linear
 
 
 class DSparkDrafter(nn.Module):
@@ -56,6 +57,7 @@ class DSparkDrafter(nn.Module):
         self.draft_vocab_size = draft_size
         # A plain attribute, bypassing nn.Module registration on purpose (see class docstring).
         object.__setattr__(self, "_target", target)
+        object.__setattr__(self, "_linear", module_linear)
         rank = config.markov_rank
         feature_dim = len(config.target_layer_ids) * hidden
         # Per-dimension standardisation of the raw target features. A Llama residual stream has
@@ -101,6 +103,20 @@ class DSparkDrafter(nn.Module):
         return cast(ScoringTarget, self.__dict__["_target"])
 
     @property
+    def linear(self) -> LinearFn:
+        """How the drafter's products run (:meth:`use_linear`)."""
+        return cast(LinearFn, self.__dict__["_linear"])
+
+    def use_linear(self, fn: LinearFn | None) -> None:
+        """Run every product of the drafter's own weights through ``fn`` (an engine's faster
+        CPU product, say); ``None`` restores the modules themselves. See
+        :mod:`deepinfer_spec.linear` for what ``fn`` must guarantee. The target's head is not
+        affected (it is the target's)."""
+        if fn is not None and not callable(fn):
+            raise TypeError(f"fn: expected a LinearFn or None, got {type(fn).__name__}")
+        object.__setattr__(self, "_linear", module_linear if fn is None else fn)
+
+    @property
     def feature_dim(self) -> int:
         """Size of the raw target features (``len(target_layer_ids) * hidden_size``)."""
         return self.context_proj.in_features
@@ -123,8 +139,30 @@ class DSparkDrafter(nn.Module):
         dtype = self.context_proj.weight.dtype
         # In fp32: a shift of hundreds loses the small deviations in bf16.
         standard = (features.float() - self.feature_shift.float()) * self.feature_scale.float()
-        out: torch.Tensor = self.context_norm(self.context_proj(standard.to(dtype)))
+        out: torch.Tensor = self.context_norm(self.linear(standard.to(dtype), self.context_proj))
         return out
+
+    @property
+    def context_kv_dim(self) -> int:
+        """Size of one position's :meth:`context_kv` entry: ``num_layers * 2 * kv_dim``."""
+        layers = cast(Sequence[DraftLayer], self.layers)
+        return sum(2 * layer.kv_dim for layer in layers)
+
+    def context_kv(self, context: torch.Tensor) -> torch.Tensor:
+        """Every backbone layer's keys (unrotated) and values of projected context positions:
+        ``[..., H] -> [..., context_kv_dim]``, laid out ``[num_layers, 2, kv_dim]``.
+
+        They depend on the position's own projected features only, so a decoder can compute
+        them once per position, keep them in its :class:`~deepinfer_spec.state.ContextRing`
+        instead of the projected features, and pass them to :meth:`backbone` as ``context``.
+        """
+        if context.shape[-1] != self.hidden_size:
+            raise ValueError(
+                f"context: expected last dimension {self.hidden_size}, got {tuple(context.shape)}"
+            )
+        layers = cast(Sequence[DraftLayer], self.layers)
+        parts = [t for layer in layers for t in layer.context_kv(context, self.linear)]
+        return torch.cat(parts, dim=-1)
 
     @torch.no_grad()
     def fit_feature_stats(self, features: torch.Tensor) -> None:
@@ -148,19 +186,28 @@ class DSparkDrafter(nn.Module):
         self.feature_scale.copy_(scale)
 
     def backbone(
-        self, anchor_ids: torch.Tensor, context: torch.Tensor, context_valid: torch.Tensor
+        self,
+        anchor_ids: torch.Tensor,
+        context: torch.Tensor,
+        context_valid: torch.Tensor,
+        *,
+        context_is_kv: bool = False,
     ) -> torch.Tensor:
         """Hidden states ``h [B, G, H]`` of the block, in one pass.
 
         ``anchor_ids [B]``; ``context [B, W, H]`` projected features of the ``W`` positions
-        before the anchor, oldest first (``W`` <= ``window``); ``context_valid [B, W]`` bool.
+        before the anchor, oldest first (``W`` <= ``window``), or with ``context_is_kv`` their
+        :meth:`context_kv` ``[B, W, context_kv_dim]`` (the same result up to rounding, without
+        projecting the context again); ``context_valid [B, W]`` bool.
         """
         batch = int(anchor_ids.shape[0])
         if anchor_ids.ndim != 1:
             raise ValueError(f"anchor_ids: expected [B], got {tuple(anchor_ids.shape)}")
-        if context.ndim != 3 or context.shape[0] != batch or context.shape[2] != self.hidden_size:
+        size = self.context_kv_dim if context_is_kv else self.hidden_size
+        if context.ndim != 3 or context.shape[0] != batch or context.shape[2] != size:
+            what = "context_kv entries" if context_is_kv else "projected features"
             raise ValueError(
-                f"context: expected [{batch}, W, {self.hidden_size}], got {tuple(context.shape)}"
+                f"context: expected [{batch}, W, {size}] ({what}), got {tuple(context.shape)}"
             )
         width = int(context.shape[1])
         if width > self.config.window:
@@ -180,8 +227,15 @@ class DSparkDrafter(nn.Module):
         # Keys are positions -width .. gamma-1 (the tables' last rows); queries the last gamma.
         k_cos, k_sin = self.rope_cos[-(width + gamma) :], self.rope_sin[-(width + gamma) :]
         rope = RopeTables(k_cos[width:], k_sin[width:], k_cos, k_sin)
-        for layer in self.layers:
-            x = layer(x, context, mask, rope)
+        offset = 0
+        for layer in cast(Sequence[DraftLayer], self.layers):
+            layer_context: torch.Tensor | tuple[torch.Tensor, torch.Tensor] = context
+            if context_is_kv:
+                kv = layer.kv_dim
+                keys = context[..., offset : offset + kv]
+                values = context[..., offset + kv : offset + 2 * kv]
+                layer_context, offset = (keys, values), offset + 2 * kv
+            x = layer(x, layer_context, mask, rope, self.linear)
         return x
 
     @property
@@ -270,13 +324,13 @@ class DSparkDrafter(nn.Module):
         """
         e = self.markov_in(prev_ids)
         if self.rnn is not None:
-            e = torch.tanh(e if code is None else e + self.rnn(code))
-        return self.markov_out(e), e
+            e = torch.tanh(e if code is None else e + self.linear(code, self.rnn))
+        return self.linear(e, self.markov_out), e
 
     def confidence_logit(self, hidden: torch.Tensor, code: torch.Tensor) -> torch.Tensor:
         """``w . [h_k ; code_k] + b``; the confidence is its sigmoid."""
-        logit: torch.Tensor = self.confidence_head(torch.cat((hidden, code), dim=-1))
-        return logit.squeeze(-1)
+        features = torch.cat((hidden, code), dim=-1)
+        return self.linear(features, self.confidence_head).squeeze(-1)
 
     def teacher_forced(
         self, hidden: torch.Tensor, prev_ids: torch.Tensor

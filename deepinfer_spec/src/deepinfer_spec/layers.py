@@ -8,6 +8,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from deepinfer_spec.linear import LinearFn, module_linear
+
 
 class RMSNorm(nn.Module):
     """``y = x / sqrt(mean(x^2) + eps) * weight`` over the last dimension."""
@@ -68,8 +70,10 @@ class DraftLayer(nn.Module):
 
     The block's queries attend bidirectionally to the whole block and to the valid context
     positions. The context is already projected and normed by the drafter, so it goes into the
-    key/value projections as is. Parameter names follow the Llama convention so that weights of
-    a target layer can be copied in (see ``DSparkDrafter.init_backbone_from_target``).
+    key/value projections as is; a caller that keeps the context's keys and values
+    (:meth:`context_kv`) passes them instead and skips those projections. Parameter names follow
+    the Llama convention so that weights of a target layer can be copied in (see
+    ``DSparkDrafter.init_backbone_from_target``).
     """
 
     def __init__(
@@ -99,32 +103,60 @@ class DraftLayer(nn.Module):
         self.up_proj = nn.Linear(hidden, intermediate, bias=False)
         self.down_proj = nn.Linear(intermediate, hidden, bias=False)
 
+    @property
+    def kv_dim(self) -> int:
+        """Width of one position's keys (and of its values): ``num_kv_heads * head_dim``."""
+        return self.num_kv_heads * self.head_dim
+
+    def context_kv(
+        self, context: torch.Tensor, linear: LinearFn = module_linear
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys (before the rotation) and values ``[..., kv_dim]`` of projected context
+        positions ``[..., H]``: what :meth:`forward` computes for them on every call."""
+        return linear(context, self.k_proj), linear(context, self.v_proj)
+
     def forward(
         self,
         x: torch.Tensor,
-        context: torch.Tensor,
+        context: torch.Tensor | tuple[torch.Tensor, torch.Tensor],
         attn_mask: torch.Tensor,
         rope: RopeTables,
+        linear: LinearFn = module_linear,
     ) -> torch.Tensor:
-        """``x [B, G, H]``, ``context [B, W, H]``, ``attn_mask [B, 1, G, W + G]`` (True = attend).
+        """``x [B, G, H]``, ``attn_mask [B, 1, G, W + G]`` (True = attend).
+
+        ``context``: the projected context ``[B, W, H]``, or its :meth:`context_kv`
+        ``(keys, values)``, each ``[B, W, kv_dim]``. A decoder keeps the latter for the positions
+        it has seen: the context's key and value projections were about three fifths of the SmolLM2
+        drafter.s backbone arithmetic, recomputed for all ``W`` positions on every proposal.
 
         ``rope``: the rotation of the ``G`` queries and ``W + G`` keys. The caller builds it once
         for all layers (the drafter keeps it for every relative position): recomputing
         ``cos``/``sin`` for every key cost the SmolLM2 drafter 0.6 of its 8.5 ms per greedy
-        proposal on the 2-core CPU.
+        proposal on the 2-core CPU. Keys are stored unrotated because the rotation depends on
+        the position relative to the anchor, which moves every step.
+
+        ``linear``: how the products run (:class:`~deepinfer_spec.linear.LinearFn`).
         """
         b, g, _ = x.shape
         h = self.input_layernorm(x)
-        kv_in = torch.cat((context, h), dim=1)
-        q = self.q_proj(h).view(b, g, self.num_heads, self.head_dim).transpose(1, 2)
-        k = self.k_proj(kv_in).view(b, -1, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        v = self.v_proj(kv_in).view(b, -1, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        if isinstance(context, tuple):
+            k_ctx, v_ctx = context
+            k_blk, v_blk = self.context_kv(h, linear)
+            k_in = torch.cat((k_ctx.to(k_blk.dtype), k_blk), dim=1)
+            v_in = torch.cat((v_ctx.to(v_blk.dtype), v_blk), dim=1)
+        else:
+            k_in, v_in = self.context_kv(torch.cat((context, h), dim=1), linear)
+        q = linear(h, self.q_proj).view(b, g, self.num_heads, self.head_dim).transpose(1, 2)
+        k = k_in.view(b, -1, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        v = v_in.view(b, -1, self.num_kv_heads, self.head_dim).transpose(1, 2)
         q, k = apply_rotary(q, rope.q_cos, rope.q_sin), apply_rotary(k, rope.k_cos, rope.k_sin)
         if self.num_kv_heads != self.num_heads:
             rep = self.num_heads // self.num_kv_heads
             k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
         att = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)
-        x = x + self.o_proj(att.transpose(1, 2).reshape(b, g, -1))
+        x = x + linear(att.transpose(1, 2).reshape(b, g, -1), self.o_proj)
         h = self.post_attention_layernorm(x)
-        out: torch.Tensor = x + self.down_proj(F.silu(self.gate_proj(h)) * self.up_proj(h))
+        mlp = F.silu(linear(h, self.gate_proj)) * linear(h, self.up_proj)
+        out: torch.Tensor = x + linear(mlp, self.down_proj)
         return out

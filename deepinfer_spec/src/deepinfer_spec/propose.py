@@ -41,13 +41,15 @@ def propose(
     *,
     temperature: float = 1.0,
     generator: torch.Generator | None = None,
+    context_is_kv: bool = False,
 ) -> Draft:
     """Propose ``gamma`` tokens after each anchor.
 
     Args:
         anchor_ids: ``[B]`` last token emitted for each request (not yet seen by the target).
         context: ``[B, W, H]`` projected context features (``DSparkDrafter.project_context``),
-            oldest first, ending right before the anchor.
+            oldest first, ending right before the anchor; with ``context_is_kv`` their keys
+            and values ``[B, W, context_kv_dim]`` (``DSparkDrafter.context_kv``).
         context_valid: ``[B, W]`` bool, False for padding.
         temperature: ``> 0`` samples from ``softmax(logits / temperature)``; ``0`` is greedy
             (argmax, lowest index on ties; ``probs`` one-hot). With a draft vocabulary (see
@@ -60,18 +62,18 @@ def propose(
     vocab = drafter.vocab_size
     if anchor_ids.numel() and (int(anchor_ids.min()) < 0 or int(anchor_ids.max()) >= vocab):
         raise ValueError(f"anchor_ids: expected token ids in [0, {vocab})")
-    hidden = drafter.backbone(anchor_ids, context, context_valid)
+    hidden = drafter.backbone(anchor_ids, context, context_valid, context_is_kv=context_is_kv)
     base = drafter.base_logits(hidden).float()
     batch, gamma = hidden.shape[0], hidden.shape[1]
     draft_ids = drafter.draft_vocab_ids  # None: logits are over the whole vocabulary
     tokens = torch.empty(batch, gamma, dtype=torch.int64, device=hidden.device)
     probs = torch.zeros(batch, gamma, vocab, dtype=torch.float32, device=hidden.device)
-    conf = torch.empty(batch, gamma, dtype=torch.float32, device=hidden.device)
     prev = anchor_ids.to(torch.int64)
     code: torch.Tensor | None = None
+    codes: list[torch.Tensor] = []
     for k in range(gamma):
         bias, code = drafter.sequential_step(prev, code)
-        conf[:, k] = torch.sigmoid(drafter.confidence_logit(hidden[:, k], code).float())
+        codes.append(code)
         logits = base[:, k] + bias.float()
         if temperature == 0:
             prev = drafter.draft_token_ids(torch.argmax(logits, dim=-1))
@@ -85,4 +87,6 @@ def propose(
             else:  # tokens outside the draft vocabulary keep probability 0
                 probs[:, k, draft_ids] = p
         tokens[:, k] = prev
+    # The confidences need every code but feed nothing back: one product for the whole block.
+    conf = torch.sigmoid(drafter.confidence_logit(hidden, torch.stack(codes, dim=1)).float())
     return Draft(token_ids=tokens, probs=probs, confidence=conf)
