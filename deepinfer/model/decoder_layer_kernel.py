@@ -18,12 +18,14 @@ it cannot be, it reports itself unavailable once, with a warning.
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from deepinfer.model.bf16_weight_linear import PANEL
+from deepinfer.model.bound_layers import BoundLayers
 from deepinfer_kernels.cpu.native import NativeFunction
 
 SOURCE = Path(__file__).parent / "csrc" / "decoder_layer.c"
@@ -142,6 +144,9 @@ class DecoderLayerKernel:
             cache_dir=cache_dir,
             enabled=enabled,
         )
+        # The last panels tuple check_panels passed, and for which shape (see bind).
+        self._checked_panels: tuple[LayerPanels, ...] | None = None
+        self._checked_shape: LayerShape | None = None
 
     @property
     def error(self) -> str | None:
@@ -180,8 +185,40 @@ class DecoderLayerKernel:
         ``slots``: from :meth:`slot_mapping` with the caches' ``num_blocks * block_size``;
         caches contiguous fp32 ``[num_blocks, block_size, Hkv, D]``.
         """
-        rows, d = x.shape[0], shape.head_dim
         shape.check_panels(panels)
+        self._check_qkv(x, shape, cos, sin, slots, k_cache, v_cache, out)
+        if x.shape[0] == 0:
+            return
+        bias = panels.qkv_bias
+        self._qkv(
+            x.data_ptr(),
+            panels.qkv.data_ptr(),
+            None if bias is None else bias.data_ptr(),
+            out.data_ptr(),
+            cos.data_ptr(),
+            sin.data_ptr(),
+            slots.slots.data_ptr(),
+            k_cache.data_ptr(),
+            v_cache.data_ptr(),
+            x.shape[0],
+            shape.hidden,
+            shape.num_heads,
+            shape.num_kv_heads,
+            shape.head_dim,
+        )
+
+    @staticmethod
+    def _check_qkv(
+        x: torch.Tensor,
+        shape: LayerShape,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        slots: SlotMapping,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        out: torch.Tensor,
+    ) -> None:
+        rows, d = x.shape[0], shape.head_dim
         _check_rows("x", x, rows, shape.hidden)
         _check_rows("out", out, rows, shape.qkv_width)
         _check_rows("cos", cos, rows, d)
@@ -206,25 +243,6 @@ class DecoderLayerKernel:
                 f"slots: checked for {slots.capacity} slots, the caches hold "
                 f"{k_cache.shape[0] * k_cache.shape[1]}"
             )
-        if rows == 0:
-            return
-        bias = panels.qkv_bias
-        self._qkv(
-            x.data_ptr(),
-            panels.qkv.data_ptr(),
-            None if bias is None else bias.data_ptr(),
-            out.data_ptr(),
-            cos.data_ptr(),
-            sin.data_ptr(),
-            slots.slots.data_ptr(),
-            k_cache.data_ptr(),
-            v_cache.data_ptr(),
-            rows,
-            shape.hidden,
-            shape.num_heads,
-            shape.num_kv_heads,
-            d,
-        )
 
     def mlp(
         self,
@@ -244,18 +262,7 @@ class DecoderLayerKernel:
         ``post_norm``/``next_norm`` share one ``eps`` (a Llama model's norms all do)."""
         rows, h = attn.shape[0], shape.hidden
         shape.check_panels(panels)
-        _check_rows("attn", attn, rows, shape.num_heads * shape.head_dim)
-        _check_rows("residual", residual, rows, h)
-        _check_rows("normed", normed, rows, h)
-        for name, w in (("post_norm", post_norm), ("next_norm", next_norm)):
-            if w.dtype != torch.float32 or tuple(w.shape) != (h,) or not w.is_contiguous():
-                raise ValueError(f"{name}: expected contiguous fp32 [{h}]")
-        if (
-            scratch.dtype != torch.float32
-            or not scratch.is_contiguous()
-            or scratch.numel() < shape.scratch_size(rows)
-        ):
-            raise ValueError(f"scratch: expected contiguous fp32 of {shape.scratch_size(rows)}")
+        _check_mlp_operands(attn, shape, residual, normed, post_norm, next_norm, scratch)
         if rows == 0:
             return
         self._mlp(
@@ -274,3 +281,80 @@ class DecoderLayerKernel:
             shape.num_heads * shape.head_dim,
             shape.intermediate,
         )
+
+    def bind(
+        self,
+        shape: LayerShape,
+        panels: tuple[LayerPanels, ...],
+        normed: torch.Tensor,
+        qkv: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        slots: SlotMapping,
+        k_caches: Sequence[torch.Tensor],
+        v_caches: Sequence[torch.Tensor],
+        attn: torch.Tensor,
+        residual: torch.Tensor,
+        norms: Sequence[tuple[torch.Tensor, torch.Tensor]],
+        eps: float,
+        scratch: torch.Tensor,
+    ) -> BoundLayers:
+        """Every layer's :meth:`qkv` and :meth:`mlp` for one step, checked once: see
+        :class:`BoundLayers`. ``norms[i]`` = layer ``i``'s ``(post_norm, next_norm)``; the
+        other operands are :meth:`qkv`'s and :meth:`mlp`'s, the same buffers for every layer.
+
+        Panels are checked once per ``panels`` tuple (a model passes the same tuple while its
+        weights do not change).
+        """
+        layers = len(panels)
+        if not (len(k_caches) == len(v_caches) == len(norms) == layers):
+            raise ValueError(
+                f"k_caches, v_caches, norms: expected {layers} each (one per layer), got "
+                f"{len(k_caches)}, {len(v_caches)}, {len(norms)}"
+            )
+        if panels is not self._checked_panels or shape != self._checked_shape:
+            for p in panels:
+                shape.check_panels(p)
+            self._checked_panels, self._checked_shape = panels, shape
+        # The per-call checks, on layer 0's operands (every layer shares the buffers).
+        if layers:
+            self._check_qkv(normed, shape, cos, sin, slots, k_caches[0], v_caches[0], qkv)
+            _check_mlp_operands(attn, shape, residual, normed, *norms[0], scratch)
+        layout = [(t.shape, t.stride(), t.dtype) for t in (k_caches[0], v_caches[0])]
+        for i in range(layers):
+            if [(t.shape, t.stride(), t.dtype) for t in (k_caches[i], v_caches[i])] != layout:
+                raise ValueError(f"k_caches[{i}]/v_caches[{i}]: expected layer 0's layout")
+            _check_norm_weights(shape, *norms[i])
+        return BoundLayers(self._qkv, self._mlp, shape, panels, normed, qkv, cos, sin, slots,
+                           k_caches, v_caches, attn, residual, norms, eps, scratch)  # fmt: skip
+
+
+def _check_mlp_operands(
+    attn: torch.Tensor,
+    shape: LayerShape,
+    residual: torch.Tensor,
+    normed: torch.Tensor,
+    post_norm: torch.Tensor,
+    next_norm: torch.Tensor,
+    scratch: torch.Tensor,
+) -> None:
+    rows, h = attn.shape[0], shape.hidden
+    _check_rows("attn", attn, rows, shape.num_heads * shape.head_dim)
+    _check_rows("residual", residual, rows, h)
+    _check_rows("normed", normed, rows, h)
+    _check_norm_weights(shape, post_norm, next_norm)
+    if (
+        scratch.dtype != torch.float32
+        or not scratch.is_contiguous()
+        or scratch.numel() < shape.scratch_size(rows)
+    ):
+        raise ValueError(f"scratch: expected contiguous fp32 of {shape.scratch_size(rows)}")
+
+
+def _check_norm_weights(
+    shape: LayerShape, post_norm: torch.Tensor, next_norm: torch.Tensor
+) -> None:
+    h = shape.hidden
+    for name, w in (("post_norm", post_norm), ("next_norm", next_norm)):
+        if w.dtype != torch.float32 or tuple(w.shape) != (h,) or not w.is_contiguous():
+            raise ValueError(f"{name}: expected contiguous fp32 [{h}]")

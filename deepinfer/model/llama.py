@@ -159,6 +159,9 @@ class LlamaModel(nn.Module):
         )
         # The head's packed copy lives here: with tied embeddings its weight is the embedding's.
         self._head_packed = PackedWeight()
+        # The last _fused_panels answer: the same tuple while no panel changes, so that
+        # DecoderLayerKernel.bind checks the panels once, not every step.
+        self._panels: tuple[LayerPanels, ...] = ()
         self.rope = RotaryEmbedding(
             config.head_dim, config.rope_theta, config.rope_scaling, config.max_position_embeddings
         )
@@ -251,7 +254,7 @@ class LlamaModel(nn.Module):
 
     def _fused_panels(
         self, x: torch.Tensor, kv_pool: KVPool, attn: AttentionMetadata
-    ) -> list[LayerPanels] | None:
+    ) -> tuple[LayerPanels, ...] | None:
         """Every layer's bf16 panels when this step can take ``cpu_kernels.layer``: few fp32
         CPU rows without autograd, contiguous fp32 caches, no padding slots, bf16-exact
         projection weights."""
@@ -280,11 +283,17 @@ class LlamaModel(nn.Module):
                 return None
             bias = att.qkv_proj.bias
             out.append(LayerPanels(qkv, None if bias is None else bias.detach(), o, gate_up, down))
-        return out
+        cached = self._panels
+        if len(cached) == len(out) and all(
+            _same_panels(a, b) for a, b in zip(cached, out, strict=True)
+        ):
+            return cached
+        self._panels = tuple(out)
+        return self._panels
 
     def _forward_fused(
         self,
-        panels: list[LayerPanels],
+        panels: tuple[LayerPanels, ...],
         residual: torch.Tensor,
         cos: torch.Tensor,
         sin: torch.Tensor,
@@ -295,7 +304,10 @@ class LlamaModel(nn.Module):
         layer_ids: Sequence[int],
     ) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """:meth:`forward_with_layers` on ``cpu_kernels.layer``: per layer, one call before
-        the attention and one after it, on buffers allocated once for the step."""
+        the attention and one after it, on buffers allocated once for the step. The calls are
+        bound once for all layers (operands checked, arguments built), and so is the
+        attention where its plan can be (``PagedAttentionPlan.bind_cpu_layers``): per layer
+        that leaves three foreign calls and no other Python work."""
         kernel = self.cpu_kernels.layer
         assert kernel is not None
         cfg = self.config
@@ -310,25 +322,27 @@ class LlamaModel(nn.Module):
         residual, normed = self._add_norm(residual, None, layers[0].input_layernorm)
         normed = normed.contiguous()
         qkv = torch.empty(rows, shape.qkv_width)
+        attn_out = torch.empty(rows, cfg.q_size)
         scratch = torch.empty(shape.scratch_size(rows))
+        caches = [kv_pool.layer_caches(i) for i in range(len(layers))]
+        k_caches, v_caches = [k for k, _ in caches], [v for _, v in caches]
+        norms = [
+            (layer.post_attention_layernorm.weight, self._norm_after(i).weight)
+            for i, layer in enumerate(layers)
+        ]
+        eps = layers[0].post_attention_layernorm.eps
+        bound = kernel.bind(shape, panels, normed, qkv, cos, sin, slots, k_caches, v_caches,
+                            attn_out, residual, norms, eps, scratch)  # fmt: skip
+        q = qkv.view(rows, -1, d)[:, : cfg.num_heads]
+        attend = plan.bind_cpu_layers(q, k_caches, v_caches, attn_out.view(rows, -1, d))
         captured: dict[int, torch.Tensor] = {}
-        for i, layer in enumerate(layers):
-            k_cache, v_cache = kv_pool.layer_caches(i)
-            kernel.qkv(normed, panels[i], shape, cos, sin, slots, k_cache, v_cache, qkv)
-            q = qkv.view(rows, -1, d)[:, : cfg.num_heads]
-            out = plan.run(q, k_cache, v_cache).reshape(rows, cfg.q_size)
-            post, after = layer.post_attention_layernorm, self._norm_after(i)
-            kernel.mlp(
-                out,
-                panels[i],
-                shape,
-                residual,
-                normed,
-                post.weight,
-                after.weight,
-                post.eps,
-                scratch,
-            )
+        for i in range(len(layers)):
+            bound.qkv(i)
+            if attend is not None:
+                attend(i)
+            else:
+                attn_out.copy_(plan.run(q, k_caches[i], v_caches[i]).reshape(rows, cfg.q_size))
+            bound.mlp(i)
             if i in wanted:
                 captured[i] = residual.clone()
         return normed, [captured[i] for i in layer_ids]
@@ -450,3 +464,21 @@ class LlamaModel(nn.Module):
                 f"attn.slot_mapping covers {tokens} tokens, input_ids has {input_ids.shape[0]}"
             )
         self._check_ids(input_ids)
+
+
+def _same_panels(a: LayerPanels, b: LayerPanels) -> bool:
+    """Whether two layers' panels are the same tensors (identity, not values)."""
+    return (
+        a.qkv is b.qkv
+        and a.o is b.o
+        and a.gate_up is b.gate_up
+        and a.down is b.down
+        and (
+            a.qkv_bias is b.qkv_bias
+            or (
+                a.qkv_bias is not None
+                and b.qkv_bias is not None
+                and a.qkv_bias.data_ptr() == b.qkv_bias.data_ptr()
+            )
+        )
+    )

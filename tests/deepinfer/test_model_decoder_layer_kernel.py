@@ -24,6 +24,7 @@ from deepinfer.model.decoder_layer_kernel import (
     LayerShape,
     SlotMapping,
 )
+from deepinfer_kernels.cpu import PagedAttentionTiles
 
 BLOCK = 4
 
@@ -31,6 +32,11 @@ BLOCK = 4
 @pytest.fixture(scope="module")
 def kernel(tmp_path_factory: pytest.TempPathFactory) -> DecoderLayerKernel:
     return built(DecoderLayerKernel(cache_dir=tmp_path_factory.mktemp("kernels"), enabled=True))
+
+
+@pytest.fixture(scope="module")
+def tiles(tmp_path_factory: pytest.TempPathFactory) -> PagedAttentionTiles:
+    return built(PagedAttentionTiles(cache_dir=tmp_path_factory.mktemp("tiles"), enabled=True))
 
 
 def bf16_exact_model(seed: int = 0, **overrides: object) -> LlamaModel:
@@ -67,9 +73,12 @@ def ragged_step_matches(
     history: list[int],
     query_lens: list[int],
     seed: int,
+    tiles: PagedAttentionTiles | None = None,
 ) -> None:
     """Prefill ``history[b]`` tokens per sequence on torch, then run one step of
-    ``query_lens[b]`` new tokens per sequence on each path (from copies of the pool)."""
+    ``query_lens[b]`` new tokens per sequence on each path (from copies of the pool); with
+    ``tiles`` the kernel path also attends on the compiled tiles (bound for all layers where
+    the plan allows)."""
     cfg = model.config
     gen = torch.Generator().manual_seed(seed)
     blocks = [-(-(h + q) // BLOCK) for h, q in zip(history, query_lens)]
@@ -94,7 +103,7 @@ def ragged_step_matches(
     layer_ids = sorted({0, cfg.num_layers - 1})
     other = KVPool.for_model(cfg, pool.num_blocks, BLOCK)
     other.tensor.copy_(pool.tensor)
-    fused = CpuKernels(layer=kernel)
+    fused = CpuKernels(layer=kernel, attention=tiles)
     model.use_cpu_kernels(fused)
     with torch.inference_mode():
         x = torch.zeros(ids.shape[0], cfg.hidden_size)
@@ -124,9 +133,11 @@ def _meta(tables: list[list[int]], seq_lens: list[int], query_lens: list[int]) -
     bias=st.booleans(),
     seqs=st.lists(st.tuples(st.integers(0, 11), st.integers(1, 5)), min_size=1, max_size=4),
     seed=st.integers(0, 2**16),
+    with_tiles=st.booleans(),
 )
 def test_any_layer_shape_and_ragged_step_matches_torch(
     kernel: DecoderLayerKernel,
+    tiles: PagedAttentionTiles,
     kv_heads: int,
     group: int,
     head_dim: int,
@@ -134,6 +145,7 @@ def test_any_layer_shape_and_ragged_step_matches_torch(
     bias: bool,
     seqs: list[tuple[int, int]],
     seed: int,
+    with_tiles: bool,
 ) -> None:
     heads = kv_heads * group
     model = bf16_exact_model(
@@ -145,12 +157,71 @@ def test_any_layer_shape_and_ragged_step_matches_torch(
         intermediate_size=intermediate,
         attention_bias=bias,
     )
-    ragged_step_matches(model, kernel, [h for h, _ in seqs], [q for _, q in seqs], seed)
+    history, query_lens = [h for h, _ in seqs], [q for _, q in seqs]
+    ragged_step_matches(model, kernel, history, query_lens, seed, tiles if with_tiles else None)
 
 
-def test_one_decode_row_at_a_block_boundary(kernel: DecoderLayerKernel) -> None:
+def test_one_decode_row_at_a_block_boundary(
+    kernel: DecoderLayerKernel, tiles: PagedAttentionTiles
+) -> None:
     ragged_step_matches(bf16_exact_model(3), kernel, [BLOCK], [1], seed=3)
-    ragged_step_matches(bf16_exact_model(4), kernel, [BLOCK - 1], [1], seed=4)
+    ragged_step_matches(bf16_exact_model(4), kernel, [BLOCK - 1], [1], seed=4, tiles=tiles)
+
+
+class CountingTiles(PagedAttentionTiles):
+    def __init__(self, cache_dir: Path) -> None:
+        super().__init__(cache_dir=cache_dir, enabled=True)
+        self.bound = self.unbound = 0
+
+    def bind(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        self.bound += 1
+        return super().bind(*args, **kwargs)
+
+    def run(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        self.unbound += 1
+        return super().run(*args, **kwargs)
+
+
+@pytest.mark.parametrize(
+    ("history", "query_lens", "bound"),
+    [
+        ([9], [1], True),  # a decode step
+        ([9], [3], True),  # a verification step: one tile of 3 queries
+        ([9, 2, 13], [1, 1, 1], True),  # a batch of decodes of different lengths
+        ([9, 2], [1, 4], False),  # decode and verification rows: rows are gathered
+    ],
+)
+def test_decode_and_verification_steps_attend_through_bound_layers(
+    kernel: DecoderLayerKernel,
+    tmp_path: Path,
+    history: list[int],
+    query_lens: list[int],
+    bound: bool,
+) -> None:
+    """The steps a decode loop runs bind their attention once for all layers (one bind, no
+    per-layer run); the others run it layer by layer; both match the torch ops."""
+    tiles = built(CountingTiles(tmp_path))
+    model = bf16_exact_model(11)
+    ragged_step_matches(model, kernel, history, query_lens, seed=11, tiles=tiles)
+    layers = model.config.num_layers
+    assert (tiles.bound, tiles.unbound) == ((1, 0) if bound else (0, layers))
+
+
+def test_panels_are_checked_once_while_they_do_not_change(kernel: DecoderLayerKernel) -> None:
+    model = bf16_exact_model(12)
+    pool = KVPool.for_model(model.config, 4, BLOCK)
+    x = torch.zeros(1, model.config.hidden_size)
+    model.use_cpu_kernels(CpuKernels(layer=kernel))
+    with torch.inference_mode():
+        first = model._fused_panels(x, pool, _meta([[0]], [1], [1]))
+        assert first is not None
+        assert model._fused_panels(x, pool, _meta([[0]], [1], [1])) is first
+    with torch.no_grad():
+        model.decoder_layers()[0].self_attn.o_proj.weight.mul_(2.0)
+    with torch.inference_mode():
+        second = model._fused_panels(x, pool, _meta([[0]], [1], [1]))
+    assert second is not None and second is not first
+    assert second[0].o is not first[0].o and second[1].o is first[1].o
 
 
 def test_thirty_two_rows_take_the_kernel(kernel: DecoderLayerKernel) -> None:
@@ -234,6 +305,33 @@ def test_bad_operands_are_refused_by_name(kernel: DecoderLayerKernel) -> None:
         kernel.mlp(attn, panels[0], shape, residual, normed, w, w, 1e-5, torch.zeros(3))
     with pytest.raises(ValueError, match="next_norm"):
         kernel.mlp(attn, panels[0], shape, residual, normed, w, w[:-1], 1e-5, torch.zeros(10_000))
+    # bind: the same checks once for all layers, plus one operand per layer.
+    layers = len(panels)
+    caches = [pool.layer_caches(i) for i in range(layers)]
+    ks, vs = [k for k, _ in caches], [v for _, v in caches]
+    scratch = torch.zeros(shape.scratch_size(1))
+
+    def bind(**change):  # type: ignore[no-untyped-def]
+        args = {"panels": panels, "normed": normed, "qkv": out, "k_caches": ks, "v_caches": vs,
+                "norms": [(w, w)] * layers, "scratch": scratch}  # fmt: skip
+        args.update(change)
+        return kernel.bind(shape, args["panels"], args["normed"], args["qkv"], cos, sin, slots,
+                           args["k_caches"], args["v_caches"], attn, residual, args["norms"],
+                           1e-5, args["scratch"])  # fmt: skip
+
+    assert len(bind()) == layers
+    with pytest.raises(ValueError, match="one per layer"):
+        bind(v_caches=vs[:-1])
+    with pytest.raises(ValueError, match=r"k_caches\[1\]"):
+        bind(k_caches=[ks[0], ks[1][:1]])
+    with pytest.raises(ValueError, match="next_norm"):
+        bind(norms=[(w, w), (w, w[:-1])])
+    with pytest.raises(ValueError, match="scratch"):
+        bind(scratch=torch.zeros(3))
+    with pytest.raises(ValueError, match=r"^out:"):
+        bind(qkv=out[:, :-1])
+    with pytest.raises(ValueError, match=r"panels\.qkv"):
+        bind(panels=(swapped, *panels[1:]))
 
 
 def test_without_a_compiler_the_model_keeps_its_torch_ops(

@@ -107,3 +107,62 @@ def test_unavailable_kernel_falls_back(tmp_path: Path, no_c_compiler: None) -> N
     with pytest.warns(RuntimeWarning, match="no C compiler"):
         out = dk.plan_paged_attention(bt, lens, cu, **kw, cpu_kernel=broken).run(q, k, v)
     assert torch.equal(out, dk.plan_paged_attention(bt, lens, cu, **kw).run(q, k, v))
+
+
+@settings(max_examples=40)
+@given(
+    case=paged_attention_cases(
+        dtypes=(torch.float32,), allow_non_causal=True, kinds=("decode", "verify", "extend")
+    )
+)
+def test_bound_layers_equal_run_layer_by_layer(
+    tiles: CountingTiles, case: PagedAttentionCase
+) -> None:
+    """``bind_cpu_layers``: for every layer's caches, the bound call writes exactly what
+    ``run`` returns (same kernel, same arguments), reading ``q`` as it is at call time; where
+    the plan needs a gather or scatter of rows it declines (None) and ``run`` stays the way."""
+    g = torch.Generator().manual_seed(case.q.shape[0])
+    layers = [(case.k_cache, case.v_cache)] + [
+        (torch.randn(case.k_cache.shape, generator=g), torch.randn(case.v_cache.shape, generator=g))
+        for _ in range(2)
+    ]
+    plan = case.plan(use_triton=False, cpu_kernel=tiles)
+    q = case.q.clone()
+    out = torch.empty(q.shape)
+    with torch.inference_mode():
+        bound = plan.bind_cpu_layers(q, [k for k, _ in layers], [v for _, v in layers], out)
+        if bound is None:
+            q_lens = (case.cu_seqlens_q[1:] - case.cu_seqlens_q[:-1]).tolist()
+            assert (
+                plan.num_tile_batches != 1
+                or max(q_lens, default=0) > MAX_TILE_Q
+                or (
+                    len(set(q_lens)) > 1  # padded tiles: rows are gathered
+                )
+            )
+            return
+        assert len(bound) == len(layers)
+        for i, (k, v) in enumerate(layers):
+            q.normal_(generator=g)  # a new layer's queries, in the same buffer
+            bound(i)
+            assert torch.equal(out, plan.run(q, k, v))
+
+
+def test_bound_layers_check_their_operands(tiles: CountingTiles) -> None:
+    bt = torch.tensor([[0, 1]], dtype=torch.int32)
+    lens, cu = torch.tensor([20], dtype=torch.int32), torch.tensor([0, 1], dtype=torch.int32)
+    kw: dict[str, Any] = {"block_size": 16, "num_q_heads": 4, "num_kv_heads": 2, "head_dim": 32}
+    k, v = torch.randn(2, 16, 2, 32), torch.randn(2, 16, 2, 32)
+    q, out = torch.randn(1, 4, 32), torch.empty(1, 4, 32)
+    plan = dk.plan_paged_attention(bt, lens, cu, **kw, cpu_kernel=tiles)
+    with pytest.raises(ValueError, match="out: expected contiguous fp32"):
+        plan.bind_cpu_layers(q, [k], [v], torch.empty(2, 4, 32))
+    with pytest.raises(ValueError, match="v_caches"):
+        plan.bind_cpu_layers(q, [k, k], [v], out)
+    with pytest.raises(ValueError, match="one layout"):
+        plan.bind_cpu_layers(q, [k, torch.randn(3, 16, 2, 32)], [v, torch.randn(3, 16, 2, 32)], out)
+    with pytest.raises(ValueError, match="block id 1 is outside"):
+        plan.bind_cpu_layers(q, [k[:1]], [v[:1]], out)
+    # Nothing to bind to: no CPU kernel, or operands it does not apply to.
+    assert dk.plan_paged_attention(bt, lens, cu, **kw).bind_cpu_layers(q, [k], [v], out) is None
+    assert plan.bind_cpu_layers(q.half(), [k.half()], [v.half()], out) is None

@@ -30,6 +30,7 @@ time. ``run`` is meant for eager execution; under ``torch.compile`` call the reg
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -49,7 +50,7 @@ from deepinfer_kernels.attention.validate import (
     check_paged_values,
     want_value_checks,
 )
-from deepinfer_kernels.cpu.attention import PagedAttentionTiles
+from deepinfer_kernels.cpu.attention import BoundTiles, PagedAttentionTiles
 
 # Pool size used while validating the metadata alone: the real pool is only known at run time,
 # where the largest block id in use is checked against it. (The int32 maximum: a larger Python
@@ -170,6 +171,58 @@ class PagedAttentionPlan:
                 f"block_table: block id {self.max_block_id} is outside the pool of "
                 f"{k_cache.shape[0]} blocks"
             )
+
+    def bind_cpu_layers(
+        self,
+        q: torch.Tensor,
+        k_caches: Sequence[torch.Tensor],
+        v_caches: Sequence[torch.Tensor],
+        out: torch.Tensor,
+    ) -> BoundTiles | None:
+        """Every layer's :meth:`run` on the plan's CPU kernel, checked once: ``bound(i)`` writes
+        ``run(q, k_caches[i], v_caches[i])`` into ``out`` (contiguous fp32 shaped like ``q``),
+        reading ``q`` as it is at that moment.
+
+        For a model whose layers attend with the same batch and buffers (a decode or
+        verification step): the per-layer Python work of :meth:`run` (checks, dispatch,
+        allocation) cost about as much as the attention itself on a 2-core CPU. ``None`` when
+        the plan cannot run that way (Triton path, no or unavailable CPU kernel, operands it
+        does not apply to, or tile batches that need a gather or scatter of rows); then call
+        :meth:`run`.
+        """
+        if self.use_triton or self.cpu_kernel is None or len(self._batches) != 1:
+            return None
+        if len(k_caches) != len(v_caches) or not k_caches:
+            raise ValueError(
+                f"v_caches: expected one per k_cache, got {len(v_caches)} and {len(k_caches)}"
+            )
+        tb = self._batches[0]
+        if tb.row_start != 0 or tb.num_rows != q.shape[0]:
+            return None
+        first = (k_caches[0], v_caches[0])
+        self._check(q, *first)
+        layout = [(t.shape, t.stride(), t.dtype, t.device) for t in first]
+        for k, v in zip(k_caches, v_caches):
+            if [(t.shape, t.stride(), t.dtype, t.device) for t in (k, v)] != layout:
+                self._check(q, k, v)  # raises naming what differs
+                raise ValueError("k_caches/v_caches: every layer's caches must share one layout")
+        kernel = self.cpu_kernel
+        if not (kernel.applies(q, *first, tb.max_q) and kernel.available()):
+            return None
+        return kernel.bind(
+            q,
+            k_caches,
+            v_caches,
+            out,
+            page_ids=tb.page_ids,
+            keep=tb.keep,
+            num_tiles=tb.num_tiles,
+            max_q=tb.max_q,
+            num_pages=tb.num_pages,
+            key_len=tb.key_len,
+            scale=self.scale,
+            soft_cap=self.soft_cap,
+        )
 
     def run(self, q: Any, k_cache: Any, v_cache: Any, *, return_lse: bool = False) -> Any:
         """Attention of this batch's queries ``q [total_q, Hq, D]`` over one layer's cache.

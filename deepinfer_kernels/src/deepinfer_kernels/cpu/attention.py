@@ -10,6 +10,7 @@ reference's; results agree to fp32 rounding.
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -121,3 +122,113 @@ class PagedAttentionTiles:
         if rc:
             raise MemoryError("paged_attention_tiles could not allocate its score buffer")
         return o, lse
+
+    def bind(
+        self,
+        q: torch.Tensor,
+        k_caches: Sequence[torch.Tensor],
+        v_caches: Sequence[torch.Tensor],
+        out: torch.Tensor,
+        *,
+        page_ids: torch.Tensor,
+        keep: torch.Tensor | None,
+        num_tiles: int,
+        max_q: int,
+        num_pages: int,
+        key_len: int,
+        scale: float,
+        soft_cap: float,
+    ) -> BoundTiles:
+        """:meth:`run` of one tile batch whose padded rows are exactly ``q``'s rows in order
+        (``row_start`` 0, no ``q_rows``), for every layer's caches, writing ``o`` into ``out``
+        ``[num_tiles * max_q, Hq, D]`` (contiguous fp32) and no ``lse``: see
+        :class:`BoundTiles`. The caller checked the operands with :meth:`applies`."""
+        return BoundTiles(
+            self,
+            q,
+            k_caches,
+            v_caches,
+            out,
+            page_ids=page_ids,
+            keep=keep,
+            num_tiles=num_tiles,
+            max_q=max_q,
+            num_pages=num_pages,
+            key_len=key_len,
+            scale=scale,
+            soft_cap=soft_cap,
+        )
+
+
+class BoundTiles:
+    """``bound(i)``: layer ``i``'s attention of ``q`` into ``out`` (see
+    :meth:`PagedAttentionTiles.bind`), one foreign call with arguments built once.
+
+    For a model that attends with the same batch and buffers in every layer. ``q`` and ``out``
+    are read and written in place at every call, so they (and the caches) must keep their
+    storage while the runner is used; the runner holds references to all of them.
+    """
+
+    def __init__(
+        self,
+        tiles: PagedAttentionTiles,
+        q: torch.Tensor,
+        k_caches: Sequence[torch.Tensor],
+        v_caches: Sequence[torch.Tensor],
+        out: torch.Tensor,
+        *,
+        page_ids: torch.Tensor,
+        keep: torch.Tensor | None,
+        num_tiles: int,
+        max_q: int,
+        num_pages: int,
+        key_len: int,
+        scale: float,
+        soft_cap: float,
+    ) -> None:
+        hq, d = q.shape[1], q.shape[2]
+        _, block_size, hkv, _ = k_caches[0].shape
+        rows = num_tiles * max_q
+        if (
+            out.dtype != torch.float32
+            or not out.is_contiguous()
+            or tuple(out.shape) != (rows, hq, d)
+            or q.shape[0] != rows
+        ):
+            raise ValueError(
+                f"out: expected contiguous fp32 [{rows}, {hq}, {d}] for a q of {rows} rows, "
+                f"got {out.dtype} {tuple(out.shape)} and q {tuple(q.shape)}"
+            )
+        if len(k_caches) != len(v_caches):
+            raise ValueError("v_caches: expected one per k_cache")
+        # References: the call arguments are these tensors' addresses.
+        self._tensors = (q, out, *k_caches, *v_caches)
+        self._pages = page_ids.to(torch.int64).contiguous()
+        self._keep = None if keep is None else keep.to(torch.bool).contiguous()
+        self._fn = tiles.fn
+        self._rows = rows
+        self._head = (q.data_ptr(), q.stride(0), None, 0)
+        self._layers = [(k.data_ptr(), v.data_ptr()) for k, v in zip(k_caches, v_caches)]
+        self._tail = (
+            self._pages.data_ptr(),
+            None if self._keep is None else self._keep.data_ptr(),
+            out.data_ptr(),
+            None,
+            num_tiles,
+            max_q,
+            num_pages,
+            key_len,
+            block_size,
+            hq,
+            hkv,
+            d,
+            scale,
+            soft_cap,
+        )
+
+    def __len__(self) -> int:
+        return len(self._layers)
+
+    def __call__(self, layer: int) -> None:
+        if self._rows and self._fn(*self._head, *self._layers[layer], *self._tail):
+            raise MemoryError("paged_attention_tiles could not allocate its score buffer")
