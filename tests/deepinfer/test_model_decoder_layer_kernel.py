@@ -222,6 +222,16 @@ def test_panels_are_checked_once_while_they_do_not_change(kernel: DecoderLayerKe
         second = model._fused_panels(x, pool, _meta([[0]], [1], [1]))
     assert second is not None and second is not first
     assert second[0].o is not first[0].o and second[1].o is first[1].o
+    # A replaced parameter (same values, new tensor) and a new QKV bias are seen too.
+    att = model.decoder_layers()[1].self_attn
+    att.o_proj.weight = torch.nn.Parameter(att.o_proj.weight.detach().clone())
+    with torch.inference_mode():
+        third = model._fused_panels(x, pool, _meta([[0]], [1], [1]))
+    assert third is not None and third is not second and third[1].o is not second[1].o
+    att.qkv_proj.bias = torch.nn.Parameter(torch.zeros(att.qkv_proj.weight.shape[0]))
+    with torch.inference_mode():
+        fourth = model._fused_panels(x, pool, _meta([[0]], [1], [1]))
+    assert fourth is not None and fourth[1].qkv_bias is not None and third[1].qkv_bias is None
 
 
 def test_thirty_two_rows_take_the_kernel(kernel: DecoderLayerKernel) -> None:
