@@ -64,6 +64,34 @@ def test_matches_the_reference(tiles: CountingTiles, case: PagedAttentionCase) -
         assert tiles.calls > before  # every tile is short: the kernel ran
 
 
+@settings(max_examples=25, deadline=None)
+@given(
+    case=paged_attention_cases(
+        dtypes=(torch.float32,),
+        allow_non_causal=True,
+        kinds=("decode", "verify"),
+        max_batch=2,
+        max_seq_len=1500,
+        head_dims=(24, 64, 72),  # 24 and 72: the kernel's scalar loops
+    )
+)
+def test_few_long_tiles_split_their_keys_and_match(
+    tiles: CountingTiles, case: PagedAttentionCase
+) -> None:
+    """One or two tiles over up to 1500 keys: fewer tiles than twice the threads, so the kernel
+    splits the keys into spans and merges their softmaxes; ``o`` and ``lse`` still equal the
+    reference (sliding windows, soft-cap and masks included)."""
+    before = tiles.calls
+    with torch.inference_mode():
+        out, lse = case.plan(use_triton=False, cpu_kernel=tiles).run(
+            case.q, case.k_cache, case.v_cache, return_lse=True
+        )
+    ref_out, ref_lse = paged_attention_reference(*case.tensors(), **case.options(), return_lse=True)
+    assert_attention_close(out, ref_out)
+    assert_attention_close(lse, ref_lse, dtype=torch.float32)
+    assert tiles.calls > before
+
+
 def test_long_context_decode_matches_the_torch_path(tiles: CountingTiles) -> None:
     """Sixteen decode rows over up to 2k keys each, pages in random order, ``q`` a strided
     view; the kernel runs on it."""
