@@ -233,20 +233,62 @@ def test_tiles_torch_path(benchmark, tile_case):  # type: ignore[no-untyped-def]
     _TILES["torch"] = benchmark.stats.stats.median
 
 
-def test_tiles_compiled(benchmark, tile_case):  # type: ignore[no-untyped-def]
+def _bench_compiled(benchmark, case, times: dict[str, float], what: str) -> None:  # type: ignore[no-untyped-def]
+    """Time the plan on the compiled tiles (checked against the torch path) and print the
+    ratio to the torch path's time in ``times`` when that ran first."""
     from deepinfer_kernels.cpu import PagedAttentionTiles
 
     tiles = PagedAttentionTiles(enabled=True)
     if not tiles.available():
         pytest.skip(f"no compiled CPU kernel here: {tiles.fn.error}")
-    plan = _tile_plan(tile_case, tiles)
-    q, k, v = tile_case["q"], tile_case["k_cache"], tile_case["v_cache"]
+    plan = _tile_plan(case, tiles)
+    q, k, v = case["q"], case["k_cache"], case["v_cache"]
     with torch.inference_mode():
         out = benchmark(plan.run, q, k, v)
-        torch.testing.assert_close(out, _tile_plan(tile_case).run(q, k, v), atol=1e-5, rtol=1e-5)
-    _TILES["compiled"] = benchmark.stats.stats.median
-    if "torch" in _TILES:
+        torch.testing.assert_close(out, _tile_plan(case).run(q, k, v), atol=1e-5, rtol=1e-5)
+    times["compiled"] = benchmark.stats.stats.median
+    if "torch" in times:
         print(
-            f"\n16 decode rows: torch path {_TILES['torch'] * 1e6:.0f} us, compiled tiles "
-            f"{_TILES['compiled'] * 1e6:.0f} us ({_TILES['torch'] / _TILES['compiled']:.2f}x)"
+            f"\n{what}: torch path {times['torch'] * 1e6:.0f} us, compiled tiles "
+            f"{times['compiled'] * 1e6:.0f} us ({times['torch'] / times['compiled']:.2f}x)"
         )
+
+
+def test_tiles_compiled(benchmark, tile_case):  # type: ignore[no-untyped-def]
+    _bench_compiled(benchmark, tile_case, _TILES, "16 decode rows")
+
+
+# --- CPU tile kernel: one long decode row (a lone request deep into its context) ------------
+# 1 sequence of 2048 keys in shuffled pages, SmolLM2's heads: fewer tiles than threads, so the
+# compiled kernel splits the keys into spans (merged exactly) to use every thread.
+#
+#     .venv/bin/pytest benchmarks/bench_kernels_attention.py --benchmark-only -s -k long_decode
+
+_LONG: dict[str, float] = {}
+
+
+@pytest.fixture(scope="module")
+def long_decode_case() -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(3)
+    pages = 2048 // BS
+    return {
+        "q": torch.randn(1, S_HQ, S_D, generator=g),
+        "k_cache": torch.randn(4 * pages, BS, S_HKV, S_D, generator=g),
+        "v_cache": torch.randn(4 * pages, BS, S_HKV, S_D, generator=g),
+        "block_table": torch.randperm(4 * pages, generator=g)[:pages]
+        .view(1, pages)
+        .to(torch.int32),
+        "seq_lens": torch.tensor([2048], dtype=torch.int32),
+        "cu_seqlens_q": torch.tensor([0, 1], dtype=torch.int32),
+    }
+
+
+def test_long_decode_torch_path(benchmark, long_decode_case):  # type: ignore[no-untyped-def]
+    plan = _tile_plan(long_decode_case)
+    c = long_decode_case
+    benchmark(plan.run, c["q"], c["k_cache"], c["v_cache"])
+    _LONG["torch"] = benchmark.stats.stats.median
+
+
+def test_long_decode_compiled(benchmark, long_decode_case):  # type: ignore[no-untyped-def]
+    _bench_compiled(benchmark, long_decode_case, _LONG, "1 decode row over 2048 keys")

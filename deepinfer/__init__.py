@@ -18,7 +18,7 @@ from deepinfer.engine import (
     SamplingParams,
 )
 
-__version__ = "0.7.0"
+__version__ = "0.8.0"
 
 __all__ = [
     "LLM",

@@ -20,78 +20,92 @@ if TYPE_CHECKING:
     from deepinfer.model.decoder_layer_kernel import LayerPanels, LayerShape, SlotMapping
 
 
+def qkv_call_args(
+    x: torch.Tensor,
+    panels: LayerPanels,
+    shape: LayerShape,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    slots: SlotMapping,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    out: torch.Tensor,
+) -> tuple[object, ...]:
+    """``deepinfer_decoder_qkv``'s arguments for checked operands (``DecoderLayerKernel.qkv``)."""
+    bias = panels.qkv_bias
+    return (
+        x.data_ptr(),
+        panels.qkv.data_ptr(),
+        None if bias is None else bias.data_ptr(),
+        out.data_ptr(),
+        cos.data_ptr(),
+        sin.data_ptr(),
+        slots.slots.data_ptr(),
+        k_cache.data_ptr(),
+        v_cache.data_ptr(),
+        x.shape[0],
+        shape.hidden,
+        shape.num_heads,
+        shape.num_kv_heads,
+        shape.head_dim,
+    )
+
+
+def mlp_call_args(
+    attn: torch.Tensor,
+    panels: LayerPanels,
+    shape: LayerShape,
+    residual: torch.Tensor,
+    normed: torch.Tensor,
+    post_norm: torch.Tensor,
+    next_norm: torch.Tensor,
+    eps: float,
+    scratch: torch.Tensor,
+) -> tuple[object, ...]:
+    """``deepinfer_decoder_mlp``'s arguments for checked operands (``DecoderLayerKernel.mlp``)."""
+    return (
+        attn.data_ptr(),
+        panels.o.data_ptr(),
+        residual.data_ptr(),
+        normed.data_ptr(),
+        post_norm.data_ptr(),
+        panels.gate_up.data_ptr(),
+        panels.down.data_ptr(),
+        next_norm.data_ptr(),
+        eps,
+        scratch.data_ptr(),
+        attn.shape[0],
+        shape.hidden,
+        shape.num_heads * shape.head_dim,
+        shape.intermediate,
+    )
+
+
 class BoundLayers:
     """One step's ``DecoderLayerKernel.qkv`` (``bound.qkv(i)``) and ``DecoderLayerKernel.mlp``
-    (``bound.mlp(i)``) of layer ``i``, as one foreign call each with arguments built once
-    (``DecoderLayerKernel.bind`` checked them).
+    (``bound.mlp(i)``) of layer ``i``, as one foreign call each with the arguments
+    ``DecoderLayerKernel.bind`` checked and built (:func:`qkv_call_args`,
+    :func:`mlp_call_args`).
 
     The buffers are read and written in place at every call, so they must keep their storage
-    while the calls are used; the object holds references to all of them.
+    while the calls are used; ``operands`` holds references to all of them.
     """
 
     def __init__(
         self,
         qkv_fn: NativeFunction,
         mlp_fn: NativeFunction,
-        shape: LayerShape,
-        panels: tuple[LayerPanels, ...],
-        normed: torch.Tensor,
-        qkv: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
-        slots: SlotMapping,
-        k_caches: Sequence[torch.Tensor],
-        v_caches: Sequence[torch.Tensor],
-        attn: torch.Tensor,
-        residual: torch.Tensor,
-        norms: Sequence[tuple[torch.Tensor, torch.Tensor]],
-        eps: float,
-        scratch: torch.Tensor,
+        qkv_args: Sequence[tuple[object, ...]],
+        mlp_args: Sequence[tuple[object, ...]],
+        operands: tuple[object, ...],
+        rows: int,
     ) -> None:
-        rows, h, d = normed.shape[0], shape.hidden, shape.head_dim
-        # References: the call arguments are these tensors' addresses.
-        self._tensors = (panels, normed, qkv, cos, sin, slots, k_caches, v_caches, attn,
-                         residual, norms, scratch)  # fmt: skip
-        self._rows = rows
+        if len(qkv_args) != len(mlp_args):
+            raise ValueError("mlp_args: expected one per layer, like qkv_args")
         self._qkv_fn, self._mlp_fn = qkv_fn, mlp_fn
-        self._qkv_args = [
-            (
-                normed.data_ptr(),
-                p.qkv.data_ptr(),
-                None if p.qkv_bias is None else p.qkv_bias.data_ptr(),
-                qkv.data_ptr(),
-                cos.data_ptr(),
-                sin.data_ptr(),
-                slots.slots.data_ptr(),
-                k.data_ptr(),
-                v.data_ptr(),
-                rows,
-                h,
-                shape.num_heads,
-                shape.num_kv_heads,
-                d,
-            )
-            for p, k, v in zip(panels, k_caches, v_caches)
-        ]
-        self._mlp_args = [
-            (
-                attn.data_ptr(),
-                p.o.data_ptr(),
-                residual.data_ptr(),
-                normed.data_ptr(),
-                post.data_ptr(),
-                p.gate_up.data_ptr(),
-                p.down.data_ptr(),
-                after.data_ptr(),
-                eps,
-                scratch.data_ptr(),
-                rows,
-                h,
-                shape.num_heads * d,
-                shape.intermediate,
-            )
-            for p, (post, after) in zip(panels, norms)
-        ]
+        self._qkv_args, self._mlp_args = list(qkv_args), list(mlp_args)
+        self._operands = operands
+        self._rows = rows
 
     def __len__(self) -> int:
         return len(self._qkv_args)

@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 from deepinfer.model.bf16_weight_linear import PANEL
-from deepinfer.model.bound_layers import BoundLayers
+from deepinfer.model.bound_layers import BoundLayers, mlp_call_args, qkv_call_args
 from deepinfer_kernels.cpu.native import NativeFunction
 
 SOURCE = Path(__file__).parent / "csrc" / "decoder_layer.c"
@@ -189,23 +189,7 @@ class DecoderLayerKernel:
         self._check_qkv(x, shape, cos, sin, slots, k_cache, v_cache, out)
         if x.shape[0] == 0:
             return
-        bias = panels.qkv_bias
-        self._qkv(
-            x.data_ptr(),
-            panels.qkv.data_ptr(),
-            None if bias is None else bias.data_ptr(),
-            out.data_ptr(),
-            cos.data_ptr(),
-            sin.data_ptr(),
-            slots.slots.data_ptr(),
-            k_cache.data_ptr(),
-            v_cache.data_ptr(),
-            x.shape[0],
-            shape.hidden,
-            shape.num_heads,
-            shape.num_kv_heads,
-            shape.head_dim,
-        )
+        self._qkv(*qkv_call_args(x, panels, shape, cos, sin, slots, k_cache, v_cache, out))
 
     @staticmethod
     def _check_qkv(
@@ -260,26 +244,14 @@ class DecoderLayerKernel:
         ``attn [T, Hq D]``. Updates ``residual [T, H]`` in place; writes ``normed [T, H]``
         (``next_norm`` applied). ``scratch``: fp32 with ``shape.scratch_size(T)`` values.
         ``post_norm``/``next_norm`` share one ``eps`` (a Llama model's norms all do)."""
-        rows, h = attn.shape[0], shape.hidden
         shape.check_panels(panels)
         _check_mlp_operands(attn, shape, residual, normed, post_norm, next_norm, scratch)
-        if rows == 0:
+        if attn.shape[0] == 0:
             return
         self._mlp(
-            attn.data_ptr(),
-            panels.o.data_ptr(),
-            residual.data_ptr(),
-            normed.data_ptr(),
-            post_norm.data_ptr(),
-            panels.gate_up.data_ptr(),
-            panels.down.data_ptr(),
-            next_norm.data_ptr(),
-            eps,
-            scratch.data_ptr(),
-            rows,
-            h,
-            shape.num_heads * shape.head_dim,
-            shape.intermediate,
+            *mlp_call_args(
+                attn, panels, shape, residual, normed, post_norm, next_norm, eps, scratch
+            )
         )
 
     def bind(
@@ -325,8 +297,18 @@ class DecoderLayerKernel:
             if [(t.shape, t.stride(), t.dtype) for t in (k_caches[i], v_caches[i])] != layout:
                 raise ValueError(f"k_caches[{i}]/v_caches[{i}]: expected layer 0's layout")
             _check_norm_weights(shape, *norms[i])
-        return BoundLayers(self._qkv, self._mlp, shape, panels, normed, qkv, cos, sin, slots,
-                           k_caches, v_caches, attn, residual, norms, eps, scratch)  # fmt: skip
+        qkv_args = [
+            qkv_call_args(normed, p, shape, cos, sin, slots, k, v, qkv)
+            for p, k, v in zip(panels, k_caches, v_caches)
+        ]
+        mlp_args = [
+            mlp_call_args(attn, p, shape, residual, normed, post, after, eps, scratch)
+            for p, (post, after) in zip(panels, norms)
+        ]
+        # The calls pass these tensors' addresses: the bound object keeps them alive.
+        operands = (panels, normed, qkv, cos, sin, slots, tuple(k_caches), tuple(v_caches),
+                    attn, residual, tuple(norms), scratch)  # fmt: skip
+        return BoundLayers(self._qkv, self._mlp, qkv_args, mlp_args, operands, normed.shape[0])
 
 
 def _check_mlp_operands(

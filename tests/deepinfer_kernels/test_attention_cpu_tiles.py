@@ -51,6 +51,15 @@ def test_matches_the_reference(tiles: CountingTiles, case: PagedAttentionCase) -
     """Decode, verification and short extend tiles (GQA ratios, odd head dims, block sizes 1
     to 64, sliding windows, soft-cap, non-causal) equal the reference in fp32, ``lse``
     included; longer tiles fall back to SDPA and still match."""
+    ran = _run_and_compare(tiles, case)
+    q_lens = (case.cu_seqlens_q[1:] - case.cu_seqlens_q[:-1]).tolist()
+    if q_lens and max(q_lens) <= MAX_TILE_Q:
+        assert ran  # every tile is short: the kernel ran
+
+
+def _run_and_compare(tiles: CountingTiles, case: PagedAttentionCase) -> bool:
+    """Run ``case`` on the plan with ``tiles``; ``o`` and ``lse`` must equal the reference.
+    Returns whether the kernel ran."""
     before = tiles.calls
     with torch.inference_mode():
         out, lse = case.plan(use_triton=False, cpu_kernel=tiles).run(
@@ -59,9 +68,7 @@ def test_matches_the_reference(tiles: CountingTiles, case: PagedAttentionCase) -
     ref_out, ref_lse = paged_attention_reference(*case.tensors(), **case.options(), return_lse=True)
     assert_attention_close(out, ref_out)
     assert_attention_close(lse, ref_lse, dtype=torch.float32)
-    q_lens = (case.cu_seqlens_q[1:] - case.cu_seqlens_q[:-1]).tolist()
-    if q_lens and max(q_lens) <= MAX_TILE_Q:
-        assert tiles.calls > before  # every tile is short: the kernel ran
+    return tiles.calls > before
 
 
 @settings(max_examples=25, deadline=None)
@@ -81,15 +88,7 @@ def test_few_long_tiles_split_their_keys_and_match(
     """One or two tiles over up to 1500 keys: fewer tiles than twice the threads, so the kernel
     splits the keys into spans and merges their softmaxes; ``o`` and ``lse`` still equal the
     reference (sliding windows, soft-cap and masks included)."""
-    before = tiles.calls
-    with torch.inference_mode():
-        out, lse = case.plan(use_triton=False, cpu_kernel=tiles).run(
-            case.q, case.k_cache, case.v_cache, return_lse=True
-        )
-    ref_out, ref_lse = paged_attention_reference(*case.tensors(), **case.options(), return_lse=True)
-    assert_attention_close(out, ref_out)
-    assert_attention_close(lse, ref_lse, dtype=torch.float32)
-    assert tiles.calls > before
+    assert _run_and_compare(tiles, case)
 
 
 def test_long_context_decode_matches_the_torch_path(tiles: CountingTiles) -> None:

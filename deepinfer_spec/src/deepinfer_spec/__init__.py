@@ -45,7 +45,7 @@ from deepinfer_spec.scheduling import (
 )
 from deepinfer_spec.state import ContextRing
 
-__version__ = "0.4.0"
+__version__ = "0.5.0"
 
 __all__ = [
     "__version__",

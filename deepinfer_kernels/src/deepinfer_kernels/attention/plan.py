@@ -209,7 +209,8 @@ class PagedAttentionPlan:
         kernel = self.cpu_kernel
         if not (kernel.applies(q, *first, tb.max_q) and kernel.available()):
             return None
-        return kernel.bind(
+        return BoundTiles(
+            kernel,
             q,
             k_caches,
             v_caches,

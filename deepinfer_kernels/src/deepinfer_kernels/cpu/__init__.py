@@ -4,7 +4,7 @@
 them off; without a compiler they report themselves unavailable and the torch paths run).
 """
 
-from deepinfer_kernels.cpu.attention import PagedAttentionTiles
+from deepinfer_kernels.cpu.attention import BoundTiles, PagedAttentionTiles
 from deepinfer_kernels.cpu.native import (
     NativeBuildError,
     NativeFunction,
@@ -16,6 +16,7 @@ from deepinfer_kernels.cpu.native import (
 )
 
 __all__ = [
+    "BoundTiles",
     "NativeBuildError",
     "NativeFunction",
     "PagedAttentionTiles",

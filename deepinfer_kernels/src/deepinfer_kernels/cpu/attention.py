@@ -88,7 +88,6 @@ class PagedAttentionTiles:
         """``(o [num_tiles * max_q, Hq, D], lse [num_tiles * max_q, Hq] or None)`` over the
         padded rows of one planned tile batch (see ``TileBatch``)."""
         hq, d = q.shape[1], q.shape[2]
-        _, block_size, hkv, _ = k_cache.shape
         rows = num_tiles * max_q
         o = torch.empty(rows, hq, d, dtype=torch.float32)
         lse = torch.empty(rows, hq, dtype=torch.float32) if want_lse else None
@@ -98,71 +97,35 @@ class PagedAttentionTiles:
         if rows == 0:
             return o, lse
         rc = self.fn(
-            q.data_ptr(),
-            q.stride(0),
-            None if q_rows is None else q_rows.data_ptr(),
-            row_start,
-            k_cache.data_ptr(),
-            v_cache.data_ptr(),
-            page_ids.data_ptr(),
-            None if keep is None else keep.data_ptr(),
-            o.data_ptr(),
-            None if lse is None else lse.data_ptr(),
-            num_tiles,
-            max_q,
-            num_pages,
-            key_len,
-            block_size,
-            hq,
-            hkv,
-            d,
-            scale,
-            soft_cap,
+            *_tile_args(
+                q,
+                q_rows,
+                row_start,
+                k_cache,
+                v_cache,
+                page_ids,
+                keep,
+                o,
+                lse,
+                num_tiles,
+                max_q,
+                num_pages,
+                key_len,
+                scale,
+                soft_cap,
+            )
         )
         if rc:
             raise MemoryError("paged_attention_tiles could not allocate its score buffer")
         return o, lse
 
-    def bind(
-        self,
-        q: torch.Tensor,
-        k_caches: Sequence[torch.Tensor],
-        v_caches: Sequence[torch.Tensor],
-        out: torch.Tensor,
-        *,
-        page_ids: torch.Tensor,
-        keep: torch.Tensor | None,
-        num_tiles: int,
-        max_q: int,
-        num_pages: int,
-        key_len: int,
-        scale: float,
-        soft_cap: float,
-    ) -> BoundTiles:
-        """:meth:`run` of one tile batch whose padded rows are exactly ``q``'s rows in order
-        (``row_start`` 0, no ``q_rows``), for every layer's caches, writing ``o`` into ``out``
-        ``[num_tiles * max_q, Hq, D]`` (contiguous fp32) and no ``lse``: see
-        :class:`BoundTiles`. The caller checked the operands with :meth:`applies`."""
-        return BoundTiles(
-            self,
-            q,
-            k_caches,
-            v_caches,
-            out,
-            page_ids=page_ids,
-            keep=keep,
-            num_tiles=num_tiles,
-            max_q=max_q,
-            num_pages=num_pages,
-            key_len=key_len,
-            scale=scale,
-            soft_cap=soft_cap,
-        )
-
 
 class BoundTiles:
-    """``bound(i)``: layer ``i``'s attention of ``q`` into ``out`` (see
-    :meth:`PagedAttentionTiles.bind`), one foreign call with arguments built once.
+    """``bound(i)``: :meth:`PagedAttentionTiles.run` of one tile batch whose padded rows are
+    exactly ``q``'s rows in order (``row_start`` 0, no ``q_rows``), over layer ``i``'s caches,
+    writing ``o`` into ``out`` ``[num_tiles * max_q, Hq, D]`` (contiguous fp32) and no ``lse``:
+    one foreign call with arguments built once (``PagedAttentionPlan.bind_cpu_layers`` builds
+    it after checking the operands with :meth:`PagedAttentionTiles.applies`).
 
     For a model that attends with the same batch and buffers in every layer. ``q`` and ``out``
     are read and written in place at every call, so they (and the caches) must keep their
@@ -187,7 +150,6 @@ class BoundTiles:
         soft_cap: float,
     ) -> None:
         hq, d = q.shape[1], q.shape[2]
-        _, block_size, hkv, _ = k_caches[0].shape
         rows = num_tiles * max_q
         if (
             out.dtype != torch.float32
@@ -201,34 +163,80 @@ class BoundTiles:
             )
         if len(k_caches) != len(v_caches):
             raise ValueError("v_caches: expected one per k_cache")
+        pages = page_ids.to(torch.int64).contiguous()
+        kept = None if keep is None else keep.to(torch.bool).contiguous()
         # References: the call arguments are these tensors' addresses.
-        self._tensors = (q, out, *k_caches, *v_caches)
-        self._pages = page_ids.to(torch.int64).contiguous()
-        self._keep = None if keep is None else keep.to(torch.bool).contiguous()
+        self._tensors = (q, out, pages, kept, *k_caches, *v_caches)
         self._fn = tiles.fn
         self._rows = rows
-        self._head = (q.data_ptr(), q.stride(0), None, 0)
-        self._layers = [(k.data_ptr(), v.data_ptr()) for k, v in zip(k_caches, v_caches)]
-        self._tail = (
-            self._pages.data_ptr(),
-            None if self._keep is None else self._keep.data_ptr(),
-            out.data_ptr(),
-            None,
-            num_tiles,
-            max_q,
-            num_pages,
-            key_len,
-            block_size,
-            hq,
-            hkv,
-            d,
-            scale,
-            soft_cap,
-        )
+        self._args = [
+            _tile_args(
+                q,
+                None,
+                0,
+                k,
+                v,
+                pages,
+                kept,
+                out,
+                None,
+                num_tiles,
+                max_q,
+                num_pages,
+                key_len,
+                scale,
+                soft_cap,
+            )
+            for k, v in zip(k_caches, v_caches)
+        ]
 
     def __len__(self) -> int:
-        return len(self._layers)
+        return len(self._args)
 
     def __call__(self, layer: int) -> None:
-        if self._rows and self._fn(*self._head, *self._layers[layer], *self._tail):
+        if self._rows and self._fn(*self._args[layer]):
             raise MemoryError("paged_attention_tiles could not allocate its score buffer")
+
+
+def _tile_args(
+    q: torch.Tensor,
+    q_rows: torch.Tensor | None,
+    row_start: int,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    page_ids: torch.Tensor,
+    keep: torch.Tensor | None,
+    o: torch.Tensor,
+    lse: torch.Tensor | None,
+    num_tiles: int,
+    max_q: int,
+    num_pages: int,
+    key_len: int,
+    scale: float,
+    soft_cap: float,
+) -> tuple[object, ...]:
+    """``deepinfer_paged_attention_tiles``'s arguments (index tensors already int64 / bool and
+    contiguous)."""
+    _, block_size, hkv, _ = k_cache.shape
+    return (
+        q.data_ptr(),
+        q.stride(0),
+        None if q_rows is None else q_rows.data_ptr(),
+        row_start,
+        k_cache.data_ptr(),
+        v_cache.data_ptr(),
+        page_ids.data_ptr(),
+        None if keep is None else keep.data_ptr(),
+        o.data_ptr(),
+        None if lse is None else lse.data_ptr(),
+        num_tiles,
+        max_q,
+        num_pages,
+        key_len,
+        block_size,
+        q.shape[1],
+        hkv,
+        q.shape[2],
+        scale,
+        soft_cap,
+    )
