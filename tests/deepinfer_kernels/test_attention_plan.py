@@ -239,3 +239,48 @@ def test_consecutive_pages_are_read_without_a_gather(q_lens, extra, block_size, 
         case = replace(case, k_cache=big_k[::2], v_cache=big_v[::2])
     out = case.plan().run(case.q, case.k_cache, case.v_cache)
     assert_attention_close(out, paged_attention_reference(*case.tensors(), **case.options()))
+
+
+@settings(max_examples=8, deadline=None)
+@given(
+    prefix=st.sampled_from([0, 1, 37, 300]),
+    q_len=st.sampled_from([512, 700]),
+    block_size=st.sampled_from([4, 16]),
+    gqa=st.sampled_from([1, 3]),
+    dtype=st.sampled_from([torch.float32, torch.bfloat16]),
+    seed=st.integers(0, 2**16),
+)
+def test_long_prefill_chunks_run_the_causal_kernel(prefix, q_len, block_size, gqa, dtype, seed):  # type: ignore[no-untyped-def]
+    """A lone prefill chunk of >= 512 queries (after a cached prefix or none) runs the flash
+    kernel's causal mode, the prefix in a second call merged through the LSEs, with no
+    additive mask built; ``o`` and ``lse`` equal the reference's."""
+    seq_len = prefix + q_len
+    pages = -(-seq_len // block_size)
+    physical = torch.randperm(pages + 3, generator=torch.Generator().manual_seed(seed))
+    layout = PagedLayout(
+        (q_len,), (seq_len,), block_size, pages + 3, (tuple(physical[:pages].tolist()),),
+        2 * gqa, 2, 32,
+    )  # fmt: skip
+    case = materialize(layout, dtype=dtype, seed=seed)
+    plan = case.plan(use_triton=False)
+    (tb,) = plan._batches
+    assert tb.causal_from == prefix and tb.bias is None and plan.masked
+    out, lse = plan.run(case.q, case.k_cache, case.v_cache, return_lse=True)
+    ref_out, ref_lse = paged_attention_reference(*case.tensors(), return_lse=True)
+    assert_attention_close(out, ref_out)
+    assert_attention_close(lse, ref_lse, dtype=torch.float32)
+
+
+def test_windowed_or_short_chunks_keep_the_additive_mask() -> None:
+    layout = PagedLayout((600,), (600,), 16, 40, (tuple(range(38)),), 4, 2, 16)
+    case = materialize(layout, seed=3)
+    windowed = replace(case, sliding_window=100)
+    (tb,) = windowed.plan(use_triton=False)._batches
+    assert tb.causal_from is None and tb.bias is not None
+    assert_attention_close(
+        windowed.plan(use_triton=False).run(windowed.q, windowed.k_cache, windowed.v_cache),
+        paged_attention_reference(*windowed.tensors(), **windowed.options()),
+    )
+    short = materialize(PagedLayout((100,), (100,), 16, 8, (tuple(range(7)),), 4, 2, 16), seed=4)
+    (tb,) = short.plan(use_triton=False)._batches
+    assert tb.causal_from is None and tb.bias is not None

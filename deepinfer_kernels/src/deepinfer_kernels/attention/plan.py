@@ -131,7 +131,7 @@ class PagedAttentionPlan:
     def masked(self) -> bool:
         """False when no tile batch needs a mask (the fast path: decode batches of equal
         lengths, a lone decode)."""
-        return any(tb.bias is not None for tb in self._batches)
+        return any(tb.keep is not None for tb in self._batches)
 
     def _check(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
         for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):

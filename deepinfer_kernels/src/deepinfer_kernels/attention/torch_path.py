@@ -30,6 +30,12 @@ from deepinfer_kernels.cpu.attention import PagedAttentionTiles
 _SHORT_TILE = 16
 # Upper bound on fp32 score elements materialised at once (64 MiB).
 _SCORE_BUDGET = 1 << 24
+# A lone tile with at least this many queries whose mask is "every key before it, causal over
+# its own" (a prefill chunk, no window) runs the flash kernel's own causal mode instead of an
+# additive mask: it skips the masked half instead of computing it (on the 2-core CPU, one
+# SmolLM2 layer over 1024 tokens: 10.8 vs 15.0 ms; 2048: 34 vs 60 ms). Below this the additive
+# mask was as fast or faster (128 queries: 0.3 vs 0.5 ms).
+_CAUSAL_MIN_Q = 512
 
 
 @dataclass(frozen=True)
@@ -57,6 +63,9 @@ class TileBatch:
     ``q``). ``bias`` (fp32 ``[num_tiles, 1, group * max_q, key_len]``, ``0`` kept / ``-inf``
     masked) and ``keep`` (bool ``[num_tiles, max_q, key_len]``) are ``None`` when every key of
     the span is kept by every row (decode batches of equal lengths, a lone decode).
+    ``causal_from`` is set (and ``bias`` is ``None``, ``keep`` is not) for a lone long tile
+    whose row ``r`` keeps exactly the keys ``j <= causal_from + r``: the first ``causal_from``
+    keys (a cached prefix, earlier chunks) unmasked, its own ``max_q`` keys causal.
     """
 
     num_tiles: int
@@ -71,6 +80,7 @@ class TileBatch:
     out_rows: torch.Tensor | None
     bias: torch.Tensor | None
     keep: torch.Tensor | None
+    causal_from: int | None = None
 
     @property
     def num_rows(self) -> int:
@@ -176,8 +186,15 @@ def _plan_batch(
     keep = keep[:, :, :key_len]
     bias = None
     keep_out: torch.Tensor | None = None
+    causal_from: int | None = None
+    if nb == 1 and max_q >= _CAUSAL_MIN_Q and key_len >= max_q and not bool(keep.all()):
+        start = key_len - max_q
+        causal_shape = torch.ones(max_q, key_len, dtype=torch.bool, device=device).tril(start)
+        if torch.equal(keep[0], causal_shape):
+            causal_from = start
     if not bool(keep.all()):
         keep_out = keep.contiguous()
+    if keep_out is not None and causal_from is None:
         # fp32 bias: the CPU flash kernel accepts it for fp16/bf16 queries too.
         b = torch.zeros(keep_out.shape, dtype=torch.float32, device=device)
         b.masked_fill_(~keep_out, float("-inf"))
@@ -191,14 +208,16 @@ def _plan_batch(
     in_order = all(t.row == rows0 + i * max_q for i, t in enumerate(tiles))
     if all_valid and in_order:
         return TileBatch(
-            nb, max_q, n_blk, key_len, blocks, page_start, rows0, None, None, None, bias, keep_out
-        )
+            nb, max_q, n_blk, key_len, blocks, page_start, rows0, None, None, None, bias,
+            keep_out, causal_from,
+        )  # fmt: skip
     rows = (ints([t.row for t in tiles])[:, None] + t_eff).reshape(-1)
     valid = None if all_valid else (t_idx[None, :] < n_q[:, None]).reshape(-1).nonzero()[:, 0]
     out_rows = rows if valid is None else rows[valid]
     return TileBatch(
-        nb, max_q, n_blk, key_len, blocks, page_start, None, rows, valid, out_rows, bias, keep_out
-    )
+        nb, max_q, n_blk, key_len, blocks, page_start, None, rows, valid, out_rows, bias,
+        keep_out, causal_from,
+    )  # fmt: skip
 
 
 def plan_tile_batches(
@@ -314,6 +333,8 @@ def _attend(
     else:
         assert tb.q_rows is not None
         qs = q.index_select(0, tb.q_rows)
+    if tb.causal_from is not None and soft_cap <= 0 and _FUSED is not None:
+        return _attend_causal(tb.causal_from, qs, k, v, scale, want_lse)
     # [nb, max_q, Hkv, G, D] -> [nb, Hkv, G * max_q, D]: the G heads of a KV head share it.
     qt = qs.view(nb, max_q, hkv, group, d).permute(0, 2, 3, 1, 4).reshape(nb, hkv, -1, d)
     if soft_cap <= 0 and _FUSED is not None:
@@ -326,6 +347,37 @@ def _attend(
         return o, None
     row_lse = row_lse.view(nb, hkv, group, max_q).permute(0, 3, 1, 2).reshape(nb * max_q, hq)
     return o, row_lse
+
+
+def _attend_causal(
+    start: int,
+    qs: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    scale: float,
+    want_lse: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """A lone tile whose row ``r`` keeps keys ``j <= start + r`` (see ``TileBatch``):
+    ``qs [M, Hq, D]``, ``k, v [1, Hkv, start + M, D]``.
+
+    The flash kernel's causal mode is top-left aligned, so the tile's own ``M`` keys run in it
+    and the ``start`` keys before them (all kept) in a second, unmasked call; the two softmaxes
+    merge exactly through their log-sum-exps. Its causal mode needs one KV head per query head:
+    K and V are expanded (a copy of the tile's keys, small next to the scores it skips).
+    """
+    assert _FUSED is not None
+    group = qs.shape[1] // k.shape[1]
+    q4 = qs.transpose(0, 1)[None]  # [1, Hq, M, D]
+    k4, v4 = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    o, lse = _FUSED(q4, k4[:, :, start:], v4[:, :, start:], is_causal=True, scale=scale)
+    if start:
+        o_pre, lse_pre = _FUSED(q4, k4[:, :, :start], v4[:, :, :start], scale=scale)
+        top = torch.maximum(lse, lse_pre)
+        w, w_pre = torch.exp(lse - top)[..., None], torch.exp(lse_pre - top)[..., None]
+        o = (o.float() * w + o_pre.float() * w_pre) / (w + w_pre)
+        lse = top + torch.log(w + w_pre)[..., 0]
+    out = o[0].transpose(0, 1).to(qs.dtype)  # [M, Hq, D]
+    return out, (lse[0].transpose(0, 1) if want_lse else None)
 
 
 def run_tile_batches(
