@@ -243,17 +243,17 @@ def test_consecutive_pages_are_read_without_a_gather(q_lens, extra, block_size, 
 
 @settings(max_examples=8, deadline=None)
 @given(
-    prefix=st.sampled_from([0, 1, 37, 300]),
-    q_len=st.sampled_from([512, 700]),
+    prefix_q_len=st.sampled_from([(0, 512), (0, 700), (1, 1024), (300, 1030)]),
     block_size=st.sampled_from([4, 16]),
     gqa=st.sampled_from([1, 3]),
     dtype=st.sampled_from([torch.float32, torch.bfloat16]),
     seed=st.integers(0, 2**16),
 )
-def test_long_prefill_chunks_run_the_causal_kernel(prefix, q_len, block_size, gqa, dtype, seed):  # type: ignore[no-untyped-def]
-    """A lone prefill chunk of >= 512 queries (after a cached prefix or none) runs the flash
+def test_long_prefill_chunks_run_the_causal_kernel(prefix_q_len, block_size, gqa, dtype, seed):  # type: ignore[no-untyped-def]
+    """A lone prefill chunk of >= 512 queries (>= 1024 after a cached prefix) runs the flash
     kernel's causal mode, the prefix in a second call merged through the LSEs, with no
     additive mask built; ``o`` and ``lse`` equal the reference's."""
+    prefix, q_len = prefix_q_len
     seq_len = prefix + q_len
     pages = -(-seq_len // block_size)
     physical = torch.randperm(pages + 3, generator=torch.Generator().manual_seed(seed))
@@ -283,4 +283,8 @@ def test_windowed_or_short_chunks_keep_the_additive_mask() -> None:
     )
     short = materialize(PagedLayout((100,), (100,), 16, 8, (tuple(range(7)),), 4, 2, 16), seed=4)
     (tb,) = short.plan(use_triton=False)._batches
+    assert tb.causal_from is None and tb.bias is not None
+    # 600 queries after 300 cached keys: the merge would not pay, the mask stays.
+    after = materialize(PagedLayout((600,), (900,), 16, 60, (tuple(range(57)),), 4, 2, 16), seed=5)
+    (tb,) = after.plan(use_triton=False)._batches
     assert tb.causal_from is None and tb.bias is not None

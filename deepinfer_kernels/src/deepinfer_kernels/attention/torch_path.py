@@ -36,6 +36,11 @@ _SCORE_BUDGET = 1 << 24
 # SmolLM2 layer over 1024 tokens: 10.8 vs 15.0 ms; 2048: 34 vs 60 ms). Below this the additive
 # mask was as fast or faster (128 queries: 0.3 vs 0.5 ms).
 _CAUSAL_MIN_Q = 512
+# With keys before the tile (a cached prefix, earlier chunks) the causal mode needs a second,
+# unmasked call and a merge; that paid from about 1024 queries (1024 after 1024 keys: 26 vs
+# 31 ms; 1500 after 1500: 53 vs 82 ms) and lost below (600 after 300: 9-14 vs 9-10 ms; 112
+# after 1888: 14 vs 6 ms).
+_CAUSAL_PREFIX_MIN_Q = 1024
 
 
 @dataclass(frozen=True)
@@ -187,8 +192,9 @@ def _plan_batch(
     bias = None
     keep_out: torch.Tensor | None = None
     causal_from: int | None = None
-    if nb == 1 and max_q >= _CAUSAL_MIN_Q and key_len >= max_q and not bool(keep.all()):
-        start = key_len - max_q
+    start = key_len - max_q
+    min_q = _CAUSAL_MIN_Q if start == 0 else _CAUSAL_PREFIX_MIN_Q
+    if nb == 1 and max_q >= min_q and start >= 0 and not bool(keep.all()):
         causal_shape = torch.ones(max_q, key_len, dtype=torch.bool, device=device).tril(start)
         if torch.equal(keep[0], causal_shape):
             causal_from = start
