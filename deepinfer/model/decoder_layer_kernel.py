@@ -288,12 +288,13 @@ class DecoderLayerKernel:
             for p in panels:
                 shape.check_panels(p)
             self._checked_panels, self._checked_shape = panels, shape
-        # The per-call checks, on layer 0's operands (every layer shares the buffers).
+        # The per-call checks, on layer 0's operands (every layer shares the buffers); the
+        # other layers' caches must have layer 0's layout and their norms are checked each.
         if layers:
             self._check_qkv(normed, shape, cos, sin, slots, k_caches[0], v_caches[0], qkv)
             _check_mlp_operands(attn, shape, residual, normed, *norms[0], scratch)
-        layout = [(t.shape, t.stride(), t.dtype) for t in (k_caches[0], v_caches[0])]
-        for i in range(layers):
+            layout = [(t.shape, t.stride(), t.dtype) for t in (k_caches[0], v_caches[0])]
+        for i in range(1, layers):
             if [(t.shape, t.stride(), t.dtype) for t in (k_caches[i], v_caches[i])] != layout:
                 raise ValueError(f"k_caches[{i}]/v_caches[{i}]: expected layer 0's layout")
             _check_norm_weights(shape, *norms[i])

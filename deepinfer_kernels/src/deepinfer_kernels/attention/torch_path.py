@@ -192,13 +192,14 @@ def _plan_batch(
     bias = None
     keep_out: torch.Tensor | None = None
     causal_from: int | None = None
+    masked = not bool(keep.all())
     start = key_len - max_q
     min_q = _CAUSAL_MIN_Q if start == 0 else _CAUSAL_PREFIX_MIN_Q
-    if nb == 1 and max_q >= min_q and start >= 0 and not bool(keep.all()):
+    if masked and nb == 1 and max_q >= min_q and start >= 0:
         causal_shape = torch.ones(max_q, key_len, dtype=torch.bool, device=device).tril(start)
         if torch.equal(keep[0], causal_shape):
             causal_from = start
-    if not bool(keep.all()):
+    if masked:
         keep_out = keep.contiguous()
     if keep_out is not None and causal_from is None:
         # fp32 bias: the CPU flash kernel accepts it for fp16/bf16 queries too.

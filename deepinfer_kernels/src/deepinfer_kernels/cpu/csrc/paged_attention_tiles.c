@@ -142,19 +142,18 @@ int deepinfer_paged_attention_tiles(const float *q, int64_t q_stride, const int6
                                     int64_t hq, int64_t hkv, int64_t d, float scale,
                                     float soft_cap) {
     int64_t rows = max_q * hq;
-    int64_t pairs = num_tiles;
     int threads = 1;
 #ifdef _OPENMP
     threads = omp_get_max_threads();
 #endif
     int64_t spans = 1;
-    if (pairs < 2 * threads && key_len >= 2 * MIN_SPAN_KEYS) {
-        spans = (2 * threads + pairs - 1) / pairs;
+    if (num_tiles < 2 * threads && key_len >= 2 * MIN_SPAN_KEYS) {
+        spans = (2 * threads + num_tiles - 1) / num_tiles;
         if (spans > key_len / MIN_SPAN_KEYS) spans = key_len / MIN_SPAN_KEYS;
     }
     int64_t per_span = (key_len + spans - 1) / spans;
     if (per_span < 1) per_span = 1;
-    int64_t items = pairs * spans;
+    int64_t items = num_tiles * spans;
     /* Partial softmaxes of every item: m, l [items][rows], o [items][rows][d]. */
     float *part = malloc((size_t)(items * rows * (d + 2)) * sizeof(float));
     if (!part) return -1;
@@ -184,15 +183,14 @@ int deepinfer_paged_attention_tiles(const float *q, int64_t q_stride, const int6
         free(part);
         return -1;
     }
-    /* Merge the spans of each (tile, KV head) and normalise. */
-    for (int64_t pair = 0; pair < pairs; pair++) {
-        int64_t t = pair;
+    /* Merge the spans of each tile and normalise. */
+    for (int64_t t = 0; t < num_tiles; t++) {
         for (int64_t rr = 0; rr < rows; rr++) {
             int64_t out_row = t * max_q + rr / hq, head = rr % hq;
             float *out = o + (out_row * hq + head) * d;
             float big = -INFINITY;
             for (int64_t s = 0; s < spans; s++) {
-                float ms = pm[(pair * spans + s) * rows + rr];
+                float ms = pm[(t * spans + s) * rows + rr];
                 if (ms > big) big = ms;
             }
             for (int64_t e = 0; e < d; e++) out[e] = 0.f;
@@ -202,7 +200,7 @@ int deepinfer_paged_attention_tiles(const float *q, int64_t q_stride, const int6
             }
             float total = 0.f;
             for (int64_t s = 0; s < spans; s++) {
-                int64_t it = pair * spans + s;
+                int64_t it = t * spans + s;
                 float ms = pm[it * rows + rr];
                 if (ms == -INFINITY) continue;
                 float w = expf(ms - big);
