@@ -36,7 +36,7 @@ import torch
 from train_drafter import corpus_files
 
 from deepinfer.engine import LLM, EngineConfig, SamplingParams
-from deepinfer.model import load_model
+from deepinfer.models import load_model
 
 TOPICS = [
     "debugging a slow program",

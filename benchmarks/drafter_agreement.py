@@ -38,8 +38,8 @@ from train_drafter import (
     token_chunks,
 )
 
-from deepinfer.model import KVPool, load_model
-from deepinfer.model.spec_adapter import LlamaTargetAdapter
+from deepinfer.models import KVPool, load_model
+from deepinfer.models.spec_adapter import LlamaTargetAdapter
 from deepinfer_spec import DSparkDrafter
 from deepinfer_spec.training import TrainConfig, load_drafter, train_drafter
 from deepinfer_spec.training.loss import LossWeights

@@ -5,7 +5,7 @@ Each drafter directory (a ``deepinfer-spec`` checkpoint) is run in the engine wi
 ``FixedGammaScheduler(gamma)`` and no gate, greedy; tau counts the bonus/correction token
 (1 = no draft accepted). ``--draft-vocab N`` also runs each drafter restricted to the ``N``
 most frequent tokens of the training corpus (``train_drafter.draft_vocabulary``), and the
-drafter's own forward time is reported for each (``deepinfer.spec.time_draft``).
+drafter's own forward time is reported for each (``deepinfer.speculative.time_draft``).
 
     .venv/bin/python benchmarks/engine_drafter_tau.py --drafter deepinfer/data/dspark-smollm2 \\
         --drafter /tmp/run/ --draft-vocab 16384
@@ -21,9 +21,9 @@ from train_drafter import draft_vocabulary
 from vs_transformers import CHAT_MESSAGES, CODE_PROMPT
 
 from deepinfer.engine import LLM, EngineConfig, SamplingParams
-from deepinfer.model import load_model
-from deepinfer.spec import build_speculator, time_draft
-from deepinfer.spec.speculator import DSparkSpeculator
+from deepinfer.models import load_model
+from deepinfer.speculative import build_speculator, time_draft
+from deepinfer.speculative.speculator import DSparkSpeculator
 from deepinfer_spec import DSparkDrafter, FixedGammaScheduler
 
 

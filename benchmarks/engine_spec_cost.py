@@ -3,7 +3,7 @@
 1. Forced drafting: decode-step time with ``FixedGammaScheduler(g)`` and no gate (every step
    drafts and verifies ``g`` drafts) against a plain step, on the chat prompt; the tau at which
    a ``g``-draft step breaks even is the ratio of the two. Also one drafter forward
-   (``deepinfer.spec.time_draft``).
+   (``deepinfer.speculative.time_draft``).
 2. As shipped: plain decoding against ``LLM(speculative="dspark")`` (the priced draft gate) on
    the code-editing and chat prompts of ``vs_transformers.py``, interleaved runs in one process.
 3. The speculator's own per-step cost: the same engine with a gate that never opens (every
@@ -22,8 +22,8 @@ import torch
 from vs_transformers import CHAT_MESSAGES, CODE_PROMPT
 
 from deepinfer.engine import LLM, EngineConfig, SamplingParams
-from deepinfer.model import load_model
-from deepinfer.spec import build_speculator, time_draft
+from deepinfer.models import load_model
+from deepinfer.speculative import build_speculator, time_draft
 from deepinfer_spec import DraftGate, FixedGammaScheduler
 
 

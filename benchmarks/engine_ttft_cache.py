@@ -40,8 +40,8 @@ import torch
 
 from deepinfer.engine import LLM, EngineConfig, SamplingParams
 from deepinfer.engine.cache_setup import PrefixCacheConfig
-from deepinfer.model import load_model
-from deepinfer.model.loader import LoadedModel
+from deepinfer.models import load_model
+from deepinfer.models.loader import LoadedModel
 
 TARGET = 0.2
 ONE_TOKEN = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)

@@ -23,7 +23,7 @@ from collections.abc import Callable
 
 import torch
 
-from deepinfer.model import AttentionMetadata, KVPool, LlamaModel, load_model
+from deepinfer.models import AttentionMetadata, KVPool, LlamaModel, load_model
 
 
 def _forward_per_layer(

@@ -13,7 +13,7 @@ import time
 
 import torch
 
-from deepinfer.model import AttentionMetadata, KVPool, load_model
+from deepinfer.models import AttentionMetadata, KVPool, load_model
 
 
 def _run(model, pool, prompt_len: int, decode: int, batch: int) -> tuple[float, float]:

@@ -24,8 +24,8 @@ from pathlib import Path
 
 import torch
 
-from deepinfer.model import KVPool, LoadedModel, load_model
-from deepinfer.model.spec_adapter import LlamaTargetAdapter
+from deepinfer.models import KVPool, LoadedModel, load_model
+from deepinfer.models.spec_adapter import LlamaTargetAdapter
 from deepinfer_spec import DSparkConfig
 from deepinfer_spec.training import (
     TrainConfig,

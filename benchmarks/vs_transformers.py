@@ -1,6 +1,6 @@
 """DeepInfer vs Hugging Face transformers on the embedded SmolLM2-135M-Instruct, same process.
 
-Same weights (the bf16 safetensors directory ``deepinfer.model.convert_gguf`` writes, loaded by
+Same weights (the bf16 safetensors directory ``deepinfer.models.convert_gguf`` writes, loaded by
 both engines in fp32), same machine, torch threads pinned. Measures:
 
 1. greedy outputs token-identical to transformers' greedy over 20 prompts;
@@ -34,7 +34,7 @@ import numpy as np
 import torch
 
 from deepinfer.engine import LLM, EngineConfig, SamplingParams
-from deepinfer.model import load_model
+from deepinfer.models import load_model
 
 CODE_PROMPT = """Rename the function `compute_total` to `sum_prices` and update every call.
 

@@ -18,9 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from deepinfer.engine.config import EngineConfig
-from deepinfer.model.cache_files import cache_base
-from deepinfer.model.kv_pool import KVPool
-from deepinfer.model.llama import LlamaModel
+from deepinfer.models.cache_files import cache_base
+from deepinfer.models.kv_pool import KVPool
+from deepinfer.models.llama import LlamaModel
 from deepinfer_cache import (
     CacheLockedError,
     DeviceTier,

@@ -1,5 +1,5 @@
 """What one engine step runs: a `Chunk` per sequence, and the `Speculator` seam that may run
-the step instead of the engine (``deepinfer.spec.DSparkSpeculator``)."""
+the step instead of the engine (``deepinfer.speculative.DSparkSpeculator``)."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ class Chunk:
 
 
 class Speculator(Protocol):
-    """Runs the engine's steps with speculative decodes (``deepinfer.spec.DSparkSpeculator``)."""
+    """Runs the engine's steps with speculative decodes (``deepinfer.speculative.DSparkSpeculator``)."""
 
     def num_draft_slots(self, seq: Sequence, max_model_len: int) -> int: ...
 

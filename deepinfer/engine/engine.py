@@ -26,10 +26,10 @@ from deepinfer.engine.prefix_cache import PrefixCache
 from deepinfer.engine.sampler import sample_next_tokens
 from deepinfer.engine.sampling_params import SamplingParams
 from deepinfer.engine.sequence import SeqStatus, Sequence
-from deepinfer.model.attention_metadata import AttentionMetadata
-from deepinfer.model.kv_pool import KVPool
-from deepinfer.model.llama import LlamaModel
-from deepinfer.model.tokenizer import Tokenizer
+from deepinfer.models.attention_metadata import AttentionMetadata
+from deepinfer.models.kv_pool import KVPool
+from deepinfer.models.llama import LlamaModel
+from deepinfer.models.tokenizer import Tokenizer
 from deepinfer_sched.policies.batch import BatchConfig, ContinuousBatchPolicy, SeqState
 
 

@@ -14,7 +14,7 @@ from deepinfer.engine.config import EngineConfig
 from deepinfer.engine.engine import LLMEngine
 from deepinfer.engine.outputs import RequestMetrics, RequestOutput
 from deepinfer.engine.sampling_params import SamplingParams
-from deepinfer.model.loader import LoadedModel, load_model
+from deepinfer.models.loader import LoadedModel, load_model
 from deepinfer_cache import TieredKVStore
 
 if TYPE_CHECKING:
@@ -49,7 +49,7 @@ class LLM:
         pd: Any = None,
     ) -> None:
         """``speculative``: ``None`` (off), ``"dspark"`` (the shipped drafter), a drafter
-        checkpoint directory, or a ``DSparkDrafter``/``DSparkSpeculator`` (see ``deepinfer.spec``).
+        checkpoint directory, or a ``DSparkDrafter``/``DSparkSpeculator`` (see ``deepinfer.speculative``).
         ``pd``: ``True`` or a ``deepinfer.pd.PDConfig`` runs prefill and decode in separate
         worker processes (see ``deepinfer.pd``); ``generate``/``stream`` then go through them."""
         if dtype not in _DTYPES:
@@ -99,7 +99,7 @@ class LLM:
         )
         speculator = None
         if speculative is not None:
-            from deepinfer.spec import build_speculator  # lazy: deepinfer.spec imports the engine
+            from deepinfer.speculative import build_speculator  # lazy: it imports the engine
 
             speculator = build_speculator(speculative, net, pool, max_seqs=config.max_num_seqs)
         self.engine = LLMEngine(

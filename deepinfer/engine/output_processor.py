@@ -10,7 +10,7 @@ from collections.abc import Iterable
 
 from deepinfer.engine.outputs import RequestOutput
 from deepinfer.engine.sequence import SeqStatus, Sequence
-from deepinfer.model.tokenizer import IncrementalDetokenizer, Tokenizer
+from deepinfer.models.tokenizer import IncrementalDetokenizer, Tokenizer
 
 
 class OutputProcessor:

@@ -16,7 +16,7 @@ from typing import Any
 
 from deepinfer.engine.engine import LLMEngine
 from deepinfer.engine.outputs import RequestOutput
-from deepinfer.model.kv_pool import OutOfBlocksError
+from deepinfer.models.kv_pool import OutOfBlocksError
 from deepinfer.pd.messages import output_to_json, params_from_json, send
 from deepinfer.pd.transport import discard, import_pages
 from deepinfer.pd.worker import Worker, serve

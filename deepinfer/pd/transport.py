@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from deepinfer.model.kv_pool import KVPool
+from deepinfer.models.kv_pool import KVPool
 from deepinfer_kernels import gather_blocks, scatter_blocks
 
 BLOCK_DIM = 2  # the block dimension of `KVPool.tensor` [L, 2, blocks, block_size, Hkv, D]

@@ -26,7 +26,7 @@ from deepinfer.engine.config import EngineConfig
 from deepinfer.engine.engine import LLMEngine
 from deepinfer.engine.outputs import RequestOutput
 from deepinfer.engine.sampling_params import SamplingParams
-from deepinfer.model.loader import load_model
+from deepinfer.models.loader import load_model
 from deepinfer.pd.messages import recv, send
 from deepinfer_cache import TieredKVStore
 from deepinfer_kernels import gather_blocks
@@ -85,7 +85,7 @@ def build_engine(settings: WorkerSettings) -> tuple[LLMEngine, TieredKVStore | N
     )
     speculator = None
     if settings.speculative:
-        from deepinfer.spec import build_speculator  # lazy: deepinfer.spec imports the engine
+        from deepinfer.speculative import build_speculator  # lazy: it imports the engine
 
         speculator = build_speculator(
             settings.speculative, loaded.model, pool, max_seqs=config.max_num_seqs

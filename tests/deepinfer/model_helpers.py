@@ -8,8 +8,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from deepinfer.model import LlamaConfig
-from deepinfer.model.gguf_loader import permute_rotary
+from deepinfer.models import LlamaConfig
+from deepinfer.models.gguf_loader import permute_rotary
 
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 MERGES = ["Ġ t", "h e", "Ġt he", "i n", "Ġ a", "e r", "o n", "Ġ s", "r e", "a t"]
@@ -217,7 +217,7 @@ def dense_reference_logits(
 
 def greedy_paged(model, prompt: list[int], max_new: int, eos: tuple[int, ...] = ()) -> list[int]:
     """Greedy decoding through the paged path: one prefill forward, then one token per step."""
-    from deepinfer.model import AttentionMetadata, KVPool
+    from deepinfer.models import AttentionMetadata, KVPool
 
     block = 16
     pool = KVPool.for_model(

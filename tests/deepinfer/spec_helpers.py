@@ -7,8 +7,8 @@ from collections import Counter, defaultdict
 
 import torch
 
-from deepinfer.model import KVPool, LlamaModel
-from deepinfer.model.spec_adapter import LlamaTargetAdapter
+from deepinfer.models import KVPool, LlamaModel
+from deepinfer.models.spec_adapter import LlamaTargetAdapter
 from deepinfer_spec import DSparkConfig, DSparkDrafter
 
 

@@ -12,7 +12,7 @@ from model_helpers import greedy_paged, random_hf_state, tiny_config, write_tiny
 
 from deepinfer.engine import LLM, EngineConfig, LLMEngine, SamplingParams
 from deepinfer.engine.cache_setup import PrefixCacheConfig
-from deepinfer.model import LlamaModel, build_model, load_model
+from deepinfer.models import LlamaModel, build_model, load_model
 
 
 @pytest.fixture(scope="module")

@@ -14,8 +14,8 @@ from model_helpers import greedy_paged, random_hf_state, tiny_config, write_tiny
 
 from deepinfer.engine import LLM, EngineConfig, SamplingParams
 from deepinfer.engine.cache_setup import PrefixCacheConfig, build_engine_kv
-from deepinfer.model import load_model
-from deepinfer.model.loader import LoadedModel
+from deepinfer.models import load_model
+from deepinfer.models.loader import LoadedModel
 from deepinfer_cache import CacheLockedError
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)

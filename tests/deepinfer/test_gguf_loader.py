@@ -22,9 +22,9 @@ from model_helpers import (
     write_tiny_gguf,
 )
 
-from deepinfer.model import LlamaConfig, load_gguf, load_model
-from deepinfer.model.convert import MARKER, cache_root, convert_gguf
-from deepinfer.model.gguf_loader import hf_name, permute_rotary, unpermute_rotary
+from deepinfer.models import LlamaConfig, load_gguf, load_model
+from deepinfer.models.convert import MARKER, cache_root, convert_gguf
+from deepinfer.models.gguf_loader import hf_name, permute_rotary, unpermute_rotary
 
 
 @settings(max_examples=20)
@@ -143,7 +143,7 @@ def test_concurrent_conversions_convert_once(tiny_gguf, tmp_path: Path) -> None:
     log = tmp_path / "conversions.log"
     code = (
         "import os, sys, time\n"
-        "import deepinfer.model.convert as c\n"
+        "import deepinfer.models.convert as c\n"
         "real = c._convert_into\n"
         "def logged(*args):\n"
         "    with open(sys.argv[3], 'a') as fh:\n"

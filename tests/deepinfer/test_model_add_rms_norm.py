@@ -11,9 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from model_helpers import built, tiny_config
 
-from deepinfer.model import LlamaModel
-from deepinfer.model.add_rms_norm import AddRmsNorm, add_rms_norm
-from deepinfer.model.cpu_kernels import CpuKernels
+from deepinfer.models import LlamaModel
+from deepinfer.models.add_rms_norm import AddRmsNorm, add_rms_norm
+from deepinfer.models.cpu_kernels import CpuKernels
 
 
 @pytest.fixture(scope="module")

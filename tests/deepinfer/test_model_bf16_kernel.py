@@ -11,15 +11,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from model_helpers import built, tiny_config
 
-from deepinfer.model import LlamaModel
-from deepinfer.model.bf16_weight_linear import (
+from deepinfer.models import LlamaModel
+from deepinfer.models.bf16_weight_linear import (
     SOURCE,
     Bf16WeightLinear,
     bf16_panels,
     unpack_panels,
 )
-from deepinfer.model.cpu_kernels import CpuKernels
-from deepinfer.model.linear import BF16_MAX_ROWS, PackedWeight, linear
+from deepinfer.models.cpu_kernels import CpuKernels
+from deepinfer.models.linear import BF16_MAX_ROWS, PackedWeight, linear
 from deepinfer_kernels.cpu.native import build_library, compiler_available
 
 needs_compiler = pytest.mark.skipif(not compiler_available(), reason="no C compiler here")

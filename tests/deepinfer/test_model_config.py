@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from deepinfer.model import LlamaConfig, RopeScaling
-from deepinfer.model.rope import RotaryEmbedding, inverse_frequencies
+from deepinfer.models import LlamaConfig, RopeScaling
+from deepinfer.models.rope import RotaryEmbedding, inverse_frequencies
 
 BASE = {
     "vocab_size": 100,

@@ -6,8 +6,8 @@ import pytest
 import torch
 from model_helpers import built, greedy_paged, tiny_config
 
-from deepinfer.model import AttentionMetadata, KVPool, LlamaModel
-from deepinfer.model.cpu_kernels import CpuKernels
+from deepinfer.models import AttentionMetadata, KVPool, LlamaModel
+from deepinfer.models.cpu_kernels import CpuKernels
 
 
 @pytest.fixture(scope="module")

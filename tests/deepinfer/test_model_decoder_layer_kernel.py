@@ -16,9 +16,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from model_helpers import built, tiny_config
 
-from deepinfer.model import AttentionMetadata, KVPool, LlamaModel
-from deepinfer.model.cpu_kernels import CpuKernels
-from deepinfer.model.decoder_layer_kernel import (
+from deepinfer.models import AttentionMetadata, KVPool, LlamaModel
+from deepinfer.models.cpu_kernels import CpuKernels
+from deepinfer.models.decoder_layer_kernel import (
     DecoderLayerKernel,
     LayerPanels,
     LayerShape,

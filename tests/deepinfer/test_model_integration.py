@@ -8,8 +8,8 @@ import pytest
 import torch
 from model_helpers import greedy_paged, one_thread
 
-from deepinfer.model import LoadedModel, default_model_path, load_model
-from deepinfer.model.convert import MARKER
+from deepinfer.models import LoadedModel, default_model_path, load_model
+from deepinfer.models.convert import MARKER
 
 pytestmark = pytest.mark.integration
 

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from model_helpers import tiny_config
 
-from deepinfer.model import AttentionMetadata, KVPool, OutOfBlocksError
+from deepinfer.models import AttentionMetadata, KVPool, OutOfBlocksError
 
 
 def test_pool_layout_is_one_tensor_with_block_dim_2() -> None:

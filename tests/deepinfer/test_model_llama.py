@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from model_helpers import dense_reference_logits, random_hf_state, tiny_config
 
-from deepinfer.model import AttentionMetadata, KVPool, LlamaModel, build_model
+from deepinfer.models import AttentionMetadata, KVPool, LlamaModel, build_model
 
 
 @pytest.fixture(scope="module")

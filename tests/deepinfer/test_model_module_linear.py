@@ -10,8 +10,8 @@ import torch.nn.functional as F
 from model_helpers import built
 from torch import nn
 
-from deepinfer.model.bf16_weight_linear import Bf16WeightLinear
-from deepinfer.model.module_linear import ModuleLinear
+from deepinfer.models.bf16_weight_linear import Bf16WeightLinear
+from deepinfer.models.module_linear import ModuleLinear
 from deepinfer_spec import LinearFn
 
 

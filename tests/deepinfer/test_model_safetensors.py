@@ -8,7 +8,7 @@ import pytest
 import torch
 from model_helpers import random_hf_state, tiny_config
 
-from deepinfer.model import load_hf_dir, load_model, save_hf_dir
+from deepinfer.models import load_hf_dir, load_model, save_hf_dir
 
 
 def test_save_and_load_round_trip(tmp_path: Path) -> None:

@@ -6,8 +6,8 @@ import pytest
 import torch
 from model_helpers import random_hf_state, tiny_config
 
-from deepinfer.model import KVPool, build_model
-from deepinfer.model.spec_adapter import LlamaTargetAdapter
+from deepinfer.models import KVPool, build_model
+from deepinfer.models.spec_adapter import LlamaTargetAdapter
 from deepinfer_spec.adapter import SupportsLayerWeights, SupportsLmHeadRows, TargetAdapter
 from deepinfer_spec.recompute_target import RecomputeTarget
 

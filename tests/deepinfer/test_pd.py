@@ -192,7 +192,7 @@ def test_worker_that_cannot_load_reports_fatal(tmp_path: Path) -> None:
 
 
 def _model_dir(gguf_path: Path, cache: Path) -> str:
-    from deepinfer.model.convert import convert_gguf
+    from deepinfer.models.convert import convert_gguf
 
     return str(convert_gguf(gguf_path, cache))
 
@@ -292,7 +292,7 @@ def test_decode_workers_run_dspark_losslessly(
     """``LLM(pd=..., speculative=<checkpoint>)``: each decode worker loads the drafter, first
     recomputes the handed-off prompt's drafter context, and verifies drafts; greedy output is
     the colocated plain engine's, and drafts were accepted (the counters reach the caller)."""
-    from deepinfer.model import load_model
+    from deepinfer.models import load_model
     from deepinfer_spec.training import save_drafter
 
     loaded = load_model(str(gguf_path), cache_dir=tmp_path / "convert")
@@ -311,7 +311,7 @@ def test_decode_workers_run_dspark_losslessly(
 
 
 def test_pd_refuses_a_drafter_object(gguf_path: Path, tmp_path: Path) -> None:
-    from deepinfer.model import load_model
+    from deepinfer.models import load_model
 
     loaded = load_model(str(gguf_path), cache_dir=tmp_path)
     drafter = spec_helpers.oracle_drafter(loaded.model, [[1, 2, 3]])

@@ -8,7 +8,7 @@ import pytest
 
 from deepinfer.engine import LLM, EngineConfig, SamplingParams
 from deepinfer.engine.cache_setup import PrefixCacheConfig
-from deepinfer.model import default_model_path
+from deepinfer.models import default_model_path
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from model_helpers import greedy_paged, random_hf_state, tiny_config
 
 from deepinfer.engine import EngineConfig, LLMEngine, SamplingParams
-from deepinfer.model import KVPool, LlamaModel, build_model
+from deepinfer.models import KVPool, LlamaModel, build_model
 from deepinfer.pd import PDConfig
 from deepinfer.pd.messages import params_from_json, params_to_json
 from deepinfer.pd.transport import discard, export_pages, import_pages, segment_exists

@@ -17,10 +17,10 @@ from model_helpers import random_hf_state, tiny_config
 from deepinfer.engine.config import EngineConfig
 from deepinfer.engine.engine import LLMEngine
 from deepinfer.engine.sampling_params import SamplingParams
-from deepinfer.model import KVPool, build_model
-from deepinfer.model.module_linear import ModuleLinear
-from deepinfer.model.spec_adapter import LlamaTargetAdapter
-from deepinfer.spec import DSparkSpeculator, build_speculator, profile_target_sps
+from deepinfer.models import KVPool, build_model
+from deepinfer.models.module_linear import ModuleLinear
+from deepinfer.models.spec_adapter import LlamaTargetAdapter
+from deepinfer.speculative import DSparkSpeculator, build_speculator, profile_target_sps
 from deepinfer_spec import (
     DraftGate,
     DSparkConfig,

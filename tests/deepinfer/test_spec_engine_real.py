@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from deepinfer.engine import LLM, EngineConfig, SamplingParams
-from deepinfer.model import LoadedModel, default_model_path, load_model
-from deepinfer.spec import SHIPPED_DRAFTER
+from deepinfer.models import LoadedModel, default_model_path, load_model
+from deepinfer.speculative import SHIPPED_DRAFTER
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

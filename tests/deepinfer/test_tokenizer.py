@@ -9,8 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from model_helpers import random_hf_state, tiny_config, tiny_vocab, write_tiny_gguf
 
-from deepinfer.model import ChatTemplate, ChatTemplateError, Tokenizer
-from deepinfer.model.gguf_loader import open_gguf
+from deepinfer.models import ChatTemplate, ChatTemplateError, Tokenizer
+from deepinfer.models.gguf_loader import open_gguf
 
 
 @pytest.fixture(scope="module")

@@ -11,8 +11,8 @@ import pytest
 import torch
 from model_helpers import greedy_paged, one_thread, random_hf_state, tiny_config
 
-from deepinfer.model import LlamaConfig, LoadedModel, build_model, default_model_path, load_model
-from deepinfer.model.safetensors_loader import save_hf_dir
+from deepinfer.models import LlamaConfig, LoadedModel, build_model, default_model_path, load_model
+from deepinfer.models.safetensors_loader import save_hf_dir
 
 transformers = pytest.importorskip("transformers")
 pytestmark = pytest.mark.integration

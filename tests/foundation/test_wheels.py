@@ -120,8 +120,8 @@ def test_wheel_metadata_follows_design(dist: str, tmp_path: Path) -> None:
         # The shipped DSpark drafter and the CPU kernel's C source (compiled on first use) must
         # travel with the package, not stay in the checkout.
         assert "deepinfer/data/dspark-smollm2/drafter.safetensors" in names
-        assert "deepinfer/model/csrc/bf16_weight_linear.c" in names
-        assert "deepinfer/model/csrc/add_rms_norm.c" in names
+        assert "deepinfer/models/csrc/bf16_weight_linear.c" in names
+        assert "deepinfer/models/csrc/add_rms_norm.c" in names
     if dist == "deepinfer-kernels":
         names = zipfile.ZipFile(wheel).namelist()
         assert "deepinfer_kernels/cpu/csrc/paged_attention_tiles.c" in names

@@ -3,7 +3,7 @@
  *   y[m, n] = sum_k x[m, k] * float(W[n, k]) (+ b[n]),  summed over k in increasing order
  *
  * x [M, K] fp32 row-major, y [M, N] fp32 row-major, b [N] fp32 or NULL. W arrives packed
- * (deepinfer.model.bf16_weight_linear.bf16_panels): panels of 32 output columns,
+ * (deepinfer.models.bf16_weight_linear.bf16_panels): panels of 32 output columns,
  * panels[p][k][i][h] = W[32 p + 16 h + i, k] (i < 16, h < 2), zero past N. float(W) is exact
  * (a bf16 value is the high half of an fp32 value) and products and sums are fp32 fused
  * multiply-adds, so for weights that are bf16 values (a bf16 checkpoint run in fp32) the result

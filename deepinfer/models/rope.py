@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from deepinfer.model.config import RopeScaling
+from deepinfer.models.config import RopeScaling
 
 
 def inverse_frequencies(

@@ -23,10 +23,10 @@ from typing import Any
 
 import torch
 
-from deepinfer.model.cache_files import cache_base, exclusive_lock
-from deepinfer.model.gguf_loader import load_gguf
-from deepinfer.model.safetensors_loader import save_hf_dir
-from deepinfer.model.tokenizer import Tokenizer
+from deepinfer.models.cache_files import cache_base, exclusive_lock
+from deepinfer.models.gguf_loader import load_gguf
+from deepinfer.models.safetensors_loader import save_hf_dir
+from deepinfer.models.tokenizer import Tokenizer
 
 FORMAT_VERSION = 2  # 2: the source is identified by content (SHA-256), not path and mtime
 MARKER = "deepinfer.json"

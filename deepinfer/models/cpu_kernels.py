@@ -1,4 +1,4 @@
-"""The compiled CPU kernels a :class:`~deepinfer.model.LlamaModel` can run on, as one bundle.
+"""The compiled CPU kernels a :class:`~deepinfer.models.LlamaModel` can run on, as one bundle.
 
 Each is built with the machine's C compiler on first use and cached
 (:mod:`deepinfer_kernels.cpu.native`); each applies only to the operands it was written for
@@ -11,9 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from deepinfer.model.add_rms_norm import AddRmsNorm
-from deepinfer.model.bf16_weight_linear import Bf16WeightLinear
-from deepinfer.model.decoder_layer_kernel import DecoderLayerKernel
+from deepinfer.models.add_rms_norm import AddRmsNorm
+from deepinfer.models.bf16_weight_linear import Bf16WeightLinear
+from deepinfer.models.decoder_layer_kernel import DecoderLayerKernel
 from deepinfer_kernels.cpu import PagedAttentionTiles
 
 

@@ -8,10 +8,10 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from deepinfer.model.config import LlamaConfig
+from deepinfer.models.config import LlamaConfig
 
 if TYPE_CHECKING:
-    from deepinfer.model.llama import LlamaModel
+    from deepinfer.models.llama import LlamaModel
 
 
 class OutOfBlocksError(RuntimeError):

@@ -107,7 +107,7 @@ class DSparkSpeculator:
     Args:
         drafter: a trained :class:`deepinfer_spec.DSparkDrafter` whose target is the engine's model.
         scheduler: how many drafts to verify per sequence (``PrefixScheduler`` over a profiled
-            curve in practice, see :func:`deepinfer.spec.profile_target_sps`).
+            curve in practice, see :func:`deepinfer.speculative.profile_target_sps`).
         max_seqs: drafter state slots (the engine's ``max_num_seqs``).
         sts_greedy / sts_sampling: STS temperatures ``[gamma]`` calibrating the confidence of
             greedy / sampled requests (``None``: raw confidence).

@@ -6,8 +6,8 @@ views and allocations) cost more than the products once each pays its dispatch f
 ``csrc/decoder_layer.c`` runs everything before the attention (QKV product, RoPE, K/V write)
 as one call and everything after it (output projection, residual add, norm, SwiGLU MLP,
 residual add, the next layer's input norm) as another, reading the weights as bf16 panels
-(:mod:`deepinfer.model.bf16_weight_linear`) with fp32 arithmetic. Results equal the torch
-layer's up to fp32 rounding; :class:`~deepinfer.model.LlamaModel` takes this path for steps of
+(:mod:`deepinfer.models.bf16_weight_linear`) with fp32 arithmetic. Results equal the torch
+layer's up to fp32 rounding; :class:`~deepinfer.models.LlamaModel` takes this path for steps of
 up to ``BF16_MAX_ROWS`` rows whose every projection weight is bf16-exact, and its torch ops
 otherwise.
 
@@ -24,8 +24,8 @@ from pathlib import Path
 
 import torch
 
-from deepinfer.model.bf16_weight_linear import PANEL
-from deepinfer.model.bound_layers import BoundLayers, mlp_call_args, qkv_call_args
+from deepinfer.models.bf16_weight_linear import PANEL
+from deepinfer.models.bound_layers import BoundLayers, mlp_call_args, qkv_call_args
 from deepinfer_kernels.cpu.native import NativeFunction
 
 SOURCE = Path(__file__).parent / "csrc" / "decoder_layer.c"

@@ -12,10 +12,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from deepinfer.model.attention_metadata import AttentionMetadata
-from deepinfer.model.kv_pool import KVPool
-from deepinfer.model.linear import PackedWeight, linear
-from deepinfer.model.llama import LlamaModel
+from deepinfer.models.attention_metadata import AttentionMetadata
+from deepinfer.models.kv_pool import KVPool
+from deepinfer.models.linear import PackedWeight, linear
+from deepinfer.models.llama import LlamaModel
 from deepinfer_spec.adapter import TargetOutput
 
 

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 
 import torch
 
-from deepinfer.model.config import LlamaConfig
+from deepinfer.models.config import LlamaConfig
 
 
 def hf_to_fused(state: Mapping[str, torch.Tensor], config: LlamaConfig) -> dict[str, torch.Tensor]:

@@ -17,7 +17,7 @@ import torch
 from deepinfer_kernels.cpu.native import NativeFunction
 
 if TYPE_CHECKING:
-    from deepinfer.model.decoder_layer_kernel import LayerPanels, LayerShape, SlotMapping
+    from deepinfer.models.decoder_layer_kernel import LayerPanels, LayerShape, SlotMapping
 
 
 def qkv_call_args(

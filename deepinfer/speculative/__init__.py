@@ -1,4 +1,4 @@
-"""deepinfer.spec: DSpark speculative decoding inside the engine.
+"""deepinfer.speculative: DSpark speculative decoding inside the engine.
 
 Off by default; ``LLM(speculative="dspark")`` uses the drafter shipped for the embedded
 SmolLM2-135M-Instruct, a path uses any ``deepinfer-spec`` checkpoint. Decode steps then draft
@@ -16,7 +16,7 @@ Example::
     print(out.text, out.metrics.num_accepted_drafts / max(1, out.metrics.num_spec_steps))
 """
 
-from deepinfer.spec.factory import (
+from deepinfer.speculative.factory import (
     SHIPPED_DRAFTER,
     SpeculativeSpec,
     build_speculator,
@@ -24,7 +24,7 @@ from deepinfer.spec.factory import (
     profile_target_sps,
     time_draft,
 )
-from deepinfer.spec.speculator import DSparkSpeculator, SpecStats
+from deepinfer.speculative.speculator import DSparkSpeculator, SpecStats
 
 __all__ = [
     "SHIPPED_DRAFTER",

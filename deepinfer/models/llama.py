@@ -15,16 +15,16 @@ import torch.nn.functional as F
 from torch import nn
 
 import deepinfer_kernels
-from deepinfer.model.add_rms_norm import add_rms_norm
-from deepinfer.model.attention_metadata import AttentionMetadata
-from deepinfer.model.config import LlamaConfig
-from deepinfer.model.cpu_kernels import CpuKernels
-from deepinfer.model.decoder_layer_kernel import LayerPanels, LayerShape
-from deepinfer.model.kv_pool import KVPool
-from deepinfer.model.layers import Embedding, Linear, RMSNorm
-from deepinfer.model.linear import BF16_MAX_ROWS, PackedWeight, linear
-from deepinfer.model.rope import RotaryEmbedding
-from deepinfer.model.weight_names import fused_to_hf, hf_to_fused
+from deepinfer.models.add_rms_norm import add_rms_norm
+from deepinfer.models.attention_metadata import AttentionMetadata
+from deepinfer.models.config import LlamaConfig
+from deepinfer.models.cpu_kernels import CpuKernels
+from deepinfer.models.decoder_layer_kernel import LayerPanels, LayerShape
+from deepinfer.models.kv_pool import KVPool
+from deepinfer.models.layers import Embedding, Linear, RMSNorm
+from deepinfer.models.linear import BF16_MAX_ROWS, PackedWeight, linear
+from deepinfer.models.rope import RotaryEmbedding
+from deepinfer.models.weight_names import fused_to_hf, hf_to_fused
 from deepinfer_kernels.cpu import PagedAttentionTiles
 
 
@@ -175,7 +175,7 @@ class LlamaModel(nn.Module):
     def use_cpu_kernels(self, kernels: CpuKernels) -> None:
         """Run on these compiled CPU kernels where they apply (``CpuKernels()``: torch ops
         only). The model starts with ``CpuKernels.all()``; each kernel is built on first use
-        and falls back to torch where it cannot be (see :mod:`deepinfer.model.cpu_kernels`)."""
+        and falls back to torch where it cannot be (see :mod:`deepinfer.models.cpu_kernels`)."""
         self.cpu_kernels = kernels
         self._head_packed.kernel = kernels.linear
         for module in self.modules():

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from deepinfer.model.config import LlamaConfig
+from deepinfer.models.config import LlamaConfig
 
 
 def load_hf_config(model_dir: str | os.PathLike[str]) -> LlamaConfig:
@@ -64,7 +64,7 @@ def save_hf_dir(
 ) -> None:
     """Write ``config.json`` and ``model.safetensors`` (weights cast to ``dtype``) into a directory.
 
-    Not atomic by itself: :mod:`deepinfer.model.convert` writes into a temporary directory and
+    Not atomic by itself: :mod:`deepinfer.models.convert` writes into a temporary directory and
     renames it.
     """
     from safetensors.torch import save_file

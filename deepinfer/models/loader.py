@@ -9,13 +9,13 @@ from pathlib import Path
 
 import torch
 
-from deepinfer.model.chat_template import ChatTemplate
-from deepinfer.model.config import LlamaConfig
-from deepinfer.model.convert import convert_gguf
-from deepinfer.model.llama import LlamaModel
-from deepinfer.model.registry import default_model_path
-from deepinfer.model.safetensors_loader import load_hf_dir
-from deepinfer.model.tokenizer import Tokenizer
+from deepinfer.models.chat_template import ChatTemplate
+from deepinfer.models.config import LlamaConfig
+from deepinfer.models.convert import convert_gguf
+from deepinfer.models.llama import LlamaModel
+from deepinfer.models.registry import default_model_path
+from deepinfer.models.safetensors_loader import load_hf_dir
+from deepinfer.models.tokenizer import Tokenizer
 
 
 @dataclass
@@ -69,7 +69,7 @@ def load_model(
     """Load a Llama-family model.
 
     ``path`` is a ``.gguf`` file (converted once into the cache, see
-    :func:`deepinfer.model.convert.convert_gguf`), a Hugging Face model directory, or None for
+    :func:`deepinfer.models.convert.convert_gguf`), a Hugging Face model directory, or None for
     the embedded SmolLM2-135M-Instruct.
     """
     source = default_model_path() if path is None else Path(path)

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from deepinfer.model.config import LlamaConfig
+from deepinfer.models.config import LlamaConfig
 
 _LAYER_NAMES = {
     "attn_q": "self_attn.q_proj",
