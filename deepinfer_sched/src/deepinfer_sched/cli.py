@@ -13,18 +13,35 @@ without it the defaults run. tqdm and matplotlib are imported lazily (``[cli]`` 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import sys
 from collections.abc import Sequence
+from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 __all__ = ["main"]
 
 
+class _Parser(argparse.ArgumentParser):
+    """A usage error is one line (``deepinfer-sched simulate: error: ...``), exit code 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def _version() -> str:
+    try:
+        return metadata.version("deepinfer-sched")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="deepinfer-sched", description=__doc__.splitlines()[0])
-    sub = p.add_subparsers(dest="command", required=True)
+    p = _Parser(prog="deepinfer-sched", description=__doc__.splitlines()[0])
+    p.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
     s = sub.add_parser("simulate", help="simulate a trace on a cluster configuration")
     s.add_argument("--config", type=Path, help="SimConfig JSON file (defaults if omitted)")
     s.add_argument(
@@ -35,6 +52,11 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--format", default="auto", help="trace format (auto|mooncake|azure|burstgpt)")
     s.add_argument("--block-size", type=int, default=512, help="tokens per block (file traces)")
     s.add_argument("--limit", type=int, default=None, help="read at most this many requests")
+    s.add_argument(
+        "--rechain",
+        action="store_true",
+        help="Mooncake: hash_ids are per-block content ids; chain them on load",
+    )
     s.add_argument("--requests", type=int, default=10_000, help="synthetic: number of requests")
     s.add_argument("--rate", type=float, default=10.0, help="synthetic: requests per second")
     s.add_argument("--seed", type=int, default=0, help="trace and simulation seed")
@@ -70,15 +92,18 @@ def _simulate(args: argparse.Namespace) -> int:
         )
     else:
         trace = load_trace(
-            args.trace, format=args.format, block_size=args.block_size, limit=args.limit
+            args.trace,
+            format=args.format,
+            block_size=args.block_size,
+            limit=args.limit,
+            rechain=args.rechain,
         )
     sim = Simulator(trace, cfg, args.seed)
-    if args.no_progress:
+    tqdm = None if args.no_progress else _optional("tqdm", "the progress bar")
+    if tqdm is None:
         res = sim.run()
     else:
-        from tqdm import tqdm
-
-        with tqdm(total=len(trace), unit="req", desc="simulating") as bar:
+        with tqdm.tqdm(total=len(trace), unit="req", desc="simulating") as bar:
             res = sim.run(bar.update)
     slo = SLO(cfg.ttft_slo_s, cfg.tpot_slo_s)
     report = res.report(slo, cfg.hit_price, cfg.miss_price)
@@ -91,7 +116,7 @@ def _simulate(args: argparse.Namespace) -> int:
         "report": report.to_dict(),
     }
     (out / "report.json").write_text(json.dumps(doc, indent=2, sort_keys=True, allow_nan=False))
-    if not args.no_plots:
+    if not args.no_plots and _optional("matplotlib", "the PNG plots") is not None:
         from deepinfer_sched.report.plots import plot_latency_cdf
 
         for metric in ("ttft", "tpot", "e2e"):
@@ -104,14 +129,35 @@ def _simulate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _optional(module: str, purpose: str) -> Any:
+    """``module`` from the ``[cli]`` extra, or None (with a note on stderr) when it is not
+    installed: the simulation and its JSON report never need it."""
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        print(
+            f"deepinfer-sched: {module} is not installed, skipping {purpose} "
+            "(pip install 'deepinfer-sched[cli]')",
+            file=sys.stderr,
+        )
+        return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of ``deepinfer-sched``; returns the process exit code."""
+    """Entry point of ``deepinfer-sched``: 0 ok, 1 failed (I/O), 2 bad arguments or input.
+    Errors are one line on stderr."""
     args = _parser().parse_args(argv)
     try:
         return _simulate(args)
-    except (ValueError, TypeError, OSError) as e:
-        print(f"deepinfer-sched: error: {e}", file=sys.stderr)
+    except (ValueError, TypeError) as e:
+        print(f"deepinfer-sched: error: {' '.join(str(e).split())}", file=sys.stderr)
         return 2
+    except OSError as e:
+        print(f"deepinfer-sched: error: {' '.join(str(e).split())}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("deepinfer-sched: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -64,6 +64,14 @@ class BatchConfig:
     chunked_prefill: bool = True
 
     def __post_init__(self) -> None:
+        for name in ("max_num_seqs", "max_batched_tokens"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int):
+                raise TypeError(f"BatchConfig.{name} must be an integer, got {v!r}")
+        if not isinstance(self.chunked_prefill, bool):
+            raise TypeError(
+                f"BatchConfig.chunked_prefill must be true or false, got {self.chunked_prefill!r}"
+            )
         if self.max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
         if self.max_batched_tokens < 1:

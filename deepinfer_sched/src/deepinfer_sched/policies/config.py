@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from deepinfer_sched._checks import check_int, check_real
 from deepinfer_sched.policies.admission_rate_limit import RateLimit, TenantRateLimiter
 from deepinfer_sched.policies.admission_ttft import TTFTAdmission
 from deepinfer_sched.policies.base import (
@@ -83,6 +84,24 @@ class SchedulerConfig:
     migration_interval_s: float = 1.0
 
     def __post_init__(self) -> None:
+        for name in ("router", "pd", "migration"):
+            if not isinstance(getattr(self, name), str):
+                raise TypeError(
+                    f"SchedulerConfig.{name} must be a string, got {getattr(self, name)!r}"
+                )
+        for name in ("router_seed", "local_prefill_tokens"):
+            check_int("SchedulerConfig", name, getattr(self, name))
+        for name in (
+            "load_cutoff",
+            "prefill_weight",
+            "pairing_headroom",
+            "ttft_slack",
+            "migration_threshold",
+            "migration_interval_s",
+        ):
+            check_real("SchedulerConfig", name, getattr(self, name))
+        if self.ttft_slo_s is not None:
+            check_real("SchedulerConfig", "ttft_slo_s", self.ttft_slo_s)
         if self.router not in ROUTERS:
             raise ValueError(f"router must be one of {ROUTERS}, got {self.router!r}")
         if self.pd not in PD_MODES:
@@ -140,7 +159,9 @@ class SchedulerConfig:
         """Fresh policy objects (stateful ones start from scratch on every call)."""
         router, pd, adm = self._build_static()
         if router is None:
-            router = TTFTEstimateRouter(cost_model, transfer_to_decode=pd.disaggregated)
+            router = TTFTEstimateRouter(
+                cost_model, transfer_to_decode=pd.disaggregated, seed=self.router_seed
+            )
         migration = (
             ThresholdMigration(self.migration_threshold, self.migration_interval_s)
             if self.migration == "threshold"
@@ -157,17 +178,30 @@ class SchedulerConfig:
         if unknown:
             raise ValueError(f"unknown SchedulerConfig keys: {unknown}")
         kw = dict(data)
-        if "batch" in kw and isinstance(kw["batch"], Mapping):
+        if "batch" in kw:
+            if not isinstance(kw["batch"], Mapping):
+                raise TypeError(f"SchedulerConfig.batch must be an object, got {kw['batch']!r}")
+            unknown = sorted(set(kw["batch"]) - {f.name for f in fields(BatchConfig)})
+            if unknown:
+                raise ValueError(f"unknown SchedulerConfig.batch keys: {unknown}")
             kw["batch"] = BatchConfig(**kw["batch"])
         if "admission" in kw:
-            kw["admission"] = tuple(kw["admission"])
+            adm = kw["admission"]
+            if not isinstance(adm, (list, tuple)):
+                # tuple("ttft") would be ('t', 't', 'f', 't'): name the field instead.
+                raise TypeError(
+                    f"SchedulerConfig.admission must be a list of names from {ADMISSIONS}, "
+                    f"got {adm!r} (write [{adm!r}] for one policy)"
+                )
+            kw["admission"] = tuple(adm)
         if "rate_limits" in kw:
+            if not isinstance(kw["rate_limits"], Mapping):
+                raise TypeError("SchedulerConfig.rate_limits must map tenant -> [rate, burst]")
             kw["rate_limits"] = {
-                str(k): (float(v[0]), float(v[1])) for k, v in kw["rate_limits"].items()
+                str(k): _pair(f"rate_limits[{k!r}]", v) for k, v in kw["rate_limits"].items()
             }
         if kw.get("default_rate_limit") is not None:
-            v = kw["default_rate_limit"]
-            kw["default_rate_limit"] = (float(v[0]), float(v[1]))
+            kw["default_rate_limit"] = _pair("default_rate_limit", kw["default_rate_limit"])
         return cls(**kw)
 
     def to_dict(self) -> dict[str, Any]:
@@ -178,3 +212,14 @@ class SchedulerConfig:
         if self.default_rate_limit is not None:
             d["default_rate_limit"] = list(self.default_rate_limit)
         return d
+
+
+def _pair(name: str, value: object) -> tuple[float, float]:
+    """A JSON ``[tokens_per_s, burst_tokens]`` pair of numbers."""
+    if not isinstance(value, (list, tuple)) or len(value) != 2:
+        raise TypeError(
+            f"SchedulerConfig.{name} must be [tokens_per_s, burst_tokens], got {value!r}"
+        )
+    for v in value:
+        check_real("SchedulerConfig", name, v)
+    return (float(value[0]), float(value[1]))

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
+
 from deepinfer_sched.policies.base import CostModelLike, InstanceView, RequestView
+from deepinfer_sched.policies.least_loaded import outstanding
 
 __all__ = ["TTFTEstimateRouter", "estimate_ttft"]
 
@@ -18,7 +21,8 @@ def estimate_ttft(
     """Predicted time to first token if ``request`` is prefilled on ``inst``.
 
     ``queue + ssd_fetch(reachable - local blocks) + prefill(uncached, cached)
-    [+ kv_transfer(input_len) when the KV then moves to a decode instance]``.
+    [+ kv_transfer(input_len) when the KV then moves to a decode instance]``, where
+    ``queue`` is ``inst.estimated_queue_time_s()`` (it prices the running decode batch too).
     """
     bs = inst.block_size
     hashes = request.block_hashes
@@ -35,20 +39,40 @@ def estimate_ttft(
 
 
 class TTFTEstimateRouter:
-    """Lowest :func:`estimate_ttft` wins; ties go to the lower position in ``candidates``."""
+    """Lowest :func:`estimate_ttft` wins.
 
-    __slots__ = ("cost_model", "transfer_to_decode")
+    Estimates within ``rel_tol`` of the best are ties: the least loaded of them wins
+    (outstanding requests, then KV used), and a remaining tie is broken by a generator
+    seeded with ``seed``, so a burst of unrelated prompts spreads over idle instances instead
+    of landing on the first one while the run stays a pure function of the seed.
+    """
 
-    def __init__(self, cost_model: CostModelLike, transfer_to_decode: bool = False) -> None:
+    __slots__ = ("_rng", "cost_model", "rel_tol", "transfer_to_decode")
+
+    def __init__(
+        self,
+        cost_model: CostModelLike,
+        transfer_to_decode: bool = False,
+        seed: int = 0,
+        rel_tol: float = 1e-9,
+    ) -> None:
+        if not rel_tol >= 0.0:
+            raise ValueError(f"rel_tol must be >= 0, got {rel_tol}")
         self.cost_model = cost_model
         self.transfer_to_decode = transfer_to_decode
+        self.rel_tol = rel_tol
+        self._rng = np.random.default_rng(seed)
 
     def route(self, request: RequestView, candidates: Sequence[InstanceView]) -> InstanceView:
         cm, tr = self.cost_model, self.transfer_to_decode
-        best = candidates[0]
-        best_t = estimate_ttft(request, best, cm, tr)
-        for inst in candidates[1:]:
-            t = estimate_ttft(request, inst, cm, tr)
-            if t < best_t:
-                best, best_t = inst, t
-        return best
+        times = [estimate_ttft(request, inst, cm, tr) for inst in candidates]
+        limit = min(times) * (1.0 + self.rel_tol)
+        tied = [inst for inst, t in zip(candidates, times, strict=True) if t <= limit]
+        if len(tied) == 1:
+            return tied[0]
+        keys = [(outstanding(x), x.kv_used_tokens) for x in tied]
+        low = min(keys)
+        tied = [x for x, k in zip(tied, keys, strict=True) if k == low]
+        if len(tied) == 1:
+            return tied[0]
+        return tied[int(self._rng.integers(len(tied)))]

@@ -18,8 +18,8 @@ class SLO:
     def __post_init__(self) -> None:
         for name in ("ttft_s", "tpot_s"):
             v = getattr(self, name)
-            if not (v > 0.0 and not math.isnan(v)):
-                raise ValueError(f"SLO.{name} must be > 0, got {v}")
+            if not (v > 0.0 and math.isfinite(v)):
+                raise ValueError(f"SLO.{name} must be finite and > 0, got {v}")
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from deepinfer_sched._checks import check_bool, check_int, check_real
 from deepinfer_sched.policies.config import SchedulerConfig
 
 __all__ = ["Fault", "SimConfig", "SpecDecodeConfig"]
@@ -28,6 +29,8 @@ class SpecDecodeConfig:
     acceptance: str = "geometric"
 
     def __post_init__(self) -> None:
+        check_int("SpecDecodeConfig", "gamma", self.gamma)
+        check_real("SpecDecodeConfig", "alpha", self.alpha)
         if self.gamma < 1:
             raise ValueError(f"gamma must be >= 1, got {self.gamma}")
         if not 0.0 <= self.alpha <= 1.0:
@@ -44,10 +47,23 @@ class Fault:
     instance_id: int
 
     def __post_init__(self) -> None:
+        check_real("Fault", "time_s", self.time_s, finite=False)
+        check_int("Fault", "instance_id", self.instance_id)
         if not (self.time_s >= 0 and math.isfinite(self.time_s)):
             raise ValueError(f"Fault.time_s must be finite and >= 0, got {self.time_s}")
         if self.instance_id < 0:
             raise ValueError(f"Fault.instance_id must be >= 0, got {self.instance_id}")
+
+
+_INT_FIELDS = ("num_instances", "num_prefill", "num_gpus", "ssd_capacity_blocks")
+_REAL_FIELDS = (
+    "kv_memory_fraction",
+    "ttft_slo_s",
+    "tpot_slo_s",
+    "hit_price",
+    "miss_price",
+    "pair_retry_s",
+)
 
 
 @dataclass(frozen=True)
@@ -85,6 +101,23 @@ class SimConfig:
     def __post_init__(self) -> None:
         if not isinstance(self.scheduler, SchedulerConfig):
             raise TypeError("scheduler must be a SchedulerConfig")
+        for name in _INT_FIELDS:
+            check_int("SimConfig", name, getattr(self, name))
+        for name in ("kv_capacity_tokens", "prefix_cache_blocks"):
+            if getattr(self, name) is not None:
+                check_int("SimConfig", name, getattr(self, name))
+        for name in _REAL_FIELDS:
+            check_real("SimConfig", name, getattr(self, name))
+        check_bool("SimConfig", "fast_forward", self.fast_forward)
+        for name in ("hardware", "model"):
+            if not isinstance(getattr(self, name), str):
+                raise TypeError(f"SimConfig.{name} must be a string, got {getattr(self, name)!r}")
+        if not 0.0 < self.kv_memory_fraction <= 1.0:
+            raise ValueError(
+                f"SimConfig.kv_memory_fraction must be in (0, 1], got {self.kv_memory_fraction}"
+            )
+        if self.hit_price < 0 or self.miss_price < 0:
+            raise ValueError("SimConfig.hit_price and miss_price must be >= 0")
         if self.num_instances < 1:
             raise ValueError(f"num_instances must be >= 1, got {self.num_instances}")
         if self.disaggregated and not 1 <= self.num_prefill < self.num_instances:
@@ -124,11 +157,17 @@ class SimConfig:
             raise ValueError(f"unknown SimConfig keys: {unknown}")
         kw = dict(data)
         if "scheduler" in kw:
+            if not isinstance(kw["scheduler"], Mapping):
+                raise TypeError(f"SimConfig.scheduler must be an object, got {kw['scheduler']!r}")
             kw["scheduler"] = SchedulerConfig.from_dict(kw["scheduler"])
         if kw.get("spec") is not None:
+            if not isinstance(kw["spec"], Mapping):
+                raise TypeError(f"SimConfig.spec must be an object, got {kw['spec']!r}")
             kw["spec"] = SpecDecodeConfig(**kw["spec"])
         if "faults" in kw:
-            kw["faults"] = tuple(Fault(**f) for f in kw["faults"])
+            if not isinstance(kw["faults"], (list, tuple)):
+                raise TypeError(f"SimConfig.faults must be a list of objects, got {kw['faults']!r}")
+            kw["faults"] = tuple(_fault(i, f) for i, f in enumerate(kw["faults"]))
         return cls(**kw)
 
     def to_dict(self) -> dict[str, Any]:
@@ -137,3 +176,12 @@ class SimConfig:
         d["scheduler"] = self.scheduler.to_dict()
         d["faults"] = [asdict(f) for f in self.faults]
         return d
+
+
+def _fault(index: int, data: object) -> Fault:
+    if not isinstance(data, Mapping) or set(data) != {"time_s", "instance_id"}:
+        raise ValueError(
+            f"SimConfig.faults[{index}] must be an object with keys time_s and instance_id, "
+            f"got {data!r}"
+        )
+    return Fault(**data)

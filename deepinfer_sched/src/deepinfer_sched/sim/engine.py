@@ -18,10 +18,10 @@ from deepinfer_sched.policies.ttft_estimate import estimate_ttft
 from deepinfer_sched.report import SLO, Report, RequestRecord, build_report
 from deepinfer_sched.sim.acceptance import make_steps_for
 from deepinfer_sched.sim.config import SimConfig
-from deepinfer_sched.sim.instance import Instance
+from deepinfer_sched.sim.instance import Instance, SimClock
 from deepinfer_sched.sim.prefix_cache import LRUBlockCache
 from deepinfer_sched.sim.request import SimRequest
-from deepinfer_sched.traces.types import Trace, TraceRequest
+from deepinfer_sched.traces.types import Trace, TraceRequest, check_chained
 
 __all__ = ["SimResult", "Simulator"]
 
@@ -68,6 +68,11 @@ class Simulator:
         seed: int = 0,
         cost_model: CostModel | None = None,
     ) -> None:
+        if len(trace) == 0:
+            raise ValueError("trace has no requests: nothing to simulate")
+        # Non-chained ids would break the prefix caches' binary search mid-run; fail here,
+        # naming the request (loaders already name the file line).
+        check_chained(trace.requests)
         self.trace = trace
         self.cfg = config
         cm = cost_model or RooflineCostModel(
@@ -90,6 +95,7 @@ class Simulator:
         steps_for = make_steps_for(config.spec, rng)
         verify = config.spec.gamma if config.spec is not None else 0
         self.ssd = LRUBlockCache(config.ssd_capacity_blocks) if config.ssd_capacity_blocks else None
+        self.clock = SimClock()
         self.instances: list[Instance] = []
         for i in range(config.num_instances):
             if not config.disaggregated:
@@ -109,6 +115,7 @@ class Simulator:
                     steps_for,
                     verify,
                     config.fast_forward,
+                    self.clock,
                 )
             )
         self._refresh_pools()
@@ -233,6 +240,7 @@ class Simulator:
         r.inst = inst
         if reach > local:
             fetch = self.cm.ssd_fetch_time((reach - local) * bs)
+            inst.begin_fetch(r)
             self._push(now + fetch, _READY, inst, r, r.epoch)
             return
         self._touch(inst, now)
@@ -378,11 +386,13 @@ class Simulator:
             if i < n and (not events or reqs[i].arrival_s < events[0][0]):
                 tr = reqs[i]
                 now = tr.arrival_s
+                self.clock.now = now
                 self._next_arrival = i + 1
                 self.outstanding += 1
                 self._dispatch(SimRequest(tr), now, admit=True)
             elif events:
                 now, _, kind, a, b, tag = pop(events)
+                self.clock.now = now
                 n_events += 1
                 if kind == _ITER:
                     assert isinstance(a, Instance)
@@ -394,15 +404,14 @@ class Simulator:
                         self._on_kv_arrive(a, b, now)
                 elif kind == _READY:
                     assert isinstance(a, Instance) and isinstance(b, SimRequest)
+                    # A fault drains fetching requests too (bumping their epoch), so a
+                    # current tag means the instance is alive.
                     if tag == b.epoch:
-                        if a.alive:
-                            self._touch(a, now)
-                            a.enqueue(b)
-                            if not a.busy:
-                                self._start(a, now)
-                        else:
-                            self.result.rerouted += 1
-                            self._dispatch(b, now, admit=False)
+                        a.end_fetch(b)
+                        self._touch(a, now)
+                        a.enqueue(b)
+                        if not a.busy:
+                            self._start(a, now)
                 elif kind == _PAIR_RETRY:
                     assert isinstance(a, Instance) and isinstance(b, SimRequest)
                     if tag == b.epoch and b.request_id in a.pending_pair:

@@ -15,9 +15,19 @@ from deepinfer_sched.policies.batch import BatchConfig
 from deepinfer_sched.sim.prefix_cache import LRUBlockCache
 from deepinfer_sched.sim.request import SimRequest
 
-__all__ = ["Instance"]
+__all__ = ["Instance", "SimClock"]
 
 ROLES = ("both", "prefill", "decode")
+
+
+class SimClock:
+    """The simulator's current time, shared with its instances so that a load signal read
+    in the middle of a fast-forwarded decode stretch reflects the steps already done."""
+
+    __slots__ = ("now",)
+
+    def __init__(self) -> None:
+        self.now = 0.0
 
 
 class Instance:
@@ -32,6 +42,7 @@ class Instance:
         "_g",
         "_heap_seq",
         "_prefill_kv",
+        "_queued_kv",
         "_s_per_token",
         "_start_s",
         "_step_batch",
@@ -44,8 +55,10 @@ class Instance:
         "busy",
         "busy_s",
         "cache",
+        "clock",
         "cm",
         "fast_forward",
+        "fetching",
         "inbound",
         "inbound_tokens",
         "instance_id",
@@ -76,6 +89,7 @@ class Instance:
         steps_for: Callable[[int], int],
         spec_verify: int = 0,
         fast_forward: bool = True,
+        clock: SimClock | None = None,
     ) -> None:
         if role not in ROLES:
             raise ValueError(f"role must be one of {ROLES}, got {role!r}")
@@ -100,6 +114,9 @@ class Instance:
         self.prefilling: list[SimRequest] = []
         self.waiting_tokens = 0
         self._prefill_kv = 0
+        self._queued_kv = 0
+        self.fetching: dict[int, SimRequest] = {}
+        self.clock = clock if clock is not None else SimClock()
         self.running: dict[int, SimRequest] = {}
         self._finish_heap: list[tuple[int, int, int, SimRequest]] = []
         self._ctx = 0.0
@@ -119,9 +136,13 @@ class Instance:
         self._s_per_token = cm.prefill_time(probe, 0) / probe
 
     # ------------------------------------------------------------------ InstanceView
+    # Every signal counts every request this instance has accepted (queued, fetching its
+    # prefix from the SSD tier, prefilling, decoding, receiving KV): a router that could not
+    # see the requests still fetching would send the next ones to the same instance.
     @property
     def num_waiting(self) -> int:
-        return len(self._waiting) + len(self.prefilling)
+        """Requests accepted but not yet decoding: queued, fetching, prefilling."""
+        return len(self._waiting) + len(self.prefilling) + len(self.fetching)
 
     @property
     def num_running(self) -> int:
@@ -129,7 +150,22 @@ class Instance:
 
     @property
     def kv_used_tokens(self) -> int:
-        return int(self._ctx) + self._prefill_kv + self.inbound_tokens
+        """KV held or committed: decoding contexts (as of now), prefills in progress, KV in
+        transfer here, and the prompts of queued and fetching requests."""
+        return int(self.live_context()) + self._prefill_kv + self.inbound_tokens + self._queued_kv
+
+    def live_context(self) -> float:
+        """Total decode context at the clock's time. Inside a fast-forwarded stretch the
+        aggregate is only committed at its end; the steps done so far are added here (at
+        the stretch's mean step time, so a read costs O(1))."""
+        ctx = self._ctx
+        if self._steps > 1 and self.busy:
+            elapsed = self.clock.now - self._start_s
+            if elapsed > 0.0:
+                mean_step = (self._end_s - self._start_s) / self._steps
+                j = min(self._steps - 1, int(elapsed / mean_step)) if mean_step > 0 else 0
+                ctx += j * self._g
+        return ctx
 
     def cached_prefix_blocks(self, block_hashes: tuple[int, ...]) -> int:
         return self.cache.prefix_hits(block_hashes)
@@ -140,17 +176,25 @@ class Instance:
             return local
         return max(local, self.ssd.prefix_hits(block_hashes))
 
-    def estimated_queue_time_s(self) -> float:
-        """Queued uncached tokens at the measured prefill rate, plus the decode steps that
-        decode-first scheduling interleaves with them."""
-        w = self.waiting_tokens
-        if w == 0:
+    def decode_step_s(self) -> float:
+        """Seconds of one step of the running decode batch (0 when nothing decodes)."""
+        b = len(self.running)
+        if not b:
             return 0.0
+        return self.cm.decode_step_time(b * (1 + self.spec_verify), int(self.live_context()))
+
+    def estimated_queue_time_s(self) -> float:
+        """Seconds before a request sent here now finishes its first prefill iteration,
+        excluding its own prefill: the queued uncached tokens at the measured prefill rate,
+        plus one step of the running decode batch for each iteration that decode-first
+        scheduling interleaves with them and with the new request's first chunk. Nonzero
+        whenever anything runs, so an instance busy decoding never looks idle."""
+        w = self.waiting_tokens
         t = w * self._s_per_token
         b = len(self.running)
         if b:
-            iters = -(-w // max(1, self.batch.max_batched_tokens - b))
-            t += iters * self.cm.decode_step_time(b, int(self._ctx))
+            budget = max(1, self.batch.max_batched_tokens - b)
+            t += (-(-w // budget) + 1) * self.decode_step_s()
         return t
 
     # ------------------------------------------------------------------ queue
@@ -160,6 +204,21 @@ class Instance:
         self._heap_seq += 1
         heapq.heappush(self._waiting, (-req.priority, req.arrival_s, self._heap_seq, req))
         self.waiting_tokens += req.input_len - req.computed
+        self._queued_kv += req.input_len
+
+    def begin_fetch(self, req: SimRequest) -> None:
+        """``req`` waits here for its prefix to arrive from the SSD tier; it already counts
+        in every load signal (as a queued request)."""
+        req.inst = self
+        self.fetching[req.request_id] = req
+        self.waiting_tokens += req.input_len - req.computed
+        self._queued_kv += req.input_len
+
+    def end_fetch(self, req: SimRequest) -> None:
+        """The fetch is done: take ``req`` out of the fetching set (the caller queues it)."""
+        del self.fetching[req.request_id]
+        self.waiting_tokens -= req.input_len - req.computed
+        self._queued_kv -= req.input_len
 
     def join_decode(self, req: SimRequest) -> bool:
         """Start decoding ``req`` here; False when it has nothing left to generate."""
@@ -203,13 +262,15 @@ class Instance:
             out.append(req)
         out.extend(self.inbound.values())
         out.extend(self.pending_pair.values())
+        out.extend(self.fetching.values())
         self._waiting.clear()
+        self.fetching.clear()
         self.prefilling.clear()
         self._finish_heap.clear()
         self._chunks.clear()
         self.inbound.clear()
         self.pending_pair.clear()
-        self.waiting_tokens = self._prefill_kv = self.inbound_tokens = 0
+        self.waiting_tokens = self._prefill_kv = self.inbound_tokens = self._queued_kv = 0
         for req in out:
             req.epoch += 1
             req.inst = None
@@ -267,6 +328,7 @@ class Instance:
                 break
             heapq.heappop(waiting)
             self.prefilling.append(req)
+            self._queued_kv -= req.input_len
             self._prefill_kv += req.input_len
             free -= req.input_len
             chunks.append((req, chunk))

@@ -15,9 +15,20 @@ from deepinfer_sched.traces.burstgpt import load_burstgpt
 from deepinfer_sched.traces.load import TRACE_FORMATS, load_trace
 from deepinfer_sched.traces.mooncake import load_mooncake, save_jsonl
 from deepinfer_sched.traces.synthetic import SyntheticTraceConfig, synthetic_trace
-from deepinfer_sched.traces.types import Trace, TraceRequest, TraceStats, reusable_prefix_blocks
+from deepinfer_sched.traces.types import (
+    Trace,
+    TraceRequest,
+    TraceStats,
+    check_chained,
+    rechain,
+    rechain_ids,
+    reusable_prefix_blocks,
+)
 
 __all__ = [
+    "check_chained",
+    "rechain",
+    "rechain_ids",
     "ARRIVAL_PROCESSES",
     "TRACE_FORMATS",
     "SyntheticTraceConfig",

@@ -21,15 +21,17 @@ def load_trace(
     format: str = "auto",
     block_size: int = 512,
     limit: int | None = None,
+    rechain: bool = False,
 ) -> Trace:
     """Load a trace file. ``format="auto"``: ``.jsonl``/``.json`` is Mooncake; a CSV whose
-    header has ``TIMESTAMP`` is Azure, one with ``Request tokens`` is BurstGPT."""
+    header has ``TIMESTAMP`` is Azure, one with ``Request tokens`` is BurstGPT.
+    ``rechain`` (Mooncake only) chains per-block ``hash_ids``, see :func:`load_mooncake`."""
     if format not in TRACE_FORMATS:
         raise ValueError(f"format must be one of {TRACE_FORMATS}, got {format!r}")
     if format == "auto":
         format = _detect(path)
     if format == "mooncake":
-        return load_mooncake(path, block_size=block_size, limit=limit)
+        return load_mooncake(path, block_size=block_size, limit=limit, rechain=rechain)
     if format == "azure":
         return load_azure(path, block_size=block_size, limit=limit)
     return load_burstgpt(path, block_size=block_size, limit=limit)

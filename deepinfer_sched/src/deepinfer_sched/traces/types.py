@@ -10,11 +10,19 @@ prefix property: if block ``i`` of a request was seen before, so were blocks ``0
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import overload
 
-__all__ = ["Trace", "TraceRequest", "TraceStats", "reusable_prefix_blocks"]
+__all__ = [
+    "Trace",
+    "TraceRequest",
+    "TraceStats",
+    "check_chained",
+    "rechain",
+    "rechain_ids",
+    "reusable_prefix_blocks",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +55,17 @@ class TraceRequest:
             raise TypeError(
                 f"block_hashes must be a tuple of int, got {type(self.block_hashes).__name__}"
             )
+        if len(set(self.block_hashes)) != len(self.block_hashes):
+            seen: set[int] = set()
+            for pos, h in enumerate(self.block_hashes):
+                if h in seen:
+                    raise ValueError(
+                        f"request {self.request_id}: block_hashes[{pos}] = {h} repeats an "
+                        "earlier id of the same request; chained ids identify a whole "
+                        "prefix, so one request cannot hold an id twice (load with "
+                        "rechain=True to treat the ids as per-block content ids)"
+                    )
+                seen.add(h)
 
 
 @dataclass(frozen=True)
@@ -87,6 +106,62 @@ def reusable_prefix_blocks(hashes: tuple[int, ...], seen: set[int]) -> int:
         else:
             hi = mid
     return lo
+
+
+_ROOT = object()
+
+
+def check_chained(
+    requests: tuple[TraceRequest, ...], where: Callable[[int], str] | None = None
+) -> None:
+    """Raise ``ValueError`` unless the block ids are prefix-chained: every id has the same
+    predecessor (the id before it, or none at position 0) in every request holding it.
+
+    ``where(i)`` names request ``i`` in the message (a file line, say); by default its
+    index and ``request_id``. One dict look-up per block.
+    """
+    parent: dict[int, object] = {}
+    for i, r in enumerate(requests):
+        prev: object = _ROOT
+        for pos, h in enumerate(r.block_hashes):
+            p = parent.setdefault(h, prev)
+            if p is not prev and p != prev:
+                name = where(i) if where else f"request {i} (request_id {r.request_id})"
+                before = "no predecessor" if p is _ROOT else f"predecessor {p}"
+                now = "no predecessor" if prev is _ROOT else f"predecessor {prev}"
+                raise ValueError(
+                    f"{name}: hash_ids[{pos}] = {h} has {now} but an earlier request gave it "
+                    f"{before}; hash_ids must be prefix-chained (id i names the whole prefix "
+                    "up to block i). Load with rechain=True to chain per-block ids."
+                )
+            prev = h
+
+
+def rechain_ids(rows: Iterable[Sequence[int]]) -> list[tuple[int, ...]]:
+    """Re-number per-request block ids so they are chained: the new id of block ``i`` names
+    the pair (new id of block ``i - 1``, old id of block ``i``), so two requests share a new
+    id exactly when their old ids agree on the whole prefix up to it. New ids are dense from
+    0 in order of first appearance (deterministic). Repeated old ids become distinct."""
+    table: dict[tuple[int, int], int] = {}
+    out = []
+    for ids in rows:
+        prev = -1
+        new = []
+        for h in ids:
+            key = (prev, h)
+            nid = table.get(key)
+            if nid is None:
+                nid = table[key] = len(table)
+            new.append(nid)
+            prev = nid
+        out.append(tuple(new))
+    return out
+
+
+def rechain(requests: tuple[TraceRequest, ...]) -> tuple[TraceRequest, ...]:
+    """The requests with :func:`rechain_ids` applied to their ``block_hashes``."""
+    ids = rechain_ids(r.block_hashes for r in requests)
+    return tuple(replace(r, block_hashes=h) for r, h in zip(requests, ids, strict=True))
 
 
 @dataclass(frozen=True)

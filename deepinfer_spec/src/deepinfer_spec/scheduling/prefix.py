@@ -13,12 +13,14 @@ class PrefixScheduler:
     """Admit draft positions greedily by survival while expected throughput rises.
 
     With survival ``a[r, j] = prod_{i <= j} c[r, i]``, all ``R * G`` candidates are sorted by
-    ``a`` descending (ties by ``j`` ascending, then ``r``), and admitted one at a time. After
+    ``a`` descending (ties by ``r`` ascending, then ``j``: a stable sort of the row-major
+    flattening), and admitted one at a time. After
     ``m`` admissions ``B_m = R + m`` and ``tau_m = R + sum of the first m survivals``; the
     expected throughput is ``F_m = tau_m * SPS(B_m)``. The scheduler stops at the first ``m``
     with ``F_{m+1} <= F_m`` (the early stop) and verifies the first ``m`` candidates.
 
-    Because ``a`` is non-increasing in ``j`` for each request and ties go to the smaller ``j``,
+    Because ``a`` is non-increasing in ``j`` for each request and, within a request, ties keep
+    the smaller ``j`` first,
     every admitted set is prefix-closed: position ``j`` is never verified without ``j - 1``.
     Vectorised: one sort, one cumulative sum, one curve evaluation over all ``R G + 1`` prefixes.
 
