@@ -63,6 +63,9 @@ def build_parser() -> argparse.ArgumentParser:
         const=None,
         help="plain decoding (no DSpark)",
     )
+    from deepinfer.serve.server import add_serve_parser  # the server keeps its own options
+
+    add_serve_parser(sub)
     return parser
 
 
@@ -184,6 +187,12 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from deepinfer.serve.server import cmd_serve
+
+    return cmd_serve(args)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     commands = {
@@ -191,6 +200,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "chat": _cmd_chat,
         "bench": _cmd_bench,
         "demo": _cmd_demo,
+        "serve": _cmd_serve,
     }
     return commands[args.command](args)
 

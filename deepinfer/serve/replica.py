@@ -1,0 +1,275 @@
+"""The body of one serving replica: an engine stepping in its own process (or thread).
+
+The replica receives JSON messages on its end of a pipe (no pickle crosses it)::
+
+    {"op": "add", "request_id", "prompt_ids", "params", "namespace"}   queue a request
+    {"op": "abort", "request_id"}                                     drop it, free its KV
+    {"op": "shutdown"}                                                flush the cache, exit
+
+and answers with ``info`` and ``ready`` once its engine is built (``fatal`` if that fails),
+``output`` per request step, ``rejected`` for a request the engine refused, and ``state``
+whenever its load or prefix cache changed: queue and KV figures, a fitted step-time model, and
+the prefix cache's store/evict events (block hashes, as vLLM's KV events give cache-aware
+routers) so the front's router sees what this replica holds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+import traceback
+from dataclasses import asdict, dataclass, field
+from multiprocessing.connection import Connection
+from typing import Any
+
+import torch
+
+from deepinfer.engine.cache_setup import PrefixCacheConfig
+from deepinfer.engine.config import EngineConfig
+from deepinfer.engine.engine import LLMEngine
+from deepinfer.engine.outputs import RequestOutput
+from deepinfer.engine.sampling_params import SamplingParams
+from deepinfer.pd.messages import params_from_json, recv, send
+from deepinfer.serve.step_model import StepTimeFit
+
+IDLE_POLL_S = 0.5  # wake up this often while idle to notice a vanished front
+STATE_EVERY_S = 0.02  # at most this often a load update while busy
+
+
+@dataclass(frozen=True)
+class ReplicaSettings:
+    """What a replica is started with, sent as one JSON string."""
+
+    model: str | None
+    index: int = 0
+    dtype: str = "float32"
+    device: str = "cpu"
+    engine: dict[str, Any] = field(default_factory=dict)
+    cache: dict[str, Any] | None = None
+    speculative: str = ""
+    threads: int = 1
+    cache_dir: str | None = None
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> ReplicaSettings:
+        return cls(**json.loads(text))
+
+
+def block_key(h: bytes) -> int:
+    """A 16-byte cache block hash shortened to the 64-bit id the routers compare."""
+    return int.from_bytes(h[:8], "big")
+
+
+class Replica:
+    """One engine plus the bookkeeping the front needs from it."""
+
+    def __init__(self, conn: Connection, engine: LLMEngine, store: Any) -> None:
+        self.conn = conn
+        self.engine = engine
+        self.store = store
+        self.fit = StepTimeFit()
+        self._held: set[int] = set()
+        self._last_load: tuple[int, ...] = ()
+        self._last_sent = 0.0
+        self._cache_dirty = True
+
+    # ------------------------------------------------------------------ messages
+    def on_message(self, message: dict[str, Any]) -> None:
+        op = message["op"]
+        if op == "add":
+            rid = str(message["request_id"])
+            try:
+                self.engine.add_request(
+                    [int(t) for t in message["prompt_ids"]],
+                    params_from_json(message["params"]),
+                    request_id=rid,
+                    namespace=bytes.fromhex(message.get("namespace", "")),
+                )
+            except (ValueError, TypeError) as exc:
+                send(self.conn, {"op": "rejected", "request_id": rid, "error": str(exc)})
+        elif op == "abort":
+            self.engine.abort(str(message["request_id"]))
+            self._cache_dirty = True
+        else:
+            raise ValueError(f"replica got unknown op {op!r}")
+
+    def on_output(self, out: RequestOutput) -> None:
+        m = out.metrics
+        send(
+            self.conn,
+            {
+                "op": "output",
+                "request_id": out.request_id,
+                "new_token_ids": list(out.new_token_ids),
+                "new_text": out.new_text,
+                "num_tokens": len(out.token_ids),
+                "finished": out.finished,
+                "finish_reason": out.finish_reason,
+                "error": out.error,
+                "prompt_tokens": len(out.prompt_token_ids),
+                "cached_tokens": m.num_cached_tokens if m else 0,
+                "cached_per_tier": dict(m.cached_tokens_per_tier) if m else {},
+                "spec": [m.num_spec_steps, m.num_accepted_drafts] if m else [0, 0],
+            },
+        )
+        if out.finished:
+            self._cache_dirty = True
+
+    # ------------------------------------------------------------------ state
+    def load(self) -> dict[str, Any]:
+        e = self.engine
+        bs = e.config.block_size
+        free = e.pool.num_free_blocks
+        return {
+            "num_waiting": len(e.waiting),
+            "waiting_tokens": sum(s.prefill_target - s.num_computed for s in e.waiting),
+            "num_running": len(e.running),
+            "kv_used_tokens": max(0, e.capacity_blocks - free) * bs,
+            "free_blocks": free,
+        }
+
+    def publish(self, force: bool = False) -> None:
+        """Send a ``state`` message if the load or the cached blocks changed."""
+        now = time.perf_counter()
+        if not force and now - self._last_sent < STATE_EVERY_S and self.engine.has_unfinished():
+            return
+        load = self.load()
+        key = tuple(load.values())
+        stored: list[int] = []
+        evicted: list[int] = []
+        if self._cache_dirty and self.store is not None:
+            held = {block_key(h) for h in self.store.index.keys_parents_first()}
+            stored = sorted(held - self._held)
+            evicted = sorted(self._held - held)
+            self._held = held
+            self._cache_dirty = False
+        if not force and key == self._last_load and not stored and not evicted:
+            return
+        self._last_load = key
+        self._last_sent = now
+        a, b = self.fit.coefficients()
+        tier_hits = (
+            {t.name: t.hit_tokens for t in self.store.stats().tiers}
+            if self.store is not None
+            else {}
+        )
+        send(
+            self.conn,
+            {
+                "op": "state",
+                **load,
+                "step_overhead_s": a,
+                "step_s_per_token": b,
+                "stored": stored,
+                "evicted": evicted,
+                "tier_hits": tier_hits,
+            },
+        )
+
+    # ------------------------------------------------------------------ loop
+    def run(self) -> None:
+        e = self.engine
+        while True:
+            timeout = 0.0 if e.has_unfinished() else IDLE_POLL_S
+            while self.conn.poll(timeout):
+                message = recv(self.conn)
+                if message["op"] == "shutdown":
+                    return
+                self.on_message(message)
+                timeout = 0.0
+            self.publish()
+            if e.has_unfinished():
+                before = e.num_forward_tokens
+                t0 = time.perf_counter()
+                outs = e.step()
+                dt = time.perf_counter() - t0
+                if e.num_forward_tokens > before:
+                    self.fit.add(e.num_forward_tokens - before, dt)
+                for out in outs:
+                    self.on_output(out)
+                if not e.has_unfinished():
+                    self.publish(force=True)
+
+
+def _warm_up(engine: LLMEngine) -> None:
+    """Pay one-off costs (lazy imports, first kernels) before reporting ready."""
+    engine.add_request(
+        [0], SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True), request_id="warmup"
+    )
+    while engine.has_unfinished():
+        engine.step()
+
+
+def build_replica_engine(settings: ReplicaSettings) -> tuple[LLMEngine, Any]:
+    from deepinfer.llm import build_engine  # the composition root
+
+    cache = None
+    suffix = ""
+    if settings.cache is not None:
+        fields = dict(settings.cache)
+        suffix = str(fields.pop("directory_suffix", ""))
+        cache = PrefixCacheConfig(**fields)
+    built = build_engine(
+        settings.model,
+        dtype=settings.dtype,
+        device=settings.device,
+        engine_config=EngineConfig(**settings.engine),
+        speculative=settings.speculative or None,
+        prefix_cache=cache,
+        cache_dir=settings.cache_dir,
+        directory_suffix=suffix,
+    )
+    return built.engine, built.store
+
+
+def replica_main(conn: Connection, settings_json: str, set_threads: bool = True) -> None:
+    """Entry point of a replica process (``set_threads`` False when run as a thread)."""
+    store = None
+    try:
+        settings = ReplicaSettings.from_json(settings_json)
+        if set_threads:
+            torch.set_num_threads(settings.threads)
+        engine, store = build_replica_engine(settings)
+        _warm_up(engine)
+    except Exception as exc:  # report a start-up failure instead of dying silently
+        with contextlib.suppress(OSError):
+            send(conn, {"op": "fatal", "error": f"{type(exc).__name__}: {exc}"})
+        if store is not None:
+            store.close()
+        return
+    replica = Replica(conn, engine, store)
+    try:
+        send(
+            conn,
+            {
+                "op": "ready",
+                "capacity_blocks": engine.capacity_blocks,
+                "block_size": engine.config.block_size,
+                "max_model_len": engine.max_model_len,
+                "max_batched_tokens": engine.config.max_batched_tokens,
+                "vocab_size": engine.model.config.vocab_size,
+            },
+        )
+        replica.publish(force=True)
+        replica.run()
+    except (EOFError, BrokenPipeError, ConnectionResetError, OSError):
+        pass  # the front went away
+    except Exception as exc:
+        with contextlib.suppress(OSError):
+            send(
+                conn,
+                {
+                    "op": "fatal",
+                    "error": f"{type(exc).__name__}: {exc}",
+                    "trace": traceback.format_exc(),
+                },
+            )
+    finally:
+        if store is not None:
+            store.close()  # write-back tiers persist to disk; the directory lock is released
+        with contextlib.suppress(OSError):
+            conn.close()
