@@ -24,7 +24,7 @@ from deepinfer_kernels.attention import (
     plan_paged_attention,
 )
 from deepinfer_kernels.kv import WriteKVPlan, gather_blocks, plan_write_kv, scatter_blocks, write_kv
-from deepinfer_kernels.sampling import sample, sampling_probs
+from deepinfer_kernels.sampling import apply_penalties, apply_token_bitmask, sample, sampling_probs
 from deepinfer_kernels.verify import VerifyResult, greedy_verify, speculative_verify
 
 __all__ = [
@@ -37,6 +37,8 @@ __all__ = [
     "plan_paged_attention",
     # verification, sampling and KV movement
     "VerifyResult",
+    "apply_penalties",
+    "apply_token_bitmask",
     "WriteKVPlan",
     "gather_blocks",
     "greedy_verify",

@@ -12,6 +12,10 @@ from deepinfer_kernels.reference.kv import (
     scatter_blocks_reference,
     write_kv_reference,
 )
+from deepinfer_kernels.reference.penalties import (
+    apply_penalties_reference,
+    apply_token_bitmask_reference,
+)
 from deepinfer_kernels.reference.sampling import sample_reference, sampling_probs_reference
 from deepinfer_kernels.reference.verify import (
     greedy_verify_reference,
@@ -24,6 +28,8 @@ __all__: list[str] = [
     "paged_attention_reference",
     "paged_decode_attention_reference",
     # verification, sampling and KV movement
+    "apply_penalties_reference",
+    "apply_token_bitmask_reference",
     "gather_blocks_reference",
     "greedy_verify_reference",
     "sample_reference",
