@@ -10,6 +10,8 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
+from importlib import metadata
+from typing import NoReturn
 
 from .sizing import REFERENCE_MODELS, ssd_capacity
 
@@ -22,9 +24,24 @@ def _human(n: float, unit: str = "B") -> str:
     return f"{n:.3g} Z{unit}"
 
 
+class _Parser(argparse.ArgumentParser):
+    """A usage error is one line (``deepinfer-cache size: error: ...``), exit code 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def _version() -> str:
+    try:
+        return metadata.version("deepinfer-cache")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="deepinfer-cache", description=__doc__.splitlines()[0])
-    sub = p.add_subparsers(dest="cmd", required=True)
+    p = _Parser(prog="deepinfer-cache", description=__doc__.splitlines()[0])
+    p.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    sub = p.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
     sub.add_parser("models", help="KV bytes per token of reference models")
     s = sub.add_parser("size", help="SSD capacity for a prefix cache")
     who = s.add_mutually_exclusive_group(required=True)

@@ -6,7 +6,7 @@ One file per block::
     offset 8   version u16 LE   (FORMAT_VERSION)
     offset 10  meta_len u32 LE
     offset 14  meta    meta_len bytes of UTF-8 JSON: hash, parent, dtype, shape, layout,
-                       retention, expires_at, payload_len, payload_crc32
+                       retention, expires_at, tenant, payload_len, payload_crc32
     ...        hdr_crc u32 LE   zlib.crc32 of bytes [0, 14 + meta_len)
     ...        payload payload_len raw little-endian element bytes of the contiguous page
 
@@ -103,6 +103,7 @@ def encode_header(
         "layout": layout,
         "retention": meta.retention,
         "expires_at": meta.expires_at,
+        "tenant": meta.tenant.hex() if meta.tenant is not None else None,
         "payload_len": payload.nbytes,
         "payload_crc32": zlib.crc32(payload),
     }
@@ -118,7 +119,7 @@ def max_header_len(
 ) -> int:
     """Header length for the longest field values a block of this geometry can have."""
     page = torch.empty(shape, dtype=dtype, device="meta")
-    meta = BlockMeta(b"\xff" * 16, "r" * retention_len, -1.7976931348623157e308)
+    meta = BlockMeta(b"\xff" * 16, "r" * retention_len, -1.7976931348623157e308, b"\xff" * 16)
     doc_payload = memoryview(b"")
     head = encode_header(b"\xff" * 16, meta, page, layout, doc_payload, align=1)
     # payload_len and payload_crc32 grow to at most 20 and 10 digits.
@@ -147,10 +148,12 @@ def decode_header(buf: bytes | memoryview, file_len: int | None = None) -> Block
         doc = json.loads(bytes(buf[_PREFIX.size : end]))
         key = bytes.fromhex(doc["hash"])
         parent = bytes.fromhex(doc["parent"]) if doc["parent"] is not None else None
+        tenant_hex = doc.get("tenant")  # absent in files written before it existed
+        tenant = bytes.fromhex(tenant_hex) if tenant_hex is not None else None
         shape = tuple(int(s) for s in doc["shape"])
         header = BlockHeader(
             key=key,
-            meta=BlockMeta(parent, str(doc["retention"]), float(doc["expires_at"])),
+            meta=BlockMeta(parent, str(doc["retention"]), float(doc["expires_at"]), tenant),
             dtype=_parse_dtype(doc["dtype"]),
             shape=shape,
             layout=str(doc["layout"]),

@@ -1,23 +1,32 @@
 """``PrefixIndex``: a radix tree over chained block hashes with per-tier LRU, pins and TTLs.
 
 Each node is one cached block. Because block hashes are chained, a hash names its whole prefix,
-so the tree is kept as parent/children links plus one dict from hash to node: ``match`` walks
-the hashes of a prompt and stops at the first block that is absent or expired.
+so the tree is kept as parent/child links plus one dict from hash to node: ``match`` walks the
+hashes of a prompt and stops at the first block that is absent or expired.
+
+Layout: a node is a small integer id into flat columns (``array`` of parents, sibling links,
+tier masks, pins, expiry times, ...), and the LRU lists hold ids. Nothing per node is a Python
+object the cyclic garbage collector has to visit (bytes keys, ints and arrays are not tracked),
+so a full collection with a million blocks indexed costs milliseconds, not seconds.
 
 Invariants the store relies on:
 
-* A node exists while it is resident in at least one tier (a bit in ``tiers``).
+* A node exists while it is resident in at least one tier (a bit in its tier mask).
 * Pins are taken on matched prefixes, so an ancestor is pinned at least as often as any of its
   descendants; pinned nodes are never evicted, dropped or expired.
 * Within a tier, eviction takes the least recently used unpinned node that has no child resident
-  in that tier (a leaf of that tier); where a victim cannot be demoted, a last copy must have
-  no children at all, so an eviction never drops blocks cached elsewhere. Touches walk deepest-first, so ancestors stay
-  more recent than their descendants.
+  in that tier (a leaf of that tier); where a victim cannot be demoted, a last copy must have no
+  children at all, so an eviction never drops blocks cached elsewhere. Touches walk
+  deepest-first, so ancestors stay more recent than their descendants.
 * Dropping a node (last tier gone, or expiry) drops its subtree, which is unreachable otherwise.
+* Expiry is incremental: a heap of (expiry, id) entries, checked lazily against the node's
+  current expiry, so ``expire(limit=...)`` does work proportional to what it drops.
 """
 
 from __future__ import annotations
 
+import heapq
+from array import array
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -25,19 +34,7 @@ from dataclasses import dataclass
 from .clock import Clock, SystemClock
 from .retention import RetentionPolicy
 
-
-class _Node:
-    __slots__ = ("children", "expires", "key", "parent", "pins", "retention", "stamp", "tiers")
-
-    def __init__(self, key: bytes, parent: _Node | None, expires: float, retention: str) -> None:
-        self.key = key
-        self.parent = parent
-        self.children: dict[bytes, _Node] | None = None
-        self.tiers = 0
-        self.pins = 0
-        self.expires = expires
-        self.stamp = expires  # the expiry last reported as persisted (see ``refresh``)
-        self.retention = retention
+_NONE = -1
 
 
 @dataclass(frozen=True)
@@ -86,8 +83,28 @@ class PrefixIndex:
         self.retention = retention if retention is not None else RetentionPolicy()
         self.clock: Clock = clock if clock is not None else SystemClock()
         self.persist_granularity = float(persist_granularity)
-        self._nodes: dict[bytes, _Node] = {}
-        self._lru: list[OrderedDict[bytes, _Node]] = [OrderedDict() for _ in range(num_tiers)]
+        self._reset()
+
+    def _reset(self) -> None:
+        num_tiers = self.num_tiers
+        self._ids: dict[bytes, int] = {}  # insertion order: parents before children
+        self._key: list[bytes | None] = []
+        self._parent = array("q")
+        self._first_child = array("q")
+        self._next_sib = array("q")
+        self._prev_sib = array("q")
+        self._nchildren = array("l")
+        self._child_in = [array("l") for _ in range(num_tiers)]  # children resident per tier
+        self._tiers = bytearray()
+        self._pins = array("l")
+        self._expires = array("d")
+        self._stamp = array("d")  # the expiry last reported as persisted (see ``refresh``)
+        self._ret = array("H")  # retention class id into ``_classes``
+        self._classes: list[str] = []
+        self._class_id: dict[str, int] = {}
+        self._free_ids: list[int] = []
+        self._heap: list[tuple[float, int]] = []
+        self._lru: list[OrderedDict[int, None]] = [OrderedDict() for _ in range(num_tiers)]
         # The LRU lists of each tier bitmask, precomputed so a touch does no bit arithmetic.
         self._lru_by_mask = [
             tuple(self._lru[i] for i in range(num_tiers) if mask >> i & 1)
@@ -96,35 +113,35 @@ class PrefixIndex:
 
     # ------------------------------------------------------------------ queries
     def __len__(self) -> int:
-        return len(self._nodes)
+        return len(self._ids)
 
     def __contains__(self, key: object) -> bool:
-        return key in self._nodes
+        return key in self._ids
 
     def keys_parents_first(self) -> list[bytes]:
         """All blocks, every parent before its children (creation order)."""
-        return list(self._nodes)
+        return list(self._ids)
 
     def tiers_of(self, key: bytes) -> int:
         """Tier bitmask of ``key`` (0 when absent)."""
-        node = self._nodes.get(key)
-        return node.tiers if node is not None else 0
+        i = self._ids.get(key)
+        return self._tiers[i] if i is not None else 0
 
     def pins_of(self, key: bytes) -> int:
-        node = self._nodes.get(key)
-        return node.pins if node is not None else 0
+        i = self._ids.get(key)
+        return self._pins[i] if i is not None else 0
 
     def expires_of(self, key: bytes) -> float | None:
-        node = self._nodes.get(key)
-        return node.expires if node is not None else None
+        i = self._ids.get(key)
+        return self._expires[i] if i is not None else None
 
     def retention_of(self, key: bytes) -> str | None:
-        node = self._nodes.get(key)
-        return node.retention if node is not None else None
+        i = self._ids.get(key)
+        return self._classes[self._ret[i]] if i is not None else None
 
     def parent_of(self, key: bytes) -> bytes | None:
-        node = self._nodes[key]
-        return node.parent.key if node.parent is not None else None
+        p = self._parent[self._ids[key]]
+        return self._key[p] if p != _NONE else None
 
     def count_in(self, tier: int) -> int:
         """Number of blocks resident in ``tier``."""
@@ -132,21 +149,33 @@ class PrefixIndex:
 
     def keys_in(self, tier: int) -> list[bytes]:
         """Blocks resident in ``tier``, least recently used first."""
-        return list(self._lru[self._check_tier(tier)])
+        keys = self._key
+        return [keys[i] for i in self._lru[self._check_tier(tier)]]  # type: ignore[misc]
 
-    def match(self, hashes: Sequence[bytes], *, touch: bool = True) -> MatchResult:
-        """Count the leading ``hashes`` that are cached and unexpired; touch them if asked."""
-        nodes = self._nodes
+    def children_of(self, key: bytes) -> list[bytes]:
+        out: list[bytes] = []
+        c = self._first_child[self._ids[key]]
+        while c != _NONE:
+            out.append(self._key[c])  # type: ignore[arg-type]
+            c = self._next_sib[c]
+        return out
+
+    def match(self, hashes: Iterable[bytes], *, touch: bool = True) -> MatchResult:
+        """Count the leading ``hashes`` that are cached and unexpired; touch them if asked.
+        ``hashes`` may be a lazy iterator: it is consumed only up to the first miss."""
+        ids = self._ids
+        expires = self._expires
+        tiers = self._tiers
         now = self.clock.now()
-        matched: list[_Node] = []
+        matched: list[int] = []
         for h in hashes:
-            node = nodes.get(h)
-            if node is None or node.expires <= now:
+            i = ids.get(h)
+            if i is None or expires[i] <= now:
                 break
-            matched.append(node)
+            matched.append(i)
         if touch and matched:
             self._touch(matched)
-        return MatchResult(len(matched), tuple(n.tiers for n in matched))
+        return MatchResult(len(matched), tuple([tiers[i] for i in matched]))
 
     # ------------------------------------------------------------------ updates
     def insert(
@@ -162,116 +191,112 @@ class PrefixIndex:
         ``tier``, refresh their TTL and touch the whole path from the root. Returns how many
         nodes are new. ``touch=False`` skips the walk over the ancestors (the caller refreshes
         the whole chain once afterwards, e.g. when adding one block at a time)."""
-        bit = 1 << self._check_tier(tier)
+        self._check_tier(tier)
         expires = self.clock.now() + self.retention.ttl(retention)
-        prev: _Node | None = None
+        prev = _NONE
         if parent is not None:
-            prev = self._nodes.get(parent)
-            if prev is None:
+            p = self._ids.get(parent)
+            if p is None:
                 raise ValueError("parent must be a block already in the index")
+            prev = p
         created = 0
-        path: list[_Node] = []
-        lru = self._lru[tier]
+        path: list[int] = []
         for h in hashes:
             if not isinstance(h, bytes):
                 raise TypeError(f"hashes must be bytes, got {type(h).__name__}")
-            node = self._nodes.get(h)
-            if node is None:
-                node = _Node(h, prev, expires, retention)
-                self._nodes[h] = node
-                if prev is not None:
-                    if prev.children is None:
-                        prev.children = {}
-                    prev.children[h] = node
+            i = self._ids.get(h)
+            if i is None:
+                i = self._new_node(h, prev, expires, retention)
                 created += 1
-            elif node.parent is not prev:
+            elif self._parent[i] != prev:
                 raise ValueError("hashes do not form a chain under the given parent")
             else:
-                self._refresh(node, expires, retention)
-            if not node.tiers & bit:
-                node.tiers |= bit
-                lru[h] = node
-            path.append(node)
-            prev = node
+                self._extend(i, expires, retention)
+            self._set_tier(i, tier)
+            path.append(i)
+            prev = i
         if not touch:
             return created
-        ancestors: list[_Node] = []
-        anc = path[0].parent if path else prev
-        while anc is not None:
-            self._refresh(anc, expires, retention)
+        ancestors: list[int] = []
+        anc = self._parent[path[0]] if path else prev
+        while anc != _NONE:
+            self._extend(anc, expires, retention)
             ancestors.append(anc)
-            anc = anc.parent
+            anc = self._parent[anc]
         ancestors.reverse()
         self._touch(ancestors + path)
         return created
 
-    def refresh(self, hashes: Sequence[bytes], retention: str = "chat") -> list[bytes]:
-        """Extend the TTL of present ``hashes`` to now + ttl(retention) and touch them.
+    def refresh(self, hashes: Sequence[bytes], retention: str | None = "chat") -> list[bytes]:
+        """Extend the TTL of present ``hashes`` to now + ttl(retention) and touch them
+        (``retention=None``: each block's own class; blocks of a class the policy does not
+        know keep their expiry).
 
         Returns the blocks whose expiry moved ``persist_granularity`` seconds or more past the
         value last returned here, so a durable tier can persist the new expiry sparingly."""
-        expires = self.clock.now() + self.retention.ttl(retention)
-        nodes = [n for n in (self._nodes.get(h) for h in hashes) if n is not None]
+        now = self.clock.now()
+        fixed = None if retention is None else now + self.retention.ttl(retention)
+        ids = [i for i in (self._ids.get(h) for h in hashes) if i is not None]
+        ttls = self.retention.ttls
         moved: list[bytes] = []
-        for node in nodes:
-            self._refresh(node, expires, retention)
-            if node.expires - node.stamp >= self.persist_granularity:
-                node.stamp = node.expires
-                moved.append(node.key)
-        self._touch(nodes)
+        for i in ids:
+            if fixed is not None and retention is not None:
+                self._extend(i, fixed, retention)
+            else:
+                cls = self._classes[self._ret[i]]
+                ttl = ttls.get(cls)
+                if ttl is None:
+                    continue
+                self._extend(i, now + float(ttl), cls)
+            if self._expires[i] - self._stamp[i] >= self.persist_granularity:
+                self._stamp[i] = self._expires[i]
+                moved.append(self._key[i])  # type: ignore[arg-type]
+        self._touch(ids)
         return moved
 
     def restore(
         self, key: bytes, parent: bytes | None, tier: int, retention: str, expires_at: float
     ) -> None:
-        """Re-add a block recovered from a durable tier (parents first, no touch)."""
-        bit = 1 << self._check_tier(tier)
-        node = self._nodes.get(key)
-        if node is None:
-            prev = None
+        """Re-add a block recovered from a durable tier (parents first, no touch). The
+        retention class may be one the policy does not know (kept until ``expires_at``)."""
+        self._check_tier(tier)
+        i = self._ids.get(key)
+        if i is None:
+            prev = _NONE
             if parent is not None:
-                prev = self._nodes.get(parent)
-                if prev is None:
+                p = self._ids.get(parent)
+                if p is None:
                     raise ValueError("parent must be restored before its children")
-            node = _Node(key, prev, expires_at, retention)
-            self._nodes[key] = node
-            if prev is not None:
-                if prev.children is None:
-                    prev.children = {}
-                prev.children[key] = node
+                prev = p
+            i = self._new_node(key, prev, expires_at, retention)
         else:
-            self._refresh(node, expires_at, retention)
-        if not node.tiers & bit:
-            node.tiers |= bit
-            self._lru[tier][key] = node
+            self._extend(i, expires_at, retention)
+        self._set_tier(i, tier)
 
     def reorder_lru(self, tier: int, keys_oldest_first: Iterable[bytes]) -> None:
         """Move ``keys`` to the MRU end of ``tier``'s LRU in the given order (after restore)."""
         lru = self._lru[self._check_tier(tier)]
+        ids = self._ids
         for k in keys_oldest_first:
-            if k in lru:
-                lru.move_to_end(k)
+            i = ids.get(k)
+            if i is not None and i in lru:
+                lru.move_to_end(i)
 
     def add_tier(self, key: bytes, tier: int) -> None:
         """Mark an existing block resident in ``tier`` too (promotion / demotion target)."""
-        bit = 1 << self._check_tier(tier)
-        node = self._nodes[key]
-        if not node.tiers & bit:
-            node.tiers |= bit
-            self._lru[tier][key] = node
+        self._set_tier(self._ids[key], self._check_tier(tier))
 
     def remove_tier(self, key: bytes, tier: int) -> list[Dropped]:
         """Forget ``key``'s copy in ``tier``. If no copy is left the node and its subtree are
         dropped; returns the dropped blocks (other tiers' data of those must be freed)."""
         bit = 1 << self._check_tier(tier)
-        node = self._nodes.get(key)
-        if node is None or not node.tiers & bit:
+        i = self._ids.get(key)
+        if i is None or not self._tiers[i] & bit:
             return []
-        node.tiers &= ~bit
-        del self._lru[tier][key]
-        if node.tiers:
+        self._clear_tier(i, tier)
+        if self._tiers[i]:
             return []
-        return self._drop(node)
+        return self._drop(i)
 
     def pick_victim(
         self, tier: int, exclude: Iterable[bytes] = (), *, keep_inner_last_copies: bool = True
@@ -283,52 +308,82 @@ class PrefixIndex:
         descendants cached in other tiers."""
         bit = 1 << self._check_tier(tier)
         skip = exclude if isinstance(exclude, set | frozenset) else set(exclude)
-        for key, node in self._lru[tier].items():
-            if node.pins or key in skip:
+        pins, nchildren, child_in, tiers = (
+            self._pins,
+            self._nchildren,
+            self._child_in[tier],
+            self._tiers,
+        )
+        for i in self._lru[tier]:
+            if pins[i]:
                 continue
-            if node.children:
-                if any(c.tiers & bit for c in node.children.values()):
+            key = self._key[i]
+            if key in skip:
+                continue
+            if nchildren[i]:
+                if child_in[i]:
                     continue
-                if keep_inner_last_copies and node.tiers == bit:
+                if keep_inner_last_copies and tiers[i] == bit:
                     continue
             return key
         return None
 
     def has_children(self, key: bytes) -> bool:
-        node = self._nodes.get(key)
-        return bool(node is not None and node.children)
+        i = self._ids.get(key)
+        return bool(i is not None and self._nchildren[i])
 
     def pin(self, hashes: Sequence[bytes]) -> int:
         """Pin the matched (present, unexpired) prefix of ``hashes``; returns how many."""
         m = self.match(hashes, touch=False)
         for h in hashes[: m.num_blocks]:
-            self._nodes[h].pins += 1
+            self._pins[self._ids[h]] += 1
         return m.num_blocks
 
     def unpin(self, hashes: Sequence[bytes]) -> None:
         """Release one pin on each of ``hashes``. Blocks already force-dropped (corrupt) are
         skipped; a present block that is not pinned raises ``ValueError``."""
-        nodes = [self._nodes.get(h) for h in hashes]
-        for node in nodes:
-            if node is not None and node.pins <= 0:
+        ids = [self._ids.get(h) for h in hashes]
+        for i in ids:
+            if i is not None and self._pins[i] <= 0:
                 raise ValueError("unpin of a block that is not pinned")
-        for node in nodes:
-            if node is not None:
-                node.pins -= 1
+        for i in ids:
+            if i is not None:
+                self._pins[i] -= 1
 
-    def expire(self, now: float | None = None) -> list[Dropped]:
-        """Drop every unpinned block whose TTL has passed (with its subtree)."""
+    def expire(self, now: float | None = None, *, limit: int | None = None) -> list[Dropped]:
+        """Drop unpinned blocks whose TTL has passed (with their subtrees). With ``limit``,
+        stop after about that many blocks (call again for more): work is proportional to what
+        expires, never a scan of the whole index."""
         t = self.clock.now() if now is None else now
+        heap = self._heap
         dropped: list[Dropped] = []
-        for node in [n for n in self._nodes.values() if n.expires <= t and n.pins == 0]:
-            if node.key in self._nodes:
-                dropped.extend(self._drop(node))
+        kept: list[tuple[float, int]] = []
+        while heap and heap[0][0] <= t and (limit is None or len(dropped) < limit):
+            _, i = heapq.heappop(heap)
+            if self._key[i] is None:
+                continue  # dropped already (its id may have been reused: see below)
+            exp = self._expires[i]
+            if exp > t:
+                heapq.heappush(heap, (exp, i))  # refreshed since this entry was pushed
+                continue
+            if self._pins[i]:
+                kept.append((exp, i))
+                continue
+            dropped.extend(self._drop(i))
+        for entry in kept:
+            heapq.heappush(heap, entry)
         return dropped
 
     def drop(self, key: bytes) -> list[Dropped]:
         """Drop ``key`` and its subtree whatever its tiers and pins (a corrupt block)."""
-        node = self._nodes.get(key)
-        return self._drop(node, force=True) if node is not None else []
+        i = self._ids.get(key)
+        return self._drop(i, force=True) if i is not None else []
+
+    def clear(self) -> list[Dropped]:
+        """Drop every block (pins included); returns them all."""
+        out = [Dropped(k, self._tiers[i]) for k, i in self._ids.items()]
+        self._reset()
+        return out
 
     # ------------------------------------------------------------------ internals
     def _check_tier(self, tier: int) -> int:
@@ -336,38 +391,129 @@ class PrefixIndex:
             raise ValueError(f"tier must be an int in [0, {self.num_tiers}), got {tier!r}")
         return tier
 
-    @staticmethod
-    def _refresh(node: _Node, expires: float, retention: str) -> None:
-        if expires > node.expires:
-            node.expires = expires
-            node.retention = retention
+    def _class(self, retention: str) -> int:
+        c = self._class_id.get(retention)
+        if c is None:
+            c = len(self._classes)
+            self._classes.append(retention)
+            self._class_id[retention] = c
+        return c
 
-    def _touch(self, path: list[_Node]) -> None:
+    def _new_node(self, key: bytes, parent: int, expires: float, retention: str) -> int:
+        cls = self._class(retention)
+        if self._free_ids:
+            i = self._free_ids.pop()
+            self._key[i] = key
+            self._parent[i] = parent
+            self._first_child[i] = _NONE
+            self._next_sib[i] = _NONE
+            self._prev_sib[i] = _NONE
+            self._nchildren[i] = 0
+            for ci in self._child_in:
+                ci[i] = 0
+            self._tiers[i] = 0
+            self._pins[i] = 0
+            self._expires[i] = expires
+            self._stamp[i] = expires
+            self._ret[i] = cls
+        else:
+            i = len(self._key)
+            self._key.append(key)
+            self._parent.append(parent)
+            self._first_child.append(_NONE)
+            self._next_sib.append(_NONE)
+            self._prev_sib.append(_NONE)
+            self._nchildren.append(0)
+            for ci in self._child_in:
+                ci.append(0)
+            self._tiers.append(0)
+            self._pins.append(0)
+            self._expires.append(expires)
+            self._stamp.append(expires)
+            self._ret.append(cls)
+        self._ids[key] = i
+        if parent != _NONE:
+            head = self._first_child[parent]
+            self._next_sib[i] = head
+            if head != _NONE:
+                self._prev_sib[head] = i
+            self._first_child[parent] = i
+            self._nchildren[parent] += 1
+        heap = self._heap
+        if len(heap) > 2 * len(self._ids) + 4096:
+            # Entries of dropped nodes pile up until their time comes: rebuild from live nodes.
+            exp = self._expires
+            heap[:] = [(exp[j], j) for j in self._ids.values() if j != i]
+            heapq.heapify(heap)
+        heapq.heappush(heap, (expires, i))
+        return i
+
+    def _extend(self, i: int, expires: float, retention: str) -> None:
+        if expires > self._expires[i]:
+            self._expires[i] = expires
+            self._ret[i] = self._class(retention)
+
+    def _set_tier(self, i: int, tier: int) -> None:
+        bit = 1 << tier
+        if not self._tiers[i] & bit:
+            self._tiers[i] |= bit
+            self._lru[tier][i] = None
+            p = self._parent[i]
+            if p != _NONE:
+                self._child_in[tier][p] += 1
+
+    def _clear_tier(self, i: int, tier: int) -> None:
+        self._tiers[i] &= ~(1 << tier)
+        del self._lru[tier][i]
+        p = self._parent[i]
+        if p != _NONE:
+            self._child_in[tier][p] -= 1
+
+    def _touch(self, path: list[int]) -> None:
         # Deepest first: ancestors end up more recent than descendants, so LRU takes leaves.
         by_mask = self._lru_by_mask
-        for node in reversed(path):
-            for lru in by_mask[node.tiers]:
-                lru.move_to_end(node.key)
+        tiers = self._tiers
+        for i in reversed(path):
+            for lru in by_mask[tiers[i]]:
+                lru.move_to_end(i)
 
-    def _drop(self, node: _Node, force: bool = False) -> list[Dropped]:
-        if node.pins and not force:
+    def _drop(self, i: int, force: bool = False) -> list[Dropped]:
+        if self._pins[i] and not force:
             raise ValueError("cannot drop a pinned block")
+        # Unlink the subtree root from its parent, then free every node below it.
+        p = self._parent[i]
+        if p != _NONE:
+            for t in range(self.num_tiers):
+                if self._tiers[i] >> t & 1:
+                    self._child_in[t][p] -= 1
+            prev, nxt = self._prev_sib[i], self._next_sib[i]
+            if prev != _NONE:
+                self._next_sib[prev] = nxt
+            else:
+                self._first_child[p] = nxt
+            if nxt != _NONE:
+                self._prev_sib[nxt] = prev
+            self._nchildren[p] -= 1
         out: list[Dropped] = []
-        stack = [node]
+        stack = [i]
         while stack:
             n = stack.pop()
-            if n.children:
-                stack.extend(n.children.values())
-            out.append(Dropped(n.key, n.tiers))
-            t, i = n.tiers, 0
-            while t:
-                if t & 1:
-                    self._lru[i].pop(n.key, None)
-                t >>= 1
-                i += 1
-            self._nodes.pop(n.key, None)
-        if node.parent is not None and node.parent.children is not None:
-            node.parent.children.pop(node.key, None)
-            if not node.parent.children:
-                node.parent.children = None
+            c = self._first_child[n]
+            while c != _NONE:
+                stack.append(c)
+                c = self._next_sib[c]
+            key = self._key[n]
+            assert key is not None
+            mask = self._tiers[n]
+            out.append(Dropped(key, mask))
+            t = 0
+            while mask:
+                if mask & 1:
+                    self._lru[t].pop(n, None)
+                mask >>= 1
+                t += 1
+            del self._ids[key]
+            self._key[n] = None
+            self._tiers[n] = 0
+            self._free_ids.append(n)
         return out

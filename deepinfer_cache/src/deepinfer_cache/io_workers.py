@@ -60,6 +60,10 @@ class IOWorkers:
     def queued(self) -> int:
         return self._q.qsize()
 
+    def full(self) -> bool:
+        """True while ``submit(block=False)`` would raise ``queue.Full``."""
+        return self._q.full()
+
     def drain(self, timeout: float | None = None) -> bool:
         """Wait until every submitted job has finished; False on timeout."""
         with self._idle:

@@ -8,11 +8,14 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class BlockMeta:
     """``parent`` is the previous block's hash (None for a first block); ``expires_at`` is
-    wall-clock seconds since the epoch."""
+    wall-clock seconds since the epoch; ``tenant`` is the 16-byte tag of the namespace a first
+    block was stored under (``hashing.tenant_tag``; None for other blocks and old files), so
+    ``TieredKVStore.delete_namespace`` can find a tenant's blocks after a restart."""
 
     parent: bytes | None
     retention: str
     expires_at: float
+    tenant: bytes | None = None
 
 
 @dataclass(frozen=True)

@@ -2,48 +2,68 @@
 
 A block is re-indexed when its parent chain is complete and it has not expired
 (``expires = max(header expiry, file mtime)``, see ``DiskTier.touch``). Blocks below a missing
-parent (a crash between a child's and its parent's write) or below an expired block cannot be
-reached by any lookup; they are deleted and counted as orphans. LRU order is restored from the
-expiry times (older first; deeper first on ties, so leaves go before their ancestors).
+parent (a crash between a child's and its parent's write) cannot be reached by any lookup; they
+are deleted and counted as orphans. Blocks below an expired block are deleted with it and
+counted as expired. A block of a retention class the current policy does not name is kept until
+its stored expiry (the store warns): changing the policy never deletes data by itself. LRU order
+is restored from the expiry times (older first; deeper first on ties, so leaves go before their
+ancestors).
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
+from dataclasses import dataclass, field
 from typing import Any
 
 from .index import PrefixIndex
 
 
-def rebuild_index(index: PrefixIndex, tier_id: int, tier: Any, now: float) -> tuple[int, int]:
-    """Restore ``tier.recovered()`` into ``index`` as tier ``tier_id``; returns
-    ``(orphans_removed, expired_removed)``."""
+@dataclass
+class RebuildReport:
+    orphans: int = 0
+    expired: int = 0
+    unknown_blocks: int = 0
+    unknown_classes: set[str] = field(default_factory=set)
+    tenants: dict[bytes, bytes] = field(default_factory=dict)  # first block -> tenant tag
+
+
+def rebuild_index(index: PrefixIndex, tier_id: int, tier: Any, now: float) -> RebuildReport:
+    """Restore ``tier.recovered()`` into ``index`` as tier ``tier_id``."""
+    rep = RebuildReport()
     blocks = {b.key: b for b in tier.recovered()}
     children: dict[bytes | None, list[bytes]] = defaultdict(list)
     for b in blocks.values():
         children[b.meta.parent if b.meta.parent in blocks else None].append(b.key)
-    orphans = expired = 0
+    known = index.retention.ttls
     order: list[tuple[float, int, bytes]] = []
-    stack = [(k, 0) for k in children[None]]
+    # (key, depth, an ancestor expired): the subtree of an expired block goes with it.
+    stack = [(k, 0, False) for k in children[None]]
     while stack:
-        key, depth = stack.pop()
+        key, depth, dead = stack.pop()
         b = blocks[key]
         parent = b.meta.parent
-        if parent is not None and (parent not in blocks or parent not in index):
+        if not dead and parent is not None and (parent not in blocks or parent not in index):
             tier.delete(key)
-            orphans += 1
+            rep.orphans += 1
             continue
         expires = max(b.meta.expires_at, b.mtime)
-        if expires <= now or b.meta.retention not in index.retention.ttls:
+        if dead or expires <= now:
             tier.delete(key)
-            expired += 1
+            rep.expired += 1
+            stack.extend((c, depth + 1, True) for c in children.get(key, ()))
             continue
+        if b.meta.retention not in known:
+            rep.unknown_blocks += 1
+            rep.unknown_classes.add(b.meta.retention)
         index.restore(key, parent, tier_id, b.meta.retention, expires)
+        if parent is None and b.meta.tenant is not None:
+            rep.tenants[key] = b.meta.tenant
         order.append((expires, -depth, key))
-        stack.extend((c, depth + 1) for c in children.get(key, ()))
+        stack.extend((c, depth + 1, False) for c in children.get(key, ()))
     for key in blocks:
         if key not in index and key in tier:
             tier.delete(key)
-            orphans += 1
+            rep.orphans += 1
     index.reorder_lru(tier_id, [k for _, _, k in sorted(order)])
-    return orphans, expired
+    return rep

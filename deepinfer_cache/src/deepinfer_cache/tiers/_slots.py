@@ -23,16 +23,17 @@ class SlotMap:
     def has_room(self) -> bool:
         return bool(self._free)
 
-    def take(self, key: bytes) -> int | None:
-        """Slot for ``key``: its existing one, a free one, or None when full."""
-        slot = self._slot.get(key)
-        if slot is not None:
-            return slot
-        if not self._free:
-            return None
-        slot = self._free.pop()
+    def reserve(self) -> int | None:
+        """A free slot, not yet mapped to any key (None when full). The caller copies the page
+        in and then calls ``commit``, or ``unreserve`` when the copy failed: a key becomes
+        visible only once its bytes are in the slot."""
+        return self._free.pop() if self._free else None
+
+    def commit(self, key: bytes, slot: int) -> None:
         self._slot[key] = slot
-        return slot
+
+    def unreserve(self, slot: int) -> None:
+        self._free.append(slot)
 
     def release(self, key: bytes) -> None:
         slot = self._slot.pop(key, None)

@@ -13,6 +13,7 @@ signature (``deepinfer_kernels.gather_blocks`` / ``scatter_blocks``).
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
@@ -27,6 +28,7 @@ __all__ = [
     "Tier",
     "check_key",
     "check_page",
+    "check_page_shape",
     "page_nbytes",
     "torch_gather",
     "torch_scatter",
@@ -111,6 +113,23 @@ def check_page(page: torch.Tensor, page_shape: tuple[int, ...], dtype: torch.dty
         raise ValueError(f"page must have shape {page_shape}, got {tuple(page.shape)}")
     if page.dtype != dtype:
         raise TypeError(f"page must have dtype {dtype}, got {page.dtype}")
+
+
+def check_page_shape(page_shape: Sequence[int]) -> tuple[int, ...]:
+    """``page_shape`` as a tuple of positive ints (a zero dimension would make empty pages)."""
+    try:
+        shape = tuple(page_shape)
+    except TypeError:
+        raise TypeError(f"page_shape must be a sequence of ints, got {page_shape!r}") from None
+    try:
+        if any(isinstance(s, bool) for s in shape):
+            raise TypeError
+        dims = tuple(operator.index(s) for s in shape)
+    except TypeError:
+        raise TypeError(f"page_shape must be a sequence of ints, got {shape!r}") from None
+    if any(d <= 0 for d in dims):
+        raise ValueError(f"page_shape dimensions must be positive, got {dims!r}")
+    return dims
 
 
 def check_key(key: object) -> bytes:

@@ -7,13 +7,23 @@ existing pool (e.g. the engine's ``[L, 2, num_blocks, block_size, H, D]`` KV poo
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Sequence
 
 import torch
 
 from ._slots import SlotMap, SlotTier
-from .base import BlockMeta, GatherFn, ScatterFn, check_key, check_page, torch_gather, torch_scatter
+from .base import (
+    BlockMeta,
+    GatherFn,
+    ScatterFn,
+    check_key,
+    check_page,
+    check_page_shape,
+    torch_gather,
+    torch_scatter,
+)
 
 
 class DeviceTier(SlotTier):
@@ -49,10 +59,10 @@ class DeviceTier(SlotTier):
             raise ValueError(f"block_ids must be distinct ids in [0, {n})")
         self.pool = pool
         self.block_dim = block_dim
-        self.page_shape = tuple(pool.select(block_dim, 0).shape)
+        self.page_shape = check_page_shape(pool.shape[:block_dim] + pool.shape[block_dim + 1 :])
         self.dtype = pool.dtype
         self.device = pool.device
-        self.page_bytes = pool.select(block_dim, 0).numel() * pool.element_size()
+        self.page_bytes = math.prod(self.page_shape) * pool.element_size()
         if capacity_bytes is not None:
             if capacity_bytes < 0:
                 raise ValueError(f"capacity_bytes must be >= 0, got {capacity_bytes}")
@@ -73,7 +83,8 @@ class DeviceTier(SlotTier):
         **kwargs: object,
     ) -> DeviceTier:
         """A tier with its own pool of ``capacity_bytes // page_bytes`` pages."""
-        page_bytes = torch.empty(tuple(page_shape), dtype=dtype, device="meta").nbytes
+        page_shape = check_page_shape(page_shape)
+        page_bytes = torch.empty(page_shape, dtype=dtype, device="meta").nbytes
         n = max(0, capacity_bytes // max(page_bytes, 1))
         pool = torch.zeros((n, *page_shape), dtype=dtype, device=device)
         return cls(pool, **kwargs)  # type: ignore[arg-type]
@@ -94,18 +105,38 @@ class DeviceTier(SlotTier):
         check_page(
             pages[0] if len(keys) else pages.new_empty(self.page_shape), self.page_shape, self.dtype
         )
+        for k in keys:
+            check_key(k)
         with self._lock:
+            # Keys already present keep their slot; new ones reserve a free slot, and every key
+            # becomes visible only after the scatter succeeded (a failed copy leaves stale bytes).
+            rows: list[int] = []
             slots: list[int] = []
-            for k in keys:
-                slot = self._slots.take(check_key(k))
+            seen: set[bytes] = set()
+            for r, k in enumerate(keys):
+                if k in self._slots or k in seen:
+                    continue
+                slot = self._slots.reserve()
                 if slot is None:
                     break
+                rows.append(r)
                 slots.append(slot)
+                seen.add(k)
+            else:
+                r = len(keys)
+            stored = r  # keys before the first one that found no room
             if slots:
-                ids = torch.tensor(slots, dtype=torch.long, device=self.device)
-                src = pages[: len(slots)].to(self.device).movedim(0, self.block_dim)
-                self._scatter(self.pool, ids, src, block_dim=self.block_dim)
-            return len(slots)
+                try:
+                    ids = torch.tensor(slots, dtype=torch.long, device=self.device)
+                    src = pages[rows].to(self.device).movedim(0, self.block_dim)
+                    self._scatter(self.pool, ids, src, block_dim=self.block_dim)
+                except BaseException:
+                    for s in slots:
+                        self._slots.unreserve(s)
+                    raise
+                for row, s in zip(rows, slots):
+                    self._slots.commit(keys[row], s)
+            return stored
 
     def get(self, key: bytes) -> torch.Tensor | None:
         out = self.get_many([key])

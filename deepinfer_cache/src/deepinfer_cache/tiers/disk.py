@@ -7,8 +7,11 @@ Layout::
     <directory>/tmp/               partial writes; cleared on open
     <directory>/quarantine/        files that failed a check, kept for inspection
 
-Writes are queued to background threads (bounded queue: ``put`` blocks when it is full). Until
-a write is durable the page stays in memory and is served from there. Reads verify both
+Writes are queued to background threads through a bounded queue. ``put`` never waits on the
+disk: when the queue is full it refuses the block (``False``) and counts it in
+``counters.writeback_dropped``, so a caller holding a lock (the store) is never stalled by a slow
+disk. Deletes and expiry updates (``touch``) are deferred to the writer threads as well. Until a
+write is durable the page stays in memory and is served from there. Reads verify both
 checksums; a corrupt file is moved to quarantine, counted and reported as a miss.
 """
 
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import queue
 import threading
 import time
 from collections import deque
@@ -38,7 +42,7 @@ from ..disk_format import (
 from ..io_workers import IOWorkers
 from ..lockfile import DirectoryLock
 from ..meta import RecoveredBlock
-from .base import BlockMeta, check_key, check_page, page_nbytes
+from .base import BlockMeta, check_key, check_page, check_page_shape, page_nbytes
 
 
 @dataclass
@@ -52,6 +56,8 @@ class DiskCounters:
     write_errors: int = 0
     corrupt_quarantined: int = 0
     tmp_files_removed: int = 0
+    writeback_dropped: int = 0  # puts refused because the write queue was full
+    odd_entries_quarantined: int = 0  # directory entries that were not block files
 
 
 class DiskTier:
@@ -85,7 +91,7 @@ class DiskTier:
         ):
             raise ValueError(f"capacity_bytes must be an int >= 0, got {capacity_bytes!r}")
         self.directory = os.fspath(directory)
-        self.page_shape = tuple(int(s) for s in page_shape)
+        self.page_shape = check_page_shape(page_shape)
         self.dtype = dtype
         self.layout = layout
         self.page_bytes = page_nbytes(self.page_shape, dtype)
@@ -95,12 +101,9 @@ class DiskTier:
         self.fsync = fsync
         self.counters = DiskCounters()
         os.makedirs(self.directory, exist_ok=True)
-        self._dirlock = DirectoryLock(self.directory)
         self._blocks = os.path.join(self.directory, "blocks")
         self._tmp = os.path.join(self.directory, "tmp")
         self._quarantine = os.path.join(self.directory, "quarantine")
-        for d in (self._blocks, self._tmp, self._quarantine):
-            os.makedirs(d, exist_ok=True)
         self._lock = threading.Lock()
         self._files: dict[bytes, int] = {}  # durable blocks -> file size
         self._pending: dict[bytes, tuple[int, torch.Tensor, int]] = {}  # gen, page, size
@@ -108,26 +111,60 @@ class DiskTier:
         self._used = 0
         self._failed: deque[bytes] = deque()
         self._recovered: list[RecoveredBlock] = []
-        self._scan()
-        self._workers = IOWorkers(io_threads, queue_depth, name="disk-write")
-        self._readers = IOWorkers(read_threads, 4 * queue_depth, name="disk-read")
+        # Deferred metadata work (run by writer threads, ``flush`` and ``close``): files of
+        # deleted blocks to unlink and expiry times to persist in mtimes.
+        self._unlinks: deque[bytes] = deque()
+        self._touches: dict[bytes, float] = {}
+        self._dirlock = DirectoryLock(self.directory)
+        try:
+            self._scan()
+            self._workers = IOWorkers(io_threads, queue_depth, name="disk-write")
+            self._readers = IOWorkers(read_threads, 4 * queue_depth, name="disk-read")
+        except BaseException:
+            self._dirlock.release()  # a failed open must not keep the directory locked
+            raise
 
     # ------------------------------------------------------------------ open
+    def _ensure_dir(self, path: str) -> None:
+        """Make ``path`` a real directory; anything else found there (a regular file, a
+        symlink, a dangling or looping link) is moved aside, never fatal."""
+        if os.path.isdir(path) and not os.path.islink(path):
+            return
+        if os.path.lexists(path):
+            self.counters.odd_entries_quarantined += 1
+            aside = f"{path}.not-a-directory.{time.time_ns()}"
+            os.replace(path, aside)
+        os.makedirs(path, exist_ok=True)
+
     def _scan(self) -> None:
-        for name in os.listdir(self._tmp):
+        for d in (self._blocks, self._tmp, self._quarantine):
+            self._ensure_dir(d)
+        with os.scandir(self._tmp) as it:
+            tmp_entries = list(it)
+        for e in tmp_entries:
             try:
-                os.unlink(os.path.join(self._tmp, name))
-                self.counters.tmp_files_removed += 1
+                if e.is_dir(follow_symlinks=False):
+                    self._quarantine_odd(e.path, e.name)
+                else:
+                    os.unlink(e.path)
+                    self.counters.tmp_files_removed += 1
             except OSError:
                 pass
         for shard in range(256):
-            os.makedirs(os.path.join(self._blocks, f"{shard:02x}"), exist_ok=True)
+            self._ensure_dir(os.path.join(self._blocks, f"{shard:02x}"))
         fsync_dir(self._blocks)
-        with os.scandir(self._blocks) as shards:
-            shard_dirs = [e.path for e in shards if e.is_dir()]
+        shard_dirs = [os.path.join(self._blocks, f"{shard:02x}") for shard in range(256)]
         for sd in shard_dirs:
             with os.scandir(sd) as it:
-                entries = [e for e in it if e.is_file()]
+                listed = list(it)
+            entries = []
+            for e in listed:
+                # Only regular files can be blocks; links, directories, FIFOs... are moved to
+                # quarantine without being opened (a FIFO would block, a link may loop).
+                if e.is_file(follow_symlinks=False):
+                    entries.append(e)
+                else:
+                    self._quarantine_odd(e.path, e.name)
             for e in entries:
                 try:
                     h = read_header_file(e.path)
@@ -154,10 +191,12 @@ class DiskTier:
 
     def touch(self, key: bytes, expires_at: float) -> None:
         """Persist an extended expiry cheaply: a block file's mtime holds its latest expiry
-        (set at write time, moved here), and a restart uses ``max(header expiry, mtime)``."""
-        if key in self._files:
-            with contextlib.suppress(OSError):
-                os.utime(self.path_of(key), (expires_at, expires_at))
+        (set at write time, moved here), and a restart uses ``max(header expiry, mtime)``.
+        Deferred to a writer thread (never waits on the disk)."""
+        if key in self._files or key in self._pending:
+            with self._lock:
+                self._touches[key] = max(expires_at, self._touches.get(key, 0.0))
+            self._kick()
 
     # ------------------------------------------------------------------ protocol
     def __contains__(self, key: object) -> bool:
@@ -196,6 +235,10 @@ class DiskTier:
         size = self.file_bytes
         if key in self or self._used + size > self.capacity_bytes:
             return key in self
+        if self.backlogged():
+            with self._lock:
+                self.counters.writeback_dropped += 1
+            return False
         cpu_page = torch.empty(self.page_shape, dtype=self.dtype)
         cpu_page.copy_(page)
         with self._lock:
@@ -207,8 +250,22 @@ class DiskTier:
             gen = self._gen
             self._used += size
             self._pending[key] = (gen, cpu_page, size)
-        self._workers.submit(self._write, key, gen, cpu_page, meta, size)
+        try:
+            # Never block: the caller may hold the store lock (back-pressure drops, counted).
+            self._workers.submit(self._write, key, gen, cpu_page, meta, size, block=False)
+        except queue.Full:
+            with self._lock:
+                cur = self._pending.get(key)
+                if cur is not None and cur[0] == gen:
+                    del self._pending[key]
+                    self._used -= size
+                self.counters.writeback_dropped += 1
+            return False
         return True
+
+    def backlogged(self) -> bool:
+        """True while the write queue is full (a ``put`` now would be refused)."""
+        return self._workers.full()
 
     def get(self, key: bytes) -> torch.Tensor | None:
         with self._lock:
@@ -259,8 +316,9 @@ class DiskTier:
                 return
             if key in self._files:
                 self._forget(key)
-                with contextlib.suppress(OSError):
-                    os.unlink(self.path_of(key))
+                self._touches.pop(key, None)
+                self._unlinks.append(key)
+        self._kick()
 
     def pop_failed(self) -> list[bytes]:
         """Blocks lost since the last call (write error, corrupt or vanished file)."""
@@ -270,19 +328,59 @@ class DiskTier:
         return out
 
     def flush(self, timeout: float | None = None) -> bool:
-        """Wait until every queued write is durable (or failed); False on timeout."""
-        return self._workers.drain(timeout)
+        """Wait until every queued write is durable (or failed) and deferred deletes and expiry
+        updates are done; False on timeout."""
+        ok = self._workers.drain(timeout)
+        self._run_deferred()
+        return ok
 
     def close(self) -> None:
+        if not self._dirlock.held:
+            return
         self._workers.shutdown(wait=True)
         self._readers.shutdown(wait=True)
+        self._run_deferred()
         self._dirlock.release()
+
+    # ------------------------------------------------------------------ deferred metadata
+    def _kick(self) -> None:
+        """Have a writer thread run the deferred work soon (skipped when the queue is full:
+        the next write, ``flush`` or ``close`` runs it)."""
+        with contextlib.suppress(queue.Full, RuntimeError):
+            self._workers.submit(self._run_deferred, block=False)
+
+    def _run_deferred(self) -> None:
+        while True:
+            with self._lock:
+                if self._unlinks:
+                    key = self._unlinks.popleft()
+                    # Re-stored meanwhile: its new file replaces (or replaced) the old one.
+                    if key in self._files or key in self._pending:
+                        continue
+                    action: tuple[str, bytes, float] = ("unlink", key, 0.0)
+                elif self._touches:
+                    key, t = self._touches.popitem()
+                    if key not in self._files:
+                        continue
+                    action = ("touch", key, t)
+                else:
+                    return
+            with contextlib.suppress(OSError):
+                if action[0] == "unlink":
+                    os.unlink(self.path_of(action[1]))
+                else:
+                    os.utime(self.path_of(action[1]), (action[2], action[2]))
 
     # ------------------------------------------------------------------ internals
     def _forget(self, key: bytes) -> None:
         size = self._files.pop(key, None)
         if size is not None:
             self._used -= size
+
+    def _quarantine_odd(self, path: str, name: str) -> None:
+        self.counters.odd_entries_quarantined += 1
+        with contextlib.suppress(OSError):
+            os.replace(path, os.path.join(self._quarantine, f"{name}.odd.{time.time_ns()}"))
 
     def _quarantine_file(self, path: str, name: str) -> None:
         self.counters.corrupt_quarantined += 1
@@ -332,3 +430,4 @@ class DiskTier:
                 # Deleted while the write was in flight.
                 with contextlib.suppress(OSError):
                     os.unlink(final)
+        self._run_deferred()

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 import torch
 
 from ._slots import SlotMap, SlotTier
-from .base import BlockMeta, check_key, check_page, page_nbytes
+from .base import BlockMeta, check_key, check_page, check_page_shape, page_nbytes
 
 
 class HostTier(SlotTier):
@@ -38,7 +38,7 @@ class HostTier(SlotTier):
             or capacity_bytes < 0
         ):
             raise ValueError(f"capacity_bytes must be an int >= 0, got {capacity_bytes!r}")
-        self.page_shape = tuple(int(s) for s in page_shape)
+        self.page_shape = check_page_shape(page_shape)
         self.dtype = dtype
         self.page_bytes = page_nbytes(self.page_shape, dtype)
         n = capacity_bytes // self.page_bytes
@@ -50,12 +50,25 @@ class HostTier(SlotTier):
 
     def put(self, key: bytes, page: torch.Tensor, meta: BlockMeta | None) -> bool:
         check_page(page, self.page_shape, self.dtype)
+        check_key(key)
         with self._lock:
-            slot = self._slots.take(check_key(key))
+            if key in self._slots:
+                return True
+            slot = self._slots.reserve()
             if slot is None:
                 return False
-            self.pool[slot].copy_(page)
+            try:
+                self._copy_in(slot, page)
+            except BaseException:
+                # The slot may hold part of the page (or another block's old bytes): it must
+                # never become visible under ``key``.
+                self._slots.unreserve(slot)
+                raise
+            self._slots.commit(key, slot)
             return True
+
+    def _copy_in(self, slot: int, page: torch.Tensor) -> None:
+        self.pool[slot].copy_(page)
 
     def get(self, key: bytes) -> torch.Tensor | None:
         """A copy of the page (the slot may be reused as soon as the lock is released)."""
