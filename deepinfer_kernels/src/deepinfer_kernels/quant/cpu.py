@@ -1,0 +1,108 @@
+"""The compiled CPU kernel for block-format weights (``csrc/quant_gemv.c``).
+
+Built on first use with the machine's C compiler through
+:func:`deepinfer_kernels.cpu.build_library` (cached, keyed on source, compiler, flags and CPU;
+OpenMP on torch's thread pool). ``DEEPINFER_CPU_KERNELS=0`` turns it off; where it cannot be
+built it warns once and reports itself unavailable, and the op runs the torch reference.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import threading
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from deepinfer_kernels.quant.formats import QuantType, row_bytes
+
+SOURCE = Path(__file__).parent / "csrc" / "quant_gemv.c"
+ABI = "1|deepinfer_quant_linear(piipiiiipp)i|deepinfer_quant_dequantize(piiip)i"
+_P, _I = ctypes.c_void_p, ctypes.c_int64
+
+
+class QuantGemvKernel:
+    """Build-on-first-use handle of ``quant_gemv.c`` (one per process is enough: it holds no
+    per-call state). ``enabled=None`` reads ``DEEPINFER_CPU_KERNELS``."""
+
+    def __init__(self, cache_dir: Path | None = None, enabled: bool | None = None) -> None:
+        if enabled is None:
+            enabled = os.environ.get("DEEPINFER_CPU_KERNELS", "1") != "0"
+        self.enabled = enabled
+        self.cache_dir = cache_dir
+        self.error: str | None = None
+        self._lib: Any = None
+        self._lock = threading.Lock()
+
+    def available(self) -> bool:
+        """Whether the kernel runs here (builds and loads it on the first call)."""
+        if not self.enabled:
+            return False
+        if self._lib is None and self.error is None:
+            with self._lock:
+                if self._lib is None and self.error is None:
+                    self._load()
+        return self._lib is not None
+
+    def _load(self) -> None:
+        from deepinfer_kernels.cpu import NativeBuildError, build_library
+
+        try:
+            lib = ctypes.CDLL(str(build_library(SOURCE, self.cache_dir)))
+        except (NativeBuildError, OSError) as exc:
+            self.error = str(exc)
+            warnings.warn(
+                f"deepinfer's quantised CPU kernel is unavailable, using torch: {exc}",
+                RuntimeWarning,
+                stacklevel=4,
+            )
+            return
+        abi = lib.deepinfer_abi_quant_gemv
+        abi.argtypes, abi.restype = [], ctypes.c_char_p
+        got = abi()
+        if got is None or got.decode() != ABI:
+            # A wrong argument table would corrupt memory: never run on a mismatch.
+            raise RuntimeError(f"{SOURCE.name}: library ABI {got!r} differs from {ABI!r}")
+        lib.deepinfer_quant_linear.argtypes = [_P, _I, _I, _P, _I, _I, _I, _I, _P, _P]
+        lib.deepinfer_quant_linear.restype = ctypes.c_int
+        lib.deepinfer_quant_dequantize.argtypes = [_P, _I, _I, _I, _P]
+        lib.deepinfer_quant_dequantize.restype = ctypes.c_int
+        self._lib = lib
+
+    def linear(
+        self,
+        x: torch.Tensor,
+        data: torch.Tensor,
+        qtype: QuantType,
+        cols: int,
+        bias: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """``x [M, K] @ W^T + bias`` for contiguous fp32 CPU ``x`` rows and uint8 ``data``
+        (operands already validated by the op)."""
+        if not self.available():
+            raise RuntimeError(f"the quantised CPU kernel is unavailable: {self.error}")
+        rows, n = x.shape[0], data.shape[0]
+        y = torch.empty(rows, n, dtype=torch.float32)
+        rc = self._lib.deepinfer_quant_linear(
+            x.data_ptr(), rows, x.stride(0), data.data_ptr(), n, cols,
+            row_bytes(qtype, cols), int(qtype),
+            None if bias is None else bias.data_ptr(), y.data_ptr(),
+        )  # fmt: skip
+        if rc != 0:
+            raise RuntimeError(f"deepinfer_quant_linear failed with code {rc}")
+        return y
+
+    def dequantize(self, data: torch.Tensor, qtype: QuantType, cols: int) -> torch.Tensor:
+        """fp32 ``[N, cols]`` values of the raw rows ``data`` (CPU, contiguous)."""
+        if not self.available():
+            raise RuntimeError(f"the quantised CPU kernel is unavailable: {self.error}")
+        out = torch.empty(data.shape[0], cols, dtype=torch.float32)
+        rc = self._lib.deepinfer_quant_dequantize(
+            data.data_ptr(), data.shape[0], cols, int(qtype), out.data_ptr()
+        )
+        if rc != 0:
+            raise RuntimeError(f"deepinfer_quant_dequantize failed with code {rc}")
+        return out

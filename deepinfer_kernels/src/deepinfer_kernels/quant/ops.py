@@ -1,0 +1,152 @@
+"""``quant_linear`` / ``dequantize``: products with weights held in GGUF block formats.
+
+Paths (the op decides; all compute ``x W^T`` in fp32 with ``W`` exactly the format's values):
+
+* CUDA tensors (or ``use_triton=True`` under ``TRITON_INTERPRET=1``): the Triton kernel, which
+  dequantises tiles of ``W`` in registers and never writes ``W`` out;
+* CPU, up to ``GEMV_MAX_ROWS`` rows (decode, verification): the C kernel, which dequantises
+  each weight row once into L1 and dots it with every row of ``x``;
+* CPU, more rows (prefill): ``W`` dequantised once into a temporary fp32 matrix by the C kernel
+  and multiplied by MKL (reading ``W`` once per call either way, and the GEMM wins there);
+* anything else, or no C compiler: the torch reference.
+
+``torch.ops.deepinfer.quant_linear`` is registered with a fake, so it traces under
+``torch.compile``; eager calls run its body directly (see :func:`~deepinfer_kernels._dispatch.eager_or_op`).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import torch.nn.functional as F
+
+from deepinfer_kernels._dispatch import eager_or_op, should_use_triton
+from deepinfer_kernels.quant.cpu import QuantGemvKernel
+from deepinfer_kernels.quant.formats import QuantType, QuantWeight, quant_type
+from deepinfer_kernels.reference.quant import dequantize_reference
+
+# Rows up to which the fused C kernel beats dequantise-then-MKL on CPU
+# (benchmarks/bench_kernels_quant.py sweeps it).
+GEMV_MAX_ROWS = 16
+
+
+@functools.lru_cache(maxsize=1)
+def default_cpu_kernel() -> QuantGemvKernel:
+    """The process's handle of the C kernel (a cache: built and loaded on first use)."""
+    return QuantGemvKernel()
+
+
+def _cpu_kernel_ready() -> QuantGemvKernel | None:
+    kernel = default_cpu_kernel()
+    return kernel if kernel.available() else None
+
+
+def dequantize_impl(data: torch.Tensor, qtype: int, cols: int) -> torch.Tensor:
+    kind = QuantType(qtype)
+    if data.device.type == "cpu" and (kernel := _cpu_kernel_ready()) is not None:
+        return kernel.dequantize(data.contiguous(), kind, cols)
+    return dequantize_reference(data, kind)
+
+
+def quant_linear_impl(
+    x: torch.Tensor,
+    data: torch.Tensor,
+    qtype: int,
+    cols: int,
+    bias: torch.Tensor | None,
+    use_triton: bool,
+) -> torch.Tensor:
+    kind = QuantType(qtype)
+    lead = x.shape[:-1]
+    flat = x.reshape(-1, cols)
+    if use_triton:
+        from deepinfer_kernels.quant.triton_quant import quant_linear_triton
+
+        return quant_linear_triton(flat, data, kind, cols, bias).view(*lead, data.shape[0])
+    if x.device.type == "cpu" and x.dtype == torch.float32:
+        kernel = _cpu_kernel_ready()
+        if kernel is not None and 0 < flat.shape[0] <= GEMV_MAX_ROWS:
+            if flat.stride(-1) != 1:
+                flat = flat.contiguous()
+            b = None if bias is None else bias.to(torch.float32).contiguous()
+            return kernel.linear(flat, data, kind, cols, b).view(*lead, data.shape[0])
+        w = dequantize_impl(data, qtype, cols)
+        return F.linear(x, w, None if bias is None else bias.to(torch.float32))
+    w = dequantize_reference(data, kind).to(x.device)
+    y = F.linear(x.to(torch.float32), w, None if bias is None else bias.to(torch.float32))
+    return y.to(x.dtype)
+
+
+quant_linear_op = torch.library.custom_op(
+    "deepinfer::quant_linear", quant_linear_impl, mutates_args=()
+)
+
+
+@quant_linear_op.register_fake
+def _(
+    x: torch.Tensor,
+    data: torch.Tensor,
+    qtype: int,
+    cols: int,
+    bias: torch.Tensor | None,
+    use_triton: bool,
+) -> torch.Tensor:
+    return x.new_empty(*x.shape[:-1], data.shape[0])
+
+
+dequantize_op = torch.library.custom_op("deepinfer::dequantize", dequantize_impl, mutates_args=())
+
+
+@dequantize_op.register_fake
+def _(data: torch.Tensor, qtype: int, cols: int) -> torch.Tensor:
+    return data.new_empty(data.shape[0], cols, dtype=torch.float32)
+
+
+def _check(x: torch.Tensor, weight: QuantWeight, bias: torch.Tensor | None) -> None:
+    if not isinstance(weight, QuantWeight):
+        raise TypeError(f"weight: expected a QuantWeight, got {type(weight).__name__}")
+    if not isinstance(x, torch.Tensor) or not x.is_floating_point():
+        raise TypeError("x: expected a floating-point tensor")
+    if x.dim() == 0 or x.shape[-1] != weight.cols:
+        raise ValueError(
+            f"x: expected [..., {weight.cols}] (the weight's cols), got {tuple(x.shape)}"
+        )
+    if x.device != weight.data.device:
+        raise ValueError(f"x is on {x.device}, weight.data on {weight.data.device}")
+    if bias is not None and (
+        bias.shape != (weight.rows,) or bias.device != x.device or not bias.is_floating_point()
+    ):
+        raise ValueError(f"bias: expected a float tensor [{weight.rows}] on {x.device}")
+
+
+def quant_linear(
+    x: torch.Tensor,
+    weight: QuantWeight,
+    bias: torch.Tensor | None = None,
+    *,
+    use_triton: bool | None = None,
+) -> torch.Tensor:
+    """``x W^T (+ bias)`` for ``x`` ``[..., cols]`` and a block-format ``weight`` ``[rows,
+    cols]``: fp32 arithmetic, result in the dtype of ``x``, ``W`` never materialised on the
+    GPU. Raises ``ValueError``/``TypeError`` naming a mis-shaped or misplaced argument.
+
+    Example::
+
+        w = QuantWeight(raw_bytes, QuantType.Q4_K, cols=2048)  # raw_bytes: uint8 [rows, 1152]
+        y = quant_linear(torch.randn(3, 2048), w)               # [3, rows]
+    """
+    _check(x, weight, bias)
+    triton = should_use_triton(x.device, use_triton)
+    fn = eager_or_op(quant_linear_op, quant_linear_impl)
+    out: torch.Tensor = fn(x, weight.data, int(weight.qtype), weight.cols, bias, triton)
+    return out
+
+
+def dequantize(weight: QuantWeight) -> torch.Tensor:
+    """fp32 values ``[rows, cols]`` of ``weight``, bit-identical to ``gguf.quants.dequantize``."""
+    if not isinstance(weight, QuantWeight):
+        raise TypeError(f"weight: expected a QuantWeight, got {type(weight).__name__}")
+    fn = eager_or_op(dequantize_op, dequantize_impl)
+    out: torch.Tensor = fn(weight.data, int(quant_type(weight.qtype)), weight.cols)
+    return out
