@@ -35,7 +35,7 @@ from pathlib import Path
 import torch
 from train_drafter import corpus_files
 
-from deepinfer.engine import LLM, EngineConfig, SamplingParams
+from deepinfer import LLM, EngineConfig, SamplingParams
 from deepinfer.models import load_model
 
 TOPICS = [

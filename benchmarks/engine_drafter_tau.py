@@ -20,7 +20,7 @@ import torch
 from train_drafter import draft_vocabulary
 from vs_transformers import CHAT_MESSAGES, CODE_PROMPT
 
-from deepinfer.engine import LLM, EngineConfig, SamplingParams
+from deepinfer import LLM, EngineConfig, SamplingParams
 from deepinfer.models import load_model
 from deepinfer.speculative import build_speculator, time_draft
 from deepinfer.speculative.speculator import DSparkSpeculator

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import torch
 
-from deepinfer.engine import LLM, EngineConfig, RequestOutput, SamplingParams
+from deepinfer import LLM, EngineConfig, RequestOutput, SamplingParams
 from deepinfer.engine.cache_setup import PrefixCacheConfig
 from deepinfer.pd import PDConfig
 

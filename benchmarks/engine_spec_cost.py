@@ -21,7 +21,7 @@ import time
 import torch
 from vs_transformers import CHAT_MESSAGES, CODE_PROMPT
 
-from deepinfer.engine import LLM, EngineConfig, SamplingParams
+from deepinfer import LLM, EngineConfig, SamplingParams
 from deepinfer.models import load_model
 from deepinfer.speculative import build_speculator, time_draft
 from deepinfer_spec import DraftGate, FixedGammaScheduler

@@ -38,7 +38,7 @@ from pathlib import Path
 
 import torch
 
-from deepinfer.engine import LLM, EngineConfig, SamplingParams
+from deepinfer import LLM, EngineConfig, SamplingParams
 from deepinfer.engine.cache_setup import PrefixCacheConfig
 from deepinfer.models import load_model
 from deepinfer.models.loader import LoadedModel

@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from deepinfer.engine import LLM, EngineConfig, SamplingParams
+from deepinfer import LLM, EngineConfig, SamplingParams
 from deepinfer.models import load_model
 
 CODE_PROMPT = """Rename the function `compute_total` to `sum_prices` and update every call.

@@ -10,22 +10,26 @@ Example::
 """
 
 from deepinfer.engine import (
-    LLM,
     EngineConfig,
     LLMEngine,
     RequestMetrics,
     RequestOutput,
     SamplingParams,
 )
+from deepinfer.engine.cache_setup import PrefixCacheConfig
+from deepinfer.llm import LLM, BuiltEngine, build_engine
 
 __version__ = "0.8.0"
 
 __all__ = [
     "LLM",
+    "BuiltEngine",
     "EngineConfig",
     "LLMEngine",
+    "PrefixCacheConfig",
     "RequestMetrics",
     "RequestOutput",
     "SamplingParams",
     "__version__",
+    "build_engine",
 ]

@@ -70,7 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _make_llm(args: argparse.Namespace):  # type: ignore[no-untyped-def]
-    from deepinfer.engine import LLM
+    from deepinfer import LLM
     from deepinfer.engine.cache_setup import PrefixCacheConfig
 
     kwargs = {}

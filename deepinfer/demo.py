@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from deepinfer.engine.llm import LLM
 from deepinfer.engine.outputs import RequestOutput
 from deepinfer.engine.sampling_params import SamplingParams
+from deepinfer.llm import LLM
 
 SYSTEM_PROMPT = (
     "You are a careful coding agent working inside a Python repository. You can call tools: "

@@ -1,22 +1,25 @@
-"""deepinfer.engine: continuous batching over the paged model runner, and the `LLM` front door.
+"""deepinfer.engine: continuous batching over the paged model runner.
+
+`LLMEngine` steps requests; the `LLM` front door and `build_engine`, which assemble one, live in
+`deepinfer.llm` (the composition root, above this package).
 
 Example::
 
-    from deepinfer.engine import LLM, SamplingParams
+    from deepinfer import LLMEngine, SamplingParams, build_engine
 
-    llm = LLM()
-    print(llm.generate("Hello", SamplingParams(temperature=0, max_tokens=8))[0].text)
+    engine: LLMEngine = build_engine().engine
+    engine.add_request([1, 2, 3], SamplingParams(temperature=0, max_tokens=4))
+    while engine.has_unfinished():
+        print([out.new_token_ids for out in engine.step()])
 """
 
 from deepinfer.engine.config import EngineConfig
 from deepinfer.engine.engine import LLMEngine
-from deepinfer.engine.llm import LLM
 from deepinfer.engine.outputs import RequestMetrics, RequestOutput
 from deepinfer.engine.prefix_cache import PrefixCache
 from deepinfer.engine.sampling_params import SamplingParams
 
 __all__ = [
-    "LLM",
     "EngineConfig",
     "LLMEngine",
     "PrefixCache",

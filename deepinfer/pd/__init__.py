@@ -7,7 +7,7 @@ through shared memory, and the decode worker generates the rest. Routing goes th
 
 Example::
 
-    from deepinfer.engine import LLM, SamplingParams
+    from deepinfer import LLM, SamplingParams
     from deepinfer.pd import PDConfig
 
     with LLM(pd=PDConfig(num_prefill_workers=1, num_decode_workers=1)) as llm:

@@ -32,7 +32,7 @@ from deepinfer.pd.routing import make_router, prompt_block_hashes, worker_cache_
 from deepinfer.pd.state import RequestState, WorkerProc
 from deepinfer.pd.transport import discard
 from deepinfer.pd.views import PDRequestView, WorkerView
-from deepinfer.pd.worker import WorkerSettings
+from deepinfer.pd.worker import EngineBuilder, WorkerSettings
 from deepinfer_sched.policies import (
     DisaggregatedPD,
     LeastLoadedPairing,
@@ -50,7 +50,8 @@ class PDCoordinator:
 
     Example::
 
-        with PDCoordinator(model_dir, engine_config=EngineConfig(num_blocks=256)) as pd:
+        engine_config = EngineConfig(num_blocks=256)
+        with PDCoordinator(model_dir, engine_config=engine_config, build=build_worker_engine) as pd:
             outs = pd.generate([[1, 2, 3]], [SamplingParams(temperature=0, max_tokens=8)])
     """
 
@@ -64,8 +65,11 @@ class PDCoordinator:
         config: PDConfig | None = None,
         prefix_cache: PrefixCacheConfig | None = None,
         speculative: str | None = None,
+        build: EngineBuilder,
     ) -> None:
-        """``prefix_cache``: each prefill worker keeps a prefix cache with these tiers (a disk
+        """``build``: assembles each worker's engine from its settings, run inside the worker
+        (``deepinfer.llm.build_worker_engine``; a module-level function, as spawn requires).
+        ``prefix_cache``: each prefill worker keeps a prefix cache with these tiers (a disk
         tier in its own ``...-pd-prefill-<i>`` directory: a directory has one writer); decode
         workers receive every page and keep none. ``speculative``: ``"dspark"`` or a drafter
         checkpoint directory; each decode worker loads the drafter and decodes with DSpark (a
@@ -113,7 +117,7 @@ class PDCoordinator:
                         settings = replace(base, cache=worker_cache_fields(prefix_cache, i))
                     if role == "decode" and speculative:
                         settings = replace(base, speculative=speculative)
-                    args = (child, settings.to_json())
+                    args = (child, settings.to_json(), build)
                     proc = ctx.Process(
                         target=target, args=args, daemon=True, name=f"deepinfer-pd-{role}-{i}"
                     )

@@ -19,7 +19,7 @@ from deepinfer.engine.outputs import RequestOutput
 from deepinfer.models.kv_pool import OutOfBlocksError
 from deepinfer.pd.messages import output_to_json, params_from_json, send
 from deepinfer.pd.transport import discard, import_pages
-from deepinfer.pd.worker import Worker, serve
+from deepinfer.pd.worker import EngineBuilder, Worker, serve
 
 
 class DecodeWorker(Worker):
@@ -94,6 +94,7 @@ class DecodeWorker(Worker):
             discard(self.pending.popleft()["kv"])
 
 
-def decode_main(conn: Connection, settings_json: str) -> None:
-    """Process entry point (spawn target); ``settings_json``: a `WorkerSettings`."""
-    serve(conn, settings_json, DecodeWorker)
+def decode_main(conn: Connection, settings_json: str, build: EngineBuilder) -> None:
+    """Process entry point (spawn target); ``settings_json``: a `WorkerSettings`; ``build``: a
+    module-level function assembling the engine (``deepinfer.llm.build_worker_engine``)."""
+    serve(conn, settings_json, build, DecodeWorker)

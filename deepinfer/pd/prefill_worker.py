@@ -18,7 +18,7 @@ from deepinfer.engine.engine import LLMEngine
 from deepinfer.engine.outputs import RequestOutput
 from deepinfer.pd.messages import output_to_json, params_from_json, send
 from deepinfer.pd.transport import export_pages
-from deepinfer.pd.worker import Worker, serve
+from deepinfer.pd.worker import EngineBuilder, Worker, serve
 
 
 class PrefillWorker(Worker):
@@ -71,6 +71,7 @@ class PrefillWorker(Worker):
         )
 
 
-def prefill_main(conn: Connection, settings_json: str) -> None:
-    """Process entry point (spawn target); ``settings_json``: a `WorkerSettings`."""
-    serve(conn, settings_json, PrefillWorker)
+def prefill_main(conn: Connection, settings_json: str, build: EngineBuilder) -> None:
+    """Process entry point (spawn target); ``settings_json``: a `WorkerSettings`; ``build``: a
+    module-level function assembling the engine (``deepinfer.llm.build_worker_engine``)."""
+    serve(conn, settings_json, build, PrefillWorker)

@@ -18,15 +18,9 @@ from typing import Any
 
 import torch
 
-from deepinfer.engine.cache_setup import (
-    PrefixCacheConfig,
-    build_engine_kv,
-)
-from deepinfer.engine.config import EngineConfig
 from deepinfer.engine.engine import LLMEngine
 from deepinfer.engine.outputs import RequestOutput
 from deepinfer.engine.sampling_params import SamplingParams
-from deepinfer.models.loader import load_model
 from deepinfer.pd.messages import recv, send
 from deepinfer_cache import TieredKVStore
 from deepinfer_kernels import gather_blocks
@@ -71,40 +65,18 @@ class WorkerSettings:
         return cls(**json.loads(text))
 
 
-def build_engine(settings: WorkerSettings) -> tuple[LLMEngine, TieredKVStore | None]:
-    """The worker's engine, with the prefix cache and DSpark its settings ask for."""
-    loaded = load_model(settings.model_dir, dtype=_DTYPES[settings.dtype], device=settings.device)
-    config = EngineConfig(**settings.engine)
-    cache, suffix = None, ""
-    if settings.cache is not None:
-        fields = dict(settings.cache)
-        suffix = fields.pop("directory_suffix")
-        cache = PrefixCacheConfig(**fields)
-    pool, adapter, store = build_engine_kv(
-        loaded.model, config, cache, settings.model_dir, directory_suffix=suffix
-    )
-    speculator = None
-    if settings.speculative:
-        from deepinfer.speculative import build_speculator  # lazy: it imports the engine
+EngineBuilder = Callable[[WorkerSettings], tuple[LLMEngine, TieredKVStore | None]]
+"""Builds a worker's engine from its settings (``deepinfer.llm.build_worker_engine``; the
+composition root sits above this package, so the coordinator is handed it)."""
 
-        speculator = build_speculator(
-            settings.speculative, loaded.model, pool, max_seqs=config.max_num_seqs
-        )
-    engine = LLMEngine(
-        loaded.model,
-        loaded.tokenizer,
-        config,
-        prefix_cache=adapter,
-        pool=pool,
-        speculator=speculator,
-    )
-    # Pay one-off costs (lazy imports, first kernels, page moves) before reporting ready, so
-    # the first real request's latency is representative.
+
+def warm_up(engine: LLMEngine) -> None:
+    """Pay one-off costs (lazy imports, first kernels, page moves) before reporting ready, so
+    the first real request's latency is representative."""
     engine.add_request([0], SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True))
     while engine.has_unfinished():
         engine.step()
     gather_blocks(engine.pool.tensor, torch.zeros(1, dtype=torch.int64), block_dim=2)
-    return engine, store
 
 
 class Worker:
@@ -131,15 +103,22 @@ class Worker:
 
 
 def serve(
-    conn: Connection, settings_json: str, make: Callable[[Connection, LLMEngine], Worker]
+    conn: Connection,
+    settings_json: str,
+    build: EngineBuilder,
+    make: Callable[[Connection, LLMEngine], Worker],
 ) -> None:
-    """The body of a worker process (``settings_json``: a :class:`WorkerSettings`); returns on
-    ``shutdown`` or when the coordinator is gone."""
+    """The body of a worker process (``settings_json``: a :class:`WorkerSettings`; ``build``
+    assembles its engine); returns on ``shutdown`` or when the coordinator is gone."""
+    store: TieredKVStore | None = None
     try:
         settings = WorkerSettings.from_json(settings_json)
         torch.set_num_threads(settings.threads)
-        engine, store = build_engine(settings)
+        engine, store = build(settings)
+        warm_up(engine)
     except Exception as exc:  # report any start-up failure instead of dying silently
+        if store is not None:
+            store.close()
         send(conn, {"op": "fatal", "error": f"{type(exc).__name__}: {exc}"})
         return
     worker = make(conn, engine)

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from model_helpers import greedy_paged, random_hf_state, tiny_config, write_tiny_gguf
 
-from deepinfer.engine import LLM, EngineConfig, LLMEngine, SamplingParams
+from deepinfer import LLM, EngineConfig, LLMEngine, SamplingParams
 from deepinfer.engine.cache_setup import PrefixCacheConfig
 from deepinfer.models import LlamaModel, build_model, load_model
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from model_helpers import greedy_paged, random_hf_state, tiny_config, write_tiny_gguf
 
-from deepinfer.engine import LLM, EngineConfig, SamplingParams
+from deepinfer import LLM, EngineConfig, SamplingParams
 from deepinfer.engine.cache_setup import PrefixCacheConfig, build_engine_kv
 from deepinfer.models import load_model
 from deepinfer.models.loader import LoadedModel

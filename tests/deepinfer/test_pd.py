@@ -17,8 +17,9 @@ import pytest
 import spec_helpers
 from model_helpers import random_hf_state, tiny_config, write_tiny_gguf
 
-from deepinfer.engine import LLM, EngineConfig, RequestOutput, SamplingParams
+from deepinfer import LLM, EngineConfig, RequestOutput, SamplingParams
 from deepinfer.engine.cache_setup import PrefixCacheConfig
+from deepinfer.llm import build_worker_engine
 from deepinfer.pd import PDConfig, PDCoordinator, PDWorkerError
 from deepinfer_sched.policies import PerRequestPD
 
@@ -171,7 +172,12 @@ def test_stop_token_at_first_position_needs_no_transfer(
 
 def test_dead_worker_raises_instead_of_hanging(gguf_path: Path, tmp_path: Path) -> None:
     model_dir = _model_dir(gguf_path, tmp_path)
-    pd = PDCoordinator(model_dir, engine_config=ENGINE, config=PDConfig(request_timeout_s=30.0))
+    pd = PDCoordinator(
+        model_dir,
+        engine_config=ENGINE,
+        config=PDConfig(request_timeout_s=30.0),
+        build=build_worker_engine,
+    )
     try:
         pd.decode[0].process.kill()
         pd.decode[0].process.join(10)
@@ -188,7 +194,11 @@ def test_dead_worker_raises_instead_of_hanging(gguf_path: Path, tmp_path: Path) 
 
 def test_worker_that_cannot_load_reports_fatal(tmp_path: Path) -> None:
     with pytest.raises(PDWorkerError, match="failed to start"):
-        PDCoordinator(str(tmp_path / "missing"), config=PDConfig(startup_timeout_s=60.0))
+        PDCoordinator(
+            str(tmp_path / "missing"),
+            config=PDConfig(startup_timeout_s=60.0),
+            build=build_worker_engine,
+        )
 
 
 def _model_dir(gguf_path: Path, cache: Path) -> str:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from deepinfer.engine import LLM, EngineConfig, SamplingParams
+from deepinfer import LLM, EngineConfig, SamplingParams
 from deepinfer.engine.cache_setup import PrefixCacheConfig
 from deepinfer.models import default_model_path
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from deepinfer.engine import LLM, EngineConfig, SamplingParams
+from deepinfer import LLM, EngineConfig, SamplingParams
 from deepinfer.models import LoadedModel, default_model_path, load_model
 from deepinfer.speculative import SHIPPED_DRAFTER
 

@@ -1,0 +1,374 @@
+"""The composition root: :func:`build_engine` assembles an engine, :class:`LLM` serves it.
+
+Everything that puts an engine together (load the weights, size the KV pool, put the prefix
+cache's tiers over it, load and profile a drafter) happens here and nowhere else; `LLM`, the
+PD worker processes (through :func:`build_worker_engine`) and the HTTP server all call
+:func:`build_engine`. `LLM` talks to an :class:`EngineClient`: a :class:`LocalClient` stepping
+one engine in this process, or a :class:`~deepinfer.pd.PDCoordinator` over worker processes.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from collections.abc import Iterator, Mapping
+from collections.abc import Sequence as Seq
+from dataclasses import dataclass
+from typing import Any, Protocol, cast
+
+import torch
+
+from deepinfer.engine.cache_setup import PrefixCacheConfig, build_engine_kv
+from deepinfer.engine.config import EngineConfig
+from deepinfer.engine.engine import LLMEngine
+from deepinfer.engine.outputs import RequestMetrics, RequestOutput
+from deepinfer.engine.sampling_params import SamplingParams
+from deepinfer.models.loader import LoadedModel, load_model
+from deepinfer.pd import PDConfig, PDCoordinator
+from deepinfer.pd.worker import WorkerSettings
+from deepinfer.speculative import SpeculativeSpec, build_speculator
+from deepinfer_cache import TieredKVStore
+
+Prompt = str | Seq[int]
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass
+class BuiltEngine:
+    """An assembled engine, the model it runs, and the prefix-cache store to close."""
+
+    engine: LLMEngine
+    loaded: LoadedModel
+    store: TieredKVStore | None = None
+
+    def close(self) -> None:
+        """Flush the prefix cache (its disk tier survives for the next engine)."""
+        if self.store is not None:
+            self.store.close()
+            self.store = None
+
+
+def build_engine(
+    model: str | os.PathLike[str] | LoadedModel | None = None,
+    *,
+    dtype: str = "float32",
+    device: str = "cpu",
+    engine_config: EngineConfig | None = None,
+    speculative: SpeculativeSpec = None,
+    prefix_cache: PrefixCacheConfig | None = None,
+    cache_dir: str | os.PathLike[str] | None = None,
+    directory_suffix: str = "",
+) -> BuiltEngine:
+    """Assemble one engine.
+
+    Args:
+        model: a model directory or GGUF file, a :class:`LoadedModel`, or ``None`` for the
+            embedded SmolLM2-135M-Instruct.
+        dtype: ``"float32"``, ``"bfloat16"`` or ``"float16"``.
+        device: where the weights and the KV pool live (``"cpu"``, ``"cuda"``...).
+        engine_config: pool size, batch limits, seed (default :class:`EngineConfig`).
+        speculative: ``None`` (off), ``"dspark"`` (the shipped drafter), a drafter checkpoint
+            directory, or a ``DSparkDrafter``/``DSparkSpeculator`` (see ``deepinfer.speculative``).
+        prefix_cache: the prefix cache's tiers over the engine's pool; ``None`` for none.
+        cache_dir: where converted models are cached (default ``~/.cache/deepinfer``).
+        directory_suffix: appended to the disk tier's directory name (engines that share a
+            configuration but must not share a directory, such as PD prefill workers).
+
+    Example::
+
+        built = build_engine(engine_config=EngineConfig(num_blocks=256))
+        built.engine.add_request([1, 2, 3], SamplingParams(temperature=0, max_tokens=4))
+        while built.engine.has_unfinished():
+            built.engine.step()
+        built.close()
+    """
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
+    if isinstance(model, LoadedModel):
+        loaded = model
+    else:
+        loaded = load_model(model, dtype=DTYPES[dtype], device=device, cache_dir=cache_dir)
+    config = engine_config or EngineConfig()
+    pool, adapter, store = build_engine_kv(
+        loaded.model, config, prefix_cache, str(loaded.path), directory_suffix=directory_suffix
+    )
+    try:
+        speculator = build_speculator(speculative, loaded.model, pool, max_seqs=config.max_num_seqs)
+        engine = LLMEngine(
+            loaded.model,
+            loaded.tokenizer,
+            config,
+            prefix_cache=adapter,
+            pool=pool,
+            speculator=speculator,
+        )
+    except BaseException:
+        if store is not None:
+            store.close()
+        raise
+    return BuiltEngine(engine, loaded, store)
+
+
+def build_worker_engine(settings: WorkerSettings) -> tuple[LLMEngine, TieredKVStore | None]:
+    """A PD worker's engine from its :class:`WorkerSettings` (the coordinator hands this
+    function to every worker process it spawns)."""
+    cache, suffix = None, ""
+    if settings.cache is not None:
+        fields = dict(settings.cache)
+        suffix = fields.pop("directory_suffix")
+        cache = PrefixCacheConfig(**fields)
+    built = build_engine(
+        settings.model_dir,
+        dtype=settings.dtype,
+        device=settings.device,
+        engine_config=EngineConfig(**settings.engine),
+        speculative=settings.speculative or None,
+        prefix_cache=cache,
+        directory_suffix=suffix,
+    )
+    return built.engine, built.store
+
+
+class EngineClient(Protocol):
+    """What `LLM` needs from where requests run: one engine here, or PD worker processes."""
+
+    def submit(
+        self, prompt_ids: list[int], params: SamplingParams, namespace: bytes = b""
+    ) -> tuple[str, RequestOutput | None]:
+        """Queue one request: its id, and an error output if it was refused at once
+        (``ValueError``/``TypeError`` may also be raised for bad input)."""
+        ...
+
+    def run_until(self, request_ids: set[str]) -> Iterator[RequestOutput]:
+        """Yield outputs (of these and any other queued requests) until all of
+        ``request_ids`` finished."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class LocalClient:
+    """Runs requests on one :class:`LLMEngine` in this process."""
+
+    def __init__(self, built: BuiltEngine) -> None:
+        self.built = built
+        self.engine = built.engine
+
+    def submit(
+        self, prompt_ids: list[int], params: SamplingParams, namespace: bytes = b""
+    ) -> tuple[str, RequestOutput | None]:
+        return self.engine.add_request(prompt_ids, params, namespace=namespace), None
+
+    def run_until(self, request_ids: set[str]) -> Iterator[RequestOutput]:
+        pending = set(request_ids)
+        while pending and self.engine.has_unfinished():
+            for out in self.engine.step():
+                if out.finished:
+                    pending.discard(out.request_id)
+                yield out
+
+    def close(self) -> None:
+        self.built.close()
+
+
+class LLM:
+    """Load a model once and generate for many prompts with continuous batching.
+
+    Example::
+
+        llm = LLM()  # the embedded SmolLM2-135M-Instruct
+        outs = llm.generate(["The capital of France is"], SamplingParams(temperature=0))
+        print(outs[0].text)
+    """
+
+    def __init__(
+        self,
+        model: str | os.PathLike[str] | LoadedModel | None = None,
+        *,
+        dtype: str = "float32",
+        device: str = "cpu",
+        engine_config: EngineConfig | None = None,
+        enable_prefix_caching: bool = True,
+        prefix_cache_config: PrefixCacheConfig | None = None,
+        cache_dir: str | os.PathLike[str] | None = None,
+        speculative: SpeculativeSpec = None,
+        pd: PDConfig | bool | None = None,
+    ) -> None:
+        """``speculative``: as in :func:`build_engine`. ``pd``: ``True`` or a
+        :class:`~deepinfer.pd.PDConfig` runs prefill and decode in separate worker processes
+        (see ``deepinfer.pd``); ``generate``/``stream`` then go through them."""
+        if dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
+        if isinstance(model, LoadedModel):
+            self.loaded = model
+        else:
+            self.loaded = load_model(model, dtype=DTYPES[dtype], device=device, cache_dir=cache_dir)
+        self.tokenizer = self.loaded.tokenizer
+        config = engine_config or EngineConfig()
+        cache_config = (
+            prefix_cache_config or PrefixCacheConfig(device_blocks=config.num_blocks // 8)
+            if enable_prefix_caching
+            else None
+        )
+        self._rejected = itertools.count()
+        self.pd: PDCoordinator | None = None
+        self.store: TieredKVStore | None = None
+        self.client: EngineClient
+        if pd is not None and pd is not False:
+            self.pd = PDCoordinator(
+                str(self.loaded.path),
+                dtype=dtype,
+                device=device,
+                engine_config=config,
+                config=PDConfig.coerce(pd),
+                prefix_cache=cache_config,
+                speculative=_worker_speculative(speculative),
+                build=build_worker_engine,
+            )
+            self.client = self.pd
+            return
+        built = build_engine(
+            self.loaded, engine_config=config, speculative=speculative, prefix_cache=cache_config
+        )
+        self.engine = built.engine
+        self.store = built.store
+        self.client = LocalClient(built)
+
+    def close(self) -> None:
+        """Flush the prefix cache (its disk tier survives for the next engine); stop PD workers."""
+        self.client.close()
+        self.store = None
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ helpers
+    def encode(self, prompt: Prompt) -> list[int]:
+        if isinstance(prompt, str):
+            return self.tokenizer.encode(prompt)
+        return list(prompt)
+
+    def _submit(
+        self, prompt: Prompt, params: SamplingParams, namespace: bytes
+    ) -> tuple[str, RequestOutput | None]:
+        """Queue one request; a bad one becomes a finished output with ``error`` set."""
+        try:
+            return self.client.submit(self.encode(prompt), params, namespace)
+        except (ValueError, TypeError) as exc:
+            ids = list(prompt) if not isinstance(prompt, str) else []
+            failed = RequestOutput(
+                request_id=f"rejected-{next(self._rejected)}",
+                prompt_token_ids=[t for t in ids if isinstance(t, int)],
+                finished=True,
+                finish_reason="error",
+                error=str(exc),
+                metrics=RequestMetrics(arrival_time=0.0),
+            )
+            return failed.request_id, failed
+
+    # ------------------------------------------------------------------ API
+    def generate(
+        self,
+        prompts: Prompt | Seq[Prompt],
+        sampling_params: SamplingParams | Seq[SamplingParams] | None = None,
+        *,
+        namespace: bytes | Seq[bytes] = b"",
+        use_tqdm: bool = False,
+    ) -> list[RequestOutput]:
+        """Generate for every prompt; outputs come back in prompt order.
+
+        A prompt that is invalid (empty, ids out of range, longer than the context) yields an
+        output with ``error`` set; the other prompts run normally.
+        """
+        batch: list[Prompt] = (
+            [cast(Prompt, prompts)] if _is_single(prompts) else list(cast(Seq[Prompt], prompts))
+        )
+        params = _per_request(sampling_params or SamplingParams(), len(batch), "sampling_params")
+        spaces = _per_request(namespace, len(batch), "namespace")
+        order: list[str] = []
+        done: dict[str, RequestOutput] = {}
+        for prompt, p, ns in zip(batch, params, spaces):
+            rid, failed = self._submit(prompt, p, ns)
+            order.append(rid)
+            if failed is not None:
+                done[rid] = failed
+        bar = None
+        if use_tqdm:
+            from tqdm import tqdm  # optional progress bar, imported only when asked for
+
+            bar = tqdm(total=len(batch), initial=len(done), desc="generate", unit="req")
+        for out in self.client.run_until(set(order) - set(done)):
+            if out.finished and out.request_id in order:
+                done[out.request_id] = out
+                if bar is not None:
+                    bar.update(1)
+        if bar is not None:
+            bar.close()
+        return [done[rid] for rid in order]
+
+    def stream(
+        self,
+        prompt: Prompt,
+        sampling_params: SamplingParams | None = None,
+        *,
+        namespace: bytes = b"",
+    ) -> Iterator[RequestOutput]:
+        """Yield an output each time the request advances (``new_text`` holds the increment).
+
+        Other requests already queued on this engine keep running alongside.
+        """
+        rid, failed = self._submit(prompt, sampling_params or SamplingParams(), namespace)
+        if failed is not None:
+            yield failed
+            return
+        for out in self.client.run_until({rid}):
+            if out.request_id == rid:
+                yield out
+
+    def chat(
+        self,
+        messages: Seq[Mapping[str, Any]],
+        sampling_params: SamplingParams | None = None,
+        *,
+        namespace: bytes = b"",
+    ) -> RequestOutput:
+        """Render ``messages`` with the model's chat template and generate the reply."""
+        prompt = self.loaded.chat_template.render(messages, add_generation_prompt=True)
+        ids = self.tokenizer.encode(prompt, add_bos=False)
+        return self.generate([ids], sampling_params, namespace=namespace)[0]
+
+
+def _worker_speculative(speculative: SpeculativeSpec) -> str | None:
+    """PD workers load the drafter themselves: only ``"dspark"`` or a checkpoint directory."""
+    if speculative is None:
+        return None
+    if not isinstance(speculative, (str, os.PathLike)):
+        raise ValueError(
+            "speculative: with pd, give 'dspark' or a drafter checkpoint directory (each "
+            f"decode worker loads it), not a {type(speculative).__name__}"
+        )
+    if speculative == "dspark":
+        return "dspark"
+    directory = os.path.abspath(os.fspath(speculative))
+    if not os.path.isfile(os.path.join(directory, "config.json")):
+        raise ValueError(f"speculative: {directory!r} is not a drafter checkpoint directory")
+    return directory
+
+
+def _is_single(prompts: object) -> bool:
+    if isinstance(prompts, str):
+        return True
+    return isinstance(prompts, Seq) and len(prompts) > 0 and isinstance(prompts[0], int)
+
+
+def _per_request(value: Any, n: int, name: str) -> list[Any]:
+    if isinstance(value, (SamplingParams, bytes)):
+        return [value] * n
+    values = list(value)
+    if len(values) != n:
+        raise ValueError(f"{name}: got {len(values)} values for {n} prompts")
+    return values
