@@ -50,7 +50,9 @@ def test_simulate_file_trace_writes_report_and_plots(
     doc = json.loads((out / "report.json").read_text())
     assert doc["report"]["num_requests"] == 50
     assert doc["config"]["scheduler"]["router"] == "cost"
-    assert doc["simulator"]["rerouted"] >= 0
+    assert doc["report"]["num_completed"] == 50
+    # The configured fault (instance 2 at 0.5 s) has work in flight: it is rerouted, not lost.
+    assert doc["simulator"]["rerouted"] > 0
     for m in ("ttft", "tpot", "e2e"):
         assert (out / f"{m}_cdf.png").stat().st_size > 1000
     assert "goodput" in capsys.readouterr().out
