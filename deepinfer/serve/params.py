@@ -78,7 +78,12 @@ def build_spec(
             req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         )
     if req.logit_bias:
-        raise unsupported("logit_bias")
+        if "logit_bias" not in known:
+            raise unsupported("logit_bias", "is not supported by this engine yet")
+        try:
+            kw["logit_bias"] = {int(k): float(v) for k, v in req.logit_bias.items()}
+        except ValueError as exc:
+            raise bad_request("logit_bias: keys must be token ids", "logit_bias") from exc
     if max_tokens is None:
         max_tokens = default_max_tokens
     if max_tokens is not None:
