@@ -1,5 +1,6 @@
 """Crash test: a writer process is SIGKILLed at random moments; reopening must find every block
-it reported durable, and nothing it serves may fail its checksum."""
+it reported durable (``flush()`` returned True, in either write mode), and nothing it serves may
+fail its checksum. This is the test behind the guarantees table in docs/cache.md."""
 
 from __future__ import annotations
 
@@ -27,28 +28,27 @@ from _cache_helpers import BS, PAGE, PAGE_BYTES, pages_for
 from deepinfer_cache import DiskTier, HostTier, TieredKVStore
 signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the kernel reaps killed writers
 
-def writer(seed, log):
+def writer(seed, policy, log):
     store = TieredKVStore(
         [HostTier(PAGE, torch.float32, 4 * PAGE_BYTES),
          DiskTier(sys.argv[1], PAGE, torch.float32, 1 << 30, fsync=True)],
-        BS, write_policy="write-through")
+        BS, write_policy=policy)
     log.write("READY\n"); log.flush()
     i = 0
     while True:
         start = (seed * 1000 + i) * 97
         tokens = list(range(start, start + 6 * BS))
         store.store(tokens, pages_for(tokens), retention="chat")
-        if i % 2 == 0:
-            store.flush()
+        if i % 2 == 0 and store.flush():
             log.write(f"DURABLE {start}\n"); log.flush()
         i += 1
 
 for line in sys.stdin:
-    seed, logpath = line.split()
+    seed, policy, logpath = line.split()
     pid = os.fork()
     if pid == 0:
         try:
-            writer(int(seed), open(logpath, "w"))
+            writer(int(seed), policy, open(logpath, "w"))
         finally:
             os._exit(1)
     print(pid, flush=True)
@@ -82,8 +82,9 @@ def _gone(pid: int) -> bool:
 
 
 @pytest.mark.slow
-def test_sigkill_at_random_moments_loses_nothing_durable(tmp_path) -> None:
-    rng = random.Random(1234)
+@pytest.mark.parametrize("policy", ["write-through", "write-back"])
+def test_sigkill_at_random_moments_loses_nothing_durable(tmp_path, policy: str) -> None:
+    rng = random.Random(1234 if policy == "write-through" else 4321)
     cache = tmp_path / "cache"
     script = tmp_path / "zygote.py"
     script.write_text(ZYGOTE)
@@ -98,9 +99,9 @@ def test_sigkill_at_random_moments_loses_nothing_durable(tmp_path) -> None:
     durable: list[int] = []
     kills = 0
     try:
-        for run in range(24):
+        for run in range(12):
             log = tmp_path / f"run{run}.log"
-            zygote.stdin.write(f"{run} {log}\n")
+            zygote.stdin.write(f"{run} {policy} {log}\n")
             zygote.stdin.flush()
             pid = int(zygote.stdout.readline())
             _wait_for(lambda log=log: log.exists() and log.read_text().startswith("READY"))
@@ -133,7 +134,7 @@ def test_sigkill_at_random_moments_loses_nothing_durable(tmp_path) -> None:
     finally:
         zygote.kill()
         zygote.wait()
-    assert kills >= 20 and len(durable) > 0
+    assert kills >= 12 and len(durable) > 0
 
 
 def test_reopen_ignores_blocks_whose_parent_never_landed(tmp_path) -> None:

@@ -17,7 +17,14 @@ Example::
 from .adapter import KVCacheAdapter
 from .clock import Clock, FakeClock, SystemClock
 from .disk_format import CorruptBlockError
-from .hashing import BlockHash, hash_token_blocks
+from .events import (
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    CacheEvent,
+    EventSubscription,
+)
+from .hashing import BlockHash, hash_token_blocks, iter_block_hashes
 from .index import MatchResult, PrefixIndex
 from .lockfile import CacheLockedError
 from .meta import BlockMeta
@@ -32,14 +39,19 @@ __version__ = "0.1.0"
 
 __all__ = [
     "REFERENCE_MODELS",
+    "AllBlocksCleared",
     "BlockHash",
     "BlockMeta",
+    "BlockRemoved",
+    "BlockStored",
+    "CacheEvent",
     "CacheLockedError",
     "Clock",
     "CorruptBlockError",
     "CostReport",
     "DeviceTier",
     "DiskTier",
+    "EventSubscription",
     "FakeClock",
     "FetchResult",
     "HostTier",
@@ -57,6 +69,7 @@ __all__ = [
     "TieredKVStore",
     "__version__",
     "hash_token_blocks",
+    "iter_block_hashes",
     "ssd_capacity",
     "torch_gather",
     "torch_scatter",
