@@ -4,9 +4,22 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from collections.abc import Sequence
+from typing import NoReturn
+
+from deepinfer.cli_errors import error_line, package_version
+
+EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 1, 2, 130
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line (``deepinfer generate: error: ...``), exit 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see --help)\n")
 
 
 def _add_model_args(p: argparse.ArgumentParser) -> None:
@@ -27,8 +40,11 @@ def _add_sampling_args(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="deepinfer", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = _Parser(prog="deepinfer", description=__doc__)
+    parser.add_argument(
+        "--version", action="version", version=f"%(prog)s {package_version('deepinfer')}"
+    )
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     gen = sub.add_parser("generate", help="complete one or more prompts")
     gen.add_argument("prompts", nargs="+")
@@ -101,16 +117,19 @@ def _sampling(args: argparse.Namespace):  # type: ignore[no-untyped-def]
 def _cmd_generate(args: argparse.Namespace) -> int:
     params = _sampling(args)
     with _make_llm(args) as llm:
+        status = 0
         if args.stream:
+            # A bad prompt reports its error and the later prompts still run.
             for prompt in args.prompts:
                 for out in llm.stream(prompt, params):
                     if out.error:
-                        print(f"error: {out.error}", file=sys.stderr)
-                        return 1
+                        print(f"error: {error_line(out.error)}", file=sys.stderr)
+                        status = EXIT_FAILED
+                        break
                     print(out.new_text, end="", flush=True)
-                print()
-            return 0
-        status = 0
+                else:
+                    print()
+            return status
         for prompt, out in zip(args.prompts, llm.generate(args.prompts, params)):
             if out.error:
                 status = 1
@@ -173,8 +192,14 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
+    import tempfile
+
     from deepinfer.demo import DemoConfig, run_demo
 
+    # Fail before the workload runs, not after, when the report cannot be written.
+    os.makedirs(args.out, exist_ok=True)
+    with tempfile.TemporaryFile(dir=args.out):
+        pass
     run_demo(
         DemoConfig(
             out_dir=args.out,
@@ -193,8 +218,38 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     return cmd_serve(args)
 
 
+def _check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Refuse bad arguments before anything loads (usage errors, exit 2)."""
+    if getattr(args, "max_tokens", 1) < 1:
+        parser.error(f"argument --max-tokens: must be >= 1, got {args.max_tokens}")
+    if hasattr(args, "temperature"):
+        try:
+            _sampling(args)
+        except (ValueError, TypeError) as exc:
+            parser.error(f"invalid sampling argument: {exc}")
+    for name in ("num_prompts", "input_len", "output_len", "conversations", "turns"):
+        if getattr(args, name, 1) < 1:
+            parser.error(f"argument --{name.replace('_', '-')}: must be >= 1")
+    model = getattr(args, "model", None)
+    if model is not None and not os.path.exists(model):
+        parser.error(f"argument --model: {model!r} does not exist")
+    device = getattr(args, "device", "cpu")
+    if device.startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            parser.error(f"argument --device: {device!r} asked for, but CUDA is not available")
+    elif device != "cpu":
+        parser.error(f"argument --device: expected 'cpu' or 'cuda[:N]', got {device!r}")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    """Entry point of ``deepinfer``: returns the exit code (0 ok, 1 failed, 2 usage).
+
+    Errors are one line on stderr; ``DEEPINFER_TRACEBACK=1`` re-raises them with a traceback.
+    """
+    parser = build_parser()
+    args = parser.parse_args(argv)
     commands = {
         "generate": _cmd_generate,
         "chat": _cmd_chat,
@@ -202,7 +257,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         "demo": _cmd_demo,
         "serve": _cmd_serve,
     }
-    return commands[args.command](args)
+    _check_args(parser, args)
+    try:
+        return commands[args.command](args)
+    except KeyboardInterrupt:
+        print("deepinfer: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except Exception as exc:
+        if os.environ.get("DEEPINFER_TRACEBACK"):
+            raise
+        print(f"deepinfer {args.command}: error: {error_line(exc)}", file=sys.stderr)
+        return EXIT_FAILED
 
 
 if __name__ == "__main__":

@@ -7,12 +7,15 @@ tier is a directory under the cache directory, so a restarted engine still hits.
 
 A disk directory has one writer at a time (`deepinfer_cache` holds a lock file). When the
 default directory is held by another running engine, this one starts without a disk tier and
-warns; a directory named explicitly in `PrefixCacheConfig` raises instead.
+warns; a directory named explicitly in `PrefixCacheConfig` raises instead. A directory that
+cannot be created or written (read-only, full) also leaves the engine without a disk tier, with
+a warning.
 """
 
 from __future__ import annotations
 
 import hashlib
+import os
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -88,8 +91,8 @@ def build_prefix_cache(
     if config.disk_bytes:
         directory = Path(config.directory) if config.directory else default_kv_dir(model_key)
         directory = directory.with_name(directory.name + directory_suffix)
-        directory.mkdir(parents=True, exist_ok=True)
         try:
+            directory.mkdir(parents=True, exist_ok=True)
             tiers.append(DiskTier(directory, page_shape, dtype, config.disk_bytes))
         except CacheLockedError as exc:
             if config.directory:
@@ -99,6 +102,14 @@ def build_prefix_cache(
             warnings.warn(
                 f"prefix cache: no disk tier for this engine ({exc}); pass "
                 "PrefixCacheConfig(directory=...) to give it its own",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+        except OSError as exc:
+            # A read-only, full or otherwise unusable directory costs the restart hits, not
+            # the service: run on the device and host tiers.
+            warnings.warn(
+                f"prefix cache: no disk tier, {os.fspath(directory)!r} is not usable ({exc})",
                 RuntimeWarning,
                 stacklevel=2,
             )

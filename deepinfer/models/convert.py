@@ -8,6 +8,11 @@ model): a changed source is reconverted, and the same file installed in two envi
 virtualenvs, a fresh clone next to a working tree) shares one conversion. Concurrent processes
 converting the same file take turns on a lock file, so the second one finds the first one's
 result instead of replacing it.
+
+``deepinfer.json`` also records the SHA-256 of every file the conversion wrote, checked on each
+load: a converted directory damaged after the fact (a truncated or bit-flipped
+``model.safetensors``) is converted again, never loaded. A cache directory that cannot be
+written (read-only, full) costs a warning and a conversion into a private temporary directory.
 """
 
 from __future__ import annotations
@@ -18,6 +23,8 @@ import json
 import os
 import shutil
 import tempfile
+import warnings
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +35,9 @@ from deepinfer.models.gguf_loader import load_gguf
 from deepinfer.models.safetensors_loader import save_hf_dir
 from deepinfer.models.tokenizer import Tokenizer
 
-FORMAT_VERSION = 2  # 2: the source is identified by content (SHA-256), not path and mtime
+# 2: the source is identified by content (SHA-256), not path and mtime; 3: the converted files'
+# own SHA-256 are recorded and checked.
+FORMAT_VERSION = 3
 MARKER = "deepinfer.json"
 
 
@@ -58,15 +67,34 @@ def _fingerprint(source: Path, dtype: torch.dtype) -> dict[str, Any]:
     }
 
 
+def _file_digests(directory: Path) -> dict[str, str]:
+    """SHA-256 of every file of a conversion but the marker (hashed in parallel: hashlib
+    releases the GIL)."""
+    names = sorted(p.name for p in directory.iterdir() if p.is_file() and p.name != MARKER)
+    with ThreadPoolExecutor(max_workers=min(4, max(1, len(names)))) as pool:
+        digests = list(pool.map(lambda n: _sha256(directory / n), names))
+    return dict(zip(names, digests))
+
+
 def is_converted(directory: Path, fingerprint: dict[str, Any]) -> bool:
+    """Whether ``directory`` holds a complete, undamaged conversion of the source that
+    ``fingerprint`` describes (every recorded file present with its recorded SHA-256)."""
     marker = directory / MARKER
     if not marker.is_file():
         return False
     try:
         recorded = json.loads(marker.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError):
+    except (OSError, ValueError):
         return False
-    return bool(recorded == fingerprint)
+    if not isinstance(recorded, dict):
+        return False
+    files = recorded.pop("files", None)
+    if recorded != fingerprint or not isinstance(files, dict) or not files:
+        return False
+    try:
+        return _file_digests(directory) == files
+    except OSError:
+        return False
 
 
 def _fsync_tree(directory: Path) -> None:
@@ -104,6 +132,33 @@ def convert_gguf(
     fingerprint = _fingerprint(source, dtype)
     if not force and is_converted(target, fingerprint):
         return target
+    try:
+        return _convert_locked(source, root, target, fingerprint, dtype, force)
+    except OSError as exc:
+        fallback = Path(tempfile.gettempdir()) / f"deepinfer-{os.getuid()}" / "models"
+        if root == fallback:
+            raise
+        # A read-only or full cache directory must not stop the model from loading.
+        warnings.warn(
+            f"model cache {os.fspath(root)!r} is not writable ({exc}); converting into "
+            f"{os.fspath(fallback)!r} instead (set DEEPINFER_CACHE_DIR to keep conversions)",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+        target = fallback / target.name
+        if not force and is_converted(target, fingerprint):
+            return target
+        return _convert_locked(source, fallback, target, fingerprint, dtype, force)
+
+
+def _convert_locked(
+    source: Path,
+    root: Path,
+    target: Path,
+    fingerprint: dict[str, Any],
+    dtype: torch.dtype,
+    force: bool,
+) -> Path:
     root.mkdir(parents=True, exist_ok=True)
     with exclusive_lock(root / f".{target.name}.lock"):
         # Another process may have finished the same conversion while this one waited.
@@ -123,7 +178,8 @@ def _convert_into(
             chat_template = str(reader.fields["tokenizer.chat_template"].contents())
         save_hf_dir(tmp, config, state, dtype=dtype)
         Tokenizer.from_gguf(reader).save(tmp, chat_template=chat_template)
-        (tmp / MARKER).write_text(json.dumps(fingerprint, indent=2), encoding="utf-8")
+        marker = {**fingerprint, "files": _file_digests(tmp)}
+        (tmp / MARKER).write_text(json.dumps(marker, indent=2), encoding="utf-8")
         _fsync_tree(tmp)
         if target.exists():
             trash = Path(tempfile.mkdtemp(prefix=f".{target.name}.old-", dir=root))

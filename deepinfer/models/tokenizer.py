@@ -168,6 +168,14 @@ class Tokenizer:
         their ids. ``add_bos`` defaults to the model's own setting."""
         if not isinstance(text, str):
             raise TypeError(f"text must be a str, got {type(text).__name__}")
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            # `tokenizers` only says "TextInputSequence must be str" for these.
+            bad = text[exc.start]
+            raise ValueError(
+                f"text is not valid Unicode: lone surrogate U+{ord(bad):04X} at index {exc.start}"
+            ) from None
         ids: list[int] = self.backend.encode(text, add_special_tokens=False).ids
         if (self.add_bos_token if add_bos is None else add_bos) and self.bos_token_id is not None:
             ids = [self.bos_token_id, *ids]

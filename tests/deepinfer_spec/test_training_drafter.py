@@ -271,5 +271,7 @@ def test_cli_trains_resumes_and_evaluates(
     data = tmp_path / "d.jsonl"
     data.write_text("\n".join(json.dumps(list(range(i, i + 10))) for i in range(8)))
     assert main(["eval", *common[:4], "--data", str(data), "--checkpoint", str(out)]) == 0
-    with pytest.raises(ValueError, match="module:function"):
-        main(["eval", "--target", "nocolon", "--checkpoint", str(out)])
+    capsys.readouterr()
+    # A bad --target is a usage error: one line on stderr, exit code 2, no traceback.
+    assert main(["eval", "--target", "nocolon", "--checkpoint", str(out)]) == 2
+    assert "module:function" in capsys.readouterr().err

@@ -17,9 +17,12 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import math
+import os
 import sys
 from collections.abc import Sequence
-from typing import Any
+from importlib import metadata
+from typing import Any, NoReturn
 
 import torch
 
@@ -34,16 +37,38 @@ from deepinfer_spec.training import (
     train_drafter,
 )
 
+EXIT_FAILED, EXIT_USAGE = 1, 2
+
+
+class _Parser(argparse.ArgumentParser):
+    """A usage error is one line (``deepinfer-spec train: error: ...``), exit code 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see --help)\n")
+
+
+class UsageError(ValueError):
+    """A command-line argument is wrong (exit code 2)."""
+
 
 def load_target(spec: str, kwargs_json: str | None) -> ScoringTarget:
     """Import ``module:function`` and call it with the JSON keyword arguments."""
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
-        raise ValueError(f"--target: expected 'module:function', got {spec!r}")
-    kwargs = json.loads(kwargs_json) if kwargs_json else {}
+        raise UsageError(f"--target: expected 'module:function', got {spec!r}")
+    try:
+        kwargs = json.loads(kwargs_json) if kwargs_json else {}
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"--target-kwargs: not valid JSON ({exc})") from None
     if not isinstance(kwargs, dict):
-        raise ValueError("--target-kwargs: expected a JSON object")
-    factory = getattr(importlib.import_module(module_name), attr)
+        raise UsageError("--target-kwargs: expected a JSON object")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise UsageError(f"--target: cannot import {module_name!r} ({exc})") from None
+    factory = getattr(module, attr, None)
+    if not callable(factory):
+        raise UsageError(f"--target: {module_name!r} has no callable {attr!r}")
     target = factory(**kwargs)
     if not isinstance(target, ScoringTarget):
         raise TypeError(f"--target: {spec} returned {type(target).__name__}, not a TargetAdapter")
@@ -58,9 +83,10 @@ def _int_tuple(text: str) -> tuple[int, ...]:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="deepinfer-spec", description=(__doc__ or "").split("\n\n")[0])
-    sub = p.add_subparsers(dest="command", required=True)
-    common = argparse.ArgumentParser(add_help=False)
+    p = _Parser(prog="deepinfer-spec", description=(__doc__ or "").split("\n\n")[0])
+    p.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    common = _Parser(add_help=False)
     common.add_argument("--target", required=True, help="module:function returning the target")
     common.add_argument("--target-kwargs", default=None, help="JSON object for the factory")
     common.add_argument("--data", default=None, help="JSONL file of token-id lists")
@@ -103,7 +129,7 @@ def _sequences(args: argparse.Namespace, target: ScoringTarget, extra: int) -> l
     if args.data:
         return read_jsonl(args.data)
     if args.synthetic < 1:
-        raise ValueError("give --data FILE or --synthetic N")
+        raise UsageError("give --data FILE or --synthetic N")
     gen = torch.Generator().manual_seed(args.seed)
     return sample_from_target(
         target, args.synthetic + extra, args.seq_len, generator=gen, device=args.device
@@ -116,8 +142,57 @@ def _split(args: argparse.Namespace, seqs: list[list[int]]) -> tuple[list[list[i
     return seqs[:-n_eval] or seqs, prompts
 
 
+def _version() -> str:
+    try:
+        return metadata.version("deepinfer-spec")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def _check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Refuse bad numbers before the target loads (usage errors, exit 2)."""
+    if not math.isfinite(args.temperature) or args.temperature <= 0:
+        parser.error(f"argument --temperature: must be a finite number > 0, got {args.temperature}")
+    positive = ["seq_len", "eval_prompts", "prompt_len", "max_new_tokens"]
+    if args.command == "train":
+        positive += ["gamma", "window", "num_layers", "num_heads", "markov_rank", "steps"]
+        positive += ["batch_size", "anchors_per_sequence", "max_seq_len"]
+        if not math.isfinite(args.lr) or args.lr <= 0:
+            parser.error(f"argument --lr: must be a finite number > 0, got {args.lr}")
+    for name in positive:
+        if getattr(args, name) < 1:
+            flag = "--" + name.replace("_", "-")
+            parser.error(f"argument {flag}: must be >= 1, got {getattr(args, name)}")
+    if args.synthetic < 0:
+        parser.error(f"argument --synthetic: must be >= 0, got {args.synthetic}")
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        parser.error(f"argument --device: {args.device!r} asked for, but CUDA is not available")
+    if args.data is not None and not os.path.isfile(args.data):
+        parser.error(f"argument --data: {args.data!r} is not a file")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    """Entry point of ``deepinfer-spec``: 0 ok, 1 failed, 2 usage; errors are one line on
+    stderr (``DEEPINFER_TRACEBACK=1`` re-raises them with a traceback)."""
+    parser = _parser()
+    args = parser.parse_args(argv)
+    _check_args(parser, args)
+    try:
+        return _run(args)
+    except KeyboardInterrupt:
+        print("deepinfer-spec: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:
+        if os.environ.get("DEEPINFER_TRACEBACK"):
+            raise
+        message = " ".join(str(exc).split()) or type(exc).__name__
+        if not isinstance(exc, (ValueError, TypeError, OSError)):
+            message = f"{type(exc).__name__}: {message}"
+        print(f"deepinfer-spec {args.command}: error: {message}", file=sys.stderr)
+        return EXIT_USAGE if isinstance(exc, UsageError) else EXIT_FAILED
+
+
+def _run(args: argparse.Namespace) -> int:
     target = load_target(args.target, args.target_kwargs)
     seqs = _sequences(args, target, extra=args.eval_prompts)
     train_seqs, prompts = _split(args, seqs)
