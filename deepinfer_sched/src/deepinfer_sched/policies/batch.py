@@ -4,7 +4,10 @@ An engine calls :meth:`ContinuousBatchPolicy.schedule` once per iteration with l
 :class:`SeqState` records and applies the returned :class:`BatchPlan`. Rules, in order:
 
 1. Decode first: every running sequence past its prompt decodes one token, highest
-   priority first, then earliest arrival.
+   priority first, then earliest arrival. A decode may ask for look-ahead slots
+   (``SeqState.num_lookahead``: speculative draft tokens verified in the same forward); they
+   are granted in the same order while the token budget and the free blocks allow, never by
+   preempting anyone, and count against both (``BatchPlan.lookahead``).
 2. KV pressure: when the free blocks do not cover the decode slots, the lowest-priority,
    latest-arrived running sequence is preempted by recompute (its blocks are freed; the
    engine drops its KV and requeues it) until they do.
@@ -31,6 +34,8 @@ class SeqState:
     recompute the engine passes the prompt plus the tokens generated so far);
     ``num_computed_tokens`` is how many tokens have KV in the cache (prefix-cache hits
     included); ``priority``: larger is more important; ``arrival`` orders equal priorities.
+    ``num_lookahead``: extra slots a decode asks for past its next token (speculative drafts
+    to verify in the same forward).
     """
 
     seq_id: int
@@ -40,8 +45,11 @@ class SeqState:
     max_tokens: int = 1
     priority: int = 0
     arrival: float = 0.0
+    num_lookahead: int = 0
 
     def __post_init__(self) -> None:
+        if self.num_lookahead < 0:
+            raise ValueError(f"num_lookahead must be >= 0, got {self.num_lookahead}")
         if self.prompt_len < 1:
             raise ValueError(f"prompt_len must be >= 1, got {self.prompt_len}")
         if self.num_computed_tokens < 0 or self.num_generated < 0:
@@ -80,16 +88,25 @@ class BatchConfig:
 
 @dataclass
 class BatchPlan:
-    """What to run this iteration: prompt chunks, decode steps, and preempted sequences."""
+    """What to run this iteration: prompt chunks, decode steps, and preempted sequences.
+
+    ``lookahead``: look-ahead slots granted to decodes (absent: none), past their next token.
+    """
 
     prefill_chunks: list[tuple[int, int]] = field(default_factory=list)
     decode_ids: list[int] = field(default_factory=list)
     preempted: list[int] = field(default_factory=list)
+    lookahead: dict[int, int] = field(default_factory=dict)
 
     @property
     def num_batched_tokens(self) -> int:
-        """Tokens in the forward pass: one per decode plus every prefill chunk."""
-        return len(self.decode_ids) + sum(n for _, n in self.prefill_chunks)
+        """Tokens in the forward pass: one per decode, its look-ahead slots, every prefill
+        chunk."""
+        return (
+            len(self.decode_ids)
+            + sum(self.lookahead.values())
+            + sum(n for _, n in self.prefill_chunks)
+        )
 
 
 def _blocks(tokens: int, block_size: int) -> int:
@@ -137,6 +154,17 @@ class ContinuousBatchPolicy:
         free -= need
         plan.decode_ids = [s.seq_id for s in decodes]
         budget = cfg.max_batched_tokens - len(decodes)
+        for s in decodes:
+            if s.num_lookahead <= 0 or budget <= 0:
+                continue
+            # Blocks past the ones the decode token itself needs; trimmed to what is free.
+            base = _blocks(s.num_computed_tokens + 1, block_size)
+            room = (base + free) * block_size - s.num_computed_tokens - 1
+            slots = min(s.num_lookahead, budget, room)
+            if slots > 0:
+                plan.lookahead[s.seq_id] = slots
+                free -= _blocks(s.num_computed_tokens + 1 + slots, block_size) - base
+                budget -= slots
         in_flight = len(alive)
         candidates = [s for s in alive if s.in_prefill] + sorted(waiting, key=_order)
         for i, s in enumerate(candidates):

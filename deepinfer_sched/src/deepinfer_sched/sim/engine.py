@@ -189,9 +189,8 @@ class Simulator:
                 return
             chosen: Instance | None = None
             if self.pd.prefill_on_decode(0):
-                d = self.pairing.pick(r, dec, r.input_len + r.output_len)
+                d = self._decode_with_reuse(r, dec)
                 if d is not None:
-                    assert isinstance(d, Instance)
                     hit = d.reachable_prefix_blocks(r.block_hashes) * d.block_size
                     if self.pd.prefill_on_decode(max(0, r.input_len - hit)):
                         chosen = d
@@ -218,6 +217,24 @@ class Simulator:
             self._reject(r, "too_long")
             return
         self._enqueue(inst, r, now, kick=True)
+
+    def _decode_with_reuse(self, r: SimRequest, dec: list[Instance]) -> Instance | None:
+        """The decode instance a local prefill would use: the most reusable prefix blocks
+        among those the pairing policy accepts for this request's KV (the pairing policy's
+        own choice on a tie), so a follow-up turn finds the instance holding its history."""
+        need = r.input_len + r.output_len
+        first = self.pairing.pick(r, dec, need)
+        if first is None:
+            return None
+        assert isinstance(first, Instance)
+        best, best_hit = first, first.reachable_prefix_blocks(r.block_hashes)
+        for d in dec:
+            if d is first:
+                continue
+            hit = d.reachable_prefix_blocks(r.block_hashes)
+            if hit > best_hit and self.pairing.pick(r, [d], need) is d:
+                best, best_hit = d, hit
+        return best
 
     def _route(self, r: SimRequest, cands: list[Instance]) -> Instance:
         chosen = self.router.route(r, cands)
@@ -322,6 +339,10 @@ class Simulator:
     def _on_kv_arrive(self, dst: Instance, r: SimRequest, now: float) -> None:
         del dst.inbound[r.request_id]
         dst.inbound_tokens -= r.prompt_len + r.generated
+        # The received prompt KV is now resident here: later turns of the conversation
+        # can reuse it (per_request PD prefills them locally when little is left).
+        if r.block_hashes:
+            dst.cache.insert(r.block_hashes)
         self._touch(dst, now)
         if dst.join_decode(r):
             if not dst.busy:

@@ -8,6 +8,7 @@ instance tracks the total context and the tokens added per step. No per-token ev
 from __future__ import annotations
 
 import heapq
+import math
 from collections.abc import Callable
 
 from deepinfer_sched.policies.base import CostModelLike
@@ -156,16 +157,36 @@ class Instance:
 
     def live_context(self) -> float:
         """Total decode context at the clock's time. Inside a fast-forwarded stretch the
-        aggregate is only committed at its end; the steps done so far are added here (at
-        the stretch's mean step time, so a read costs O(1))."""
+        aggregate is only committed at its end; the steps completed by now are added here,
+        the same count :meth:`truncate` would commit, so a router sees what a step-by-step
+        run would show it."""
         ctx = self._ctx
         if self._steps > 1 and self.busy:
             elapsed = self.clock.now - self._start_s
             if elapsed > 0.0:
-                mean_step = (self._end_s - self._start_s) / self._steps
-                j = min(self._steps - 1, int(elapsed / mean_step)) if mean_step > 0 else 0
-                ctx += j * self._g
+                ctx += self._steps_done(elapsed) * self._g
         return ctx
+
+    def _steps_done(self, elapsed: float) -> int:
+        """Steps of the current stretch completed within ``elapsed`` seconds: the quadratic
+        ``span(j) = j t0 + j (j - 1) d / 2`` solved in closed form, then checked against
+        :meth:`_span` (one or two evaluations instead of a binary search)."""
+        last = self._steps - 1
+        t0 = self._span(1)
+        if t0 <= 0.0 or elapsed < t0:
+            return 0
+        d = (self._span(self._steps) / self._steps - t0) * 2.0 / last
+        if d > 1e-15 * t0:
+            a, b = d / 2.0, t0 - d / 2.0
+            j = int((-b + math.sqrt(b * b + 4.0 * a * elapsed)) / (2.0 * a))
+        else:
+            j = int(elapsed / t0)
+        j = max(0, min(last, j))
+        while j < last and self._span(j + 1) <= elapsed:
+            j += 1
+        while j > 0 and self._span(j) > elapsed:
+            j -= 1
+        return j
 
     def cached_prefix_blocks(self, block_hashes: tuple[int, ...]) -> int:
         return self.cache.prefix_hits(block_hashes)
@@ -366,19 +387,29 @@ class Instance:
         """Seconds of the first ``j`` steps of the current decode-only stretch.
 
         The context grows by ``g`` tokens per step, so step ``i`` costs
-        ``t(B, C0 + i g)``; the sum is ``j t(B, C0 + (j - 1) g / 2)`` (exact when the step
-        time is linear in the context, as it is on the memory-bound side of the roofline).
+        ``t(B, C0 + i g)``; the sum is the trapezoid ``j (t(B, C0) + t(B, C0 + (j - 1) g)) / 2``,
+        exact when the step time is linear in the context (the memory-bound side of the
+        roofline, and any fitted linear model). Both ends are whole token counts, as in a
+        step-by-step run, so the two modes agree to rounding instead of drifting by half a
+        token per stretch (a midpoint ``C0 + (j - 1) g / 2`` would be truncated).
         """
         if j <= 0:
             return 0.0
-        ctx = self._ctx0 + (j - 1) * self._g / 2.0
-        return j * self.cm.decode_step_time(self._step_batch, int(ctx))
+        t = self.cm.decode_step_time
+        b = self._step_batch
+        first = t(b, int(self._ctx0))
+        if j == 1:
+            return first
+        return j * (first + t(b, int(self._ctx0 + (j - 1) * self._g))) / 2.0
 
     def truncate(self, now: float) -> float | None:
         """Cut a decode-only stretch short because new work arrived at ``now``.
 
-        The steps completed by ``now`` are committed; the step in progress finishes as
-        usual. Returns the new end time of the in-flight event, or None if it is unchanged.
+        The steps completed by ``now`` are committed and the step in progress becomes the
+        whole in-flight iteration, exactly the state a step-by-step run is in at ``now``
+        (also when that step is the stretch's last: a sequence joining now must not be
+        credited with the stretch's earlier steps). Returns the new end time of the
+        in-flight event, or None if it is unchanged.
         """
         if self._steps <= 1:
             return None
@@ -391,17 +422,18 @@ class Instance:
             else:
                 hi = mid - 1
         j = lo
-        if j + 1 >= self._steps:
-            return None
+        last = j + 1 >= self._steps
         s_j = self._span(j)
-        new_end = self._start_s + self._span(j + 1)
+        new_end = self._end_s if last else self._start_s + self._span(j + 1)
         self.iter_count += j
         self._ctx += j * self._tps_sum
-        self.busy_s -= self._end_s - new_end
         self._ctx0 = self._ctx
         self._start_s += s_j
-        self._end_s = new_end
         self._steps = 1
+        if last:
+            return None
+        self.busy_s -= self._end_s - new_end
+        self._end_s = new_end
         return new_end
 
     def finish_iteration(self) -> tuple[list[SimRequest], list[SimRequest]]:
