@@ -162,11 +162,17 @@ class LocalClient:
 
     def run_until(self, request_ids: set[str]) -> Iterator[RequestOutput]:
         pending = set(request_ids)
-        while pending and self.engine.has_unfinished():
-            for out in self.engine.step():
-                if out.finished:
-                    pending.discard(out.request_id)
-                yield out
+        try:
+            while pending and self.engine.has_unfinished():
+                for out in self.engine.step():
+                    if out.finished:
+                        pending.discard(out.request_id)
+                    yield out
+        finally:
+            # The caller stopped early (a stream it left) or the engine raised: these requests
+            # must not stay queued and run inside the next call.
+            for rid in pending:
+                self.engine.abort(rid)
 
     def close(self) -> None:
         self.built.close()
@@ -248,21 +254,31 @@ class LLM:
 
     # ------------------------------------------------------------------ helpers
     def encode(self, prompt: Prompt) -> list[int]:
+        """Token ids of a text prompt, or a token-id prompt's ids (checked to be ints)."""
         if isinstance(prompt, str):
             return self.tokenizer.encode(prompt)
-        return list(prompt)
+        # bytes are a sequence of ints too, but nobody means them as token ids.
+        if isinstance(prompt, (bytes, bytearray, memoryview)) or not isinstance(prompt, Seq):
+            raise TypeError(
+                f"prompt must be a str or a sequence of int token ids, got {type(prompt).__name__}"
+            )
+        bad = [t for t in prompt if not isinstance(t, int) or isinstance(t, bool)]
+        if bad:
+            raise TypeError(f"prompt token ids must be ints, got {bad[:3]!r}")
+        return list(cast(Seq[int], prompt))
 
     def _submit(
         self, prompt: Prompt, params: SamplingParams, namespace: bytes
     ) -> tuple[str, RequestOutput | None]:
         """Queue one request; a bad one becomes a finished output with ``error`` set."""
+        ids: list[int] = []
         try:
-            return self.client.submit(self.encode(prompt), params, namespace)
-        except (ValueError, TypeError) as exc:
-            ids = list(prompt) if not isinstance(prompt, str) else []
+            ids = self.encode(prompt)
+            return self.client.submit(ids, params, namespace)
+        except (ValueError, TypeError, OverflowError) as exc:
             failed = RequestOutput(
                 request_id=f"rejected-{next(self._rejected)}",
-                prompt_token_ids=[t for t in ids if isinstance(t, int)],
+                prompt_token_ids=ids,
                 finished=True,
                 finish_reason="error",
                 error=str(exc),
