@@ -115,7 +115,11 @@ def build_prefix_cache(
             )
     if not tiers:
         raise ValueError("the prefix cache needs at least one tier with capacity")
-    store = TieredKVStore(tiers, pool.block_size, write_policy=config.write_policy)
+    # The model key goes into every block hash: two models sharing an explicit directory
+    # never see each other's KV.
+    store = TieredKVStore(
+        tiers, pool.block_size, write_policy=config.write_policy, model=model_key.encode()
+    )
     adapter = KVCacheAdapter(
         store,
         pool.block_size,
