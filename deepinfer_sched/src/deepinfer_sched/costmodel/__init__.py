@@ -8,7 +8,7 @@ Example::
     print(cm.prefill_time(4096, cached_tokens=60_000), cm.decode_step_time(64, 64 * 8000))
 """
 
-from deepinfer_sched.costmodel.base import CostModel
+from deepinfer_sched.costmodel.base import CostModel, WorkParts
 from deepinfer_sched.costmodel.roofline import RooflineCostModel
 from deepinfer_sched.costmodel.specs import (
     HardwareSpec,
@@ -24,6 +24,7 @@ __all__ = [
     "HardwareSpec",
     "ModelSpec",
     "RooflineCostModel",
+    "WorkParts",
     "available_hardware",
     "available_models",
     "load_hardware",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Protocol, runtime_checkable
 
-__all__ = ["CostModel"]
+__all__ = ["CostModel", "WorkParts"]
 
 
 @runtime_checkable
@@ -23,3 +23,14 @@ class CostModel(Protocol):
     def ssd_fetch_time(self, num_tokens: int) -> float: ...
 
     def kv_capacity_tokens(self, memory_fraction: float = 0.9) -> int: ...
+
+
+@runtime_checkable
+class WorkParts(Protocol):
+    """Optional: how a step's time splits into compute-bound and memory-bound seconds, each
+    the time the work would keep the attainable FLOP/s (or HBM bandwidth) fully busy. The
+    simulator's utilisation figures use it; without it they fall back to busy time."""
+
+    def prefill_parts(self, new_tokens: int, cached_tokens: int = 0) -> tuple[float, float]: ...
+
+    def decode_parts(self, batch_size: int, total_context_tokens: int) -> tuple[float, float]: ...

@@ -119,6 +119,28 @@ class RooflineCostModel:
         flops = 2.0 * self.model.active_params * b + self._attn * t
         return max(mem / self._bw, flops / self._flops) + self.step_overhead_s
 
+    def prefill_parts(self, new_tokens: int, cached_tokens: int = 0) -> tuple[float, float]:
+        """``(compute, memory)`` seconds of :meth:`prefill_time` before the max and the
+        overhead: how long the work would keep the attainable FLOP/s and HBM bandwidth busy."""
+        if new_tokens == 0:
+            return 0.0, 0.0
+        n = float(new_tokens)
+        c = float(cached_tokens)
+        flops = 2.0 * self.model.active_params * n + self._attn * (n * c + n * (n + 1.0) / 2.0)
+        mem = self.weight_bytes(new_tokens) + (c + n) * self._kv
+        return flops / self._flops, mem / self._bw
+
+    def decode_parts(self, batch_size: int, total_context_tokens: int) -> tuple[float, float]:
+        """``(compute, memory)`` seconds of :meth:`decode_step_time` (see
+        :meth:`prefill_parts`)."""
+        if batch_size == 0:
+            return 0.0, 0.0
+        b = float(batch_size)
+        t = float(total_context_tokens)
+        mem = self.weight_bytes(batch_size) + t * self._kv
+        flops = 2.0 * self.model.active_params * b + self._attn * t
+        return flops / self._flops, mem / self._bw
+
     def kv_transfer_time(self, num_tokens: int) -> float:
         """Seconds to move ``N`` tokens of KV to another instance:
         ``link_latency + N b_kv / (link_bandwidth g)`` (each GPU sends its shard over its own

@@ -18,6 +18,7 @@ from deepinfer_sched.report.plots import (
     plot_latency_cdf,
 )
 from deepinfer_sched.report.records import SLO, RequestRecord
+from deepinfer_sched.report.timeline import Timeline
 
 __all__ = [
     "LATENCY_METRICS",
@@ -26,6 +27,7 @@ __all__ = [
     "Report",
     "RequestRecord",
     "TenantSummary",
+    "Timeline",
     "build_report",
     "latency_cdf",
     "plot_goodput_vs_load",

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from deepinfer_sched.report.records import SLO, RequestRecord
+from deepinfer_sched.report.timeline import Timeline
 
 __all__ = ["LatencySummary", "Report", "TenantSummary", "build_report"]
 
@@ -53,7 +54,14 @@ class Report:
     - ``goodput_rps`` = requests meeting both SLOs / ``duration_s``.
     - ``slo_attainment`` = requests meeting both SLOs / all requests (rejected ones fail).
     - ``hit_rate`` = cached input tokens / input tokens, over completed requests.
-    - ``utilisation[i]`` = busy seconds of instance ``i`` / ``duration_s``.
+    - ``utilisation[i]`` = compute utilisation of instance ``i``: the seconds its work
+      would keep the attainable FLOP/s fully busy / ``duration_s`` (``compute_s``; a
+      decode step of a small batch is mostly memory-bound, so it reads low: the
+      headroom is batch room). ``hbm_utilisation[i]`` is the same for HBM bandwidth
+      (weights and KV read), and ``busy_fraction[i]`` = seconds with an iteration in
+      flight / ``duration_s`` (1 whenever anything decodes, so no headroom measure).
+      Without per-step compute/memory seconds all three are the busy fraction.
+    - ``timeline``: KV occupancy and queue depth over time, when the simulator sampled it.
     - ``cost_per_million_input_tokens`` = ``(hit_tokens * hit_price + miss_tokens *
       miss_price) / input_tokens * 1e6`` with prices per token: the blended price of a
       million input tokens.
@@ -81,10 +89,16 @@ class Report:
     miss_price: float
     cost_per_million_input_tokens: float
     per_tenant: dict[str, TenantSummary] = field(default_factory=dict)
+    hbm_utilisation: dict[int, float] = field(default_factory=dict)
+    busy_fraction: dict[int, float] = field(default_factory=dict)
+    mean_hbm_utilisation: float = math.nan
+    mean_busy_fraction: float = math.nan
+    timeline: Timeline | None = None
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
-        d["utilisation"] = {str(k): v for k, v in sorted(self.utilisation.items())}
+        for name in ("utilisation", "hbm_utilisation", "busy_fraction"):
+            d[name] = {str(k): v for k, v in sorted(getattr(self, name).items())}
         return _clean(d)  # type: ignore[no-any-return]
 
     def to_json(self, indent: int | None = 2) -> str:
@@ -108,11 +122,17 @@ def build_report(
     duration_s: float,
     hit_price: float,
     miss_price: float,
+    *,
+    instance_compute_s: Mapping[int, float] | None = None,
+    instance_memory_s: Mapping[int, float] | None = None,
+    timeline: Timeline | None = None,
 ) -> Report:
     """Summarise ``records``; see :class:`Report` for every formula.
 
     ``hit_price``/``miss_price`` are prices per input token (any currency unit);
     ``duration_s`` (> 0) is the wall span the goodput and utilisation are measured over.
+    ``instance_compute_s`` / ``instance_memory_s`` (per instance, see :class:`Report`) give
+    the compute and HBM utilisation; without them both equal the busy fraction.
     """
     if not (duration_s > 0.0 and math.isfinite(duration_s)):
         raise ValueError(f"duration_s must be finite and > 0, got {duration_s}")
@@ -132,9 +152,9 @@ def build_report(
     input_tokens = sum(r.input_len for r in done)
     cached = sum(r.cached_tokens for r in done)
     out_tokens = sum(r.output_len for r in done)
-    util = {int(k): float(v) / duration_s for k, v in instance_busy_s.items()}
-    if any(v < 0.0 for v in util.values()):
-        raise ValueError("instance_busy_s values must be >= 0")
+    busy = _fractions("instance_busy_s", instance_busy_s, duration_s)
+    util = _fractions("instance_compute_s", instance_compute_s or instance_busy_s, duration_s)
+    hbm = _fractions("instance_memory_s", instance_memory_s or instance_busy_s, duration_s)
     if input_tokens:
         cost = (cached * hit_price + (input_tokens - cached) * miss_price) / input_tokens * 1e6
     else:
@@ -157,7 +177,7 @@ def build_report(
         hit_rate=cached / input_tokens if input_tokens else math.nan,
         input_tokens=input_tokens,
         cached_tokens=cached,
-        utilisation=dict(sorted(util.items())),
+        utilisation=util,
         mean_utilisation=float(np.mean(list(util.values()))) if util else math.nan,
         hit_price=hit_price,
         miss_price=miss_price,
@@ -165,4 +185,16 @@ def build_report(
         per_tenant={
             k: TenantSummary(v[0], v[1], v[2], v[1] / v[0]) for k, v in sorted(tenants.items())
         },
+        hbm_utilisation=hbm,
+        busy_fraction=busy,
+        mean_hbm_utilisation=float(np.mean(list(hbm.values()))) if hbm else math.nan,
+        mean_busy_fraction=float(np.mean(list(busy.values()))) if busy else math.nan,
+        timeline=timeline,
     )
+
+
+def _fractions(name: str, seconds: Mapping[int, float], duration_s: float) -> dict[int, float]:
+    out = {int(k): float(v) / duration_s for k, v in sorted(seconds.items())}
+    if any(not (v >= 0.0) for v in out.values()):
+        raise ValueError(f"{name} values must be >= 0")
+    return out

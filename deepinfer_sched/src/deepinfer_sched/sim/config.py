@@ -77,6 +77,8 @@ class SimConfig:
     ``ssd_capacity_blocks`` > 0 enables the shared SSD tier. Prices are per input token.
     ``fast_forward`` runs each stretch of pure-decode steps of an instance as one event
     (cut short when new work arrives); False simulates every step as its own event.
+    ``sample_interval_s`` spaces the KV-occupancy / queue-depth timeline samples (None:
+    the trace duration / 200; 0: no timeline).
     """
 
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
@@ -97,6 +99,7 @@ class SimConfig:
     miss_price: float = 5e-6
     pair_retry_s: float = 0.01
     fast_forward: bool = True
+    sample_interval_s: float | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.scheduler, SchedulerConfig):
@@ -109,6 +112,12 @@ class SimConfig:
         for name in _REAL_FIELDS:
             check_real("SimConfig", name, getattr(self, name))
         check_bool("SimConfig", "fast_forward", self.fast_forward)
+        if self.sample_interval_s is not None:
+            check_real("SimConfig", "sample_interval_s", self.sample_interval_s)
+            if self.sample_interval_s < 0:
+                raise ValueError(
+                    f"SimConfig.sample_interval_s must be >= 0, got {self.sample_interval_s}"
+                )
         for name in ("hardware", "model"):
             if not isinstance(getattr(self, name), str):
                 raise TypeError(f"SimConfig.{name} must be a string, got {getattr(self, name)!r}")

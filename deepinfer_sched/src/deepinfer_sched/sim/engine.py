@@ -15,7 +15,7 @@ import numpy as np
 
 from deepinfer_sched.costmodel import CostModel, RooflineCostModel, load_hardware, load_model
 from deepinfer_sched.policies.ttft_estimate import estimate_ttft
-from deepinfer_sched.report import SLO, Report, RequestRecord, build_report
+from deepinfer_sched.report import SLO, Report, RequestRecord, Timeline, build_report
 from deepinfer_sched.sim.acceptance import make_steps_for
 from deepinfer_sched.sim.config import SimConfig
 from deepinfer_sched.sim.instance import Instance, SimClock
@@ -25,7 +25,10 @@ from deepinfer_sched.traces.types import Trace, TraceRequest, check_chained
 
 __all__ = ["SimResult", "Simulator"]
 
-_ITER, _READY, _KV_ARRIVE, _PAIR_RETRY, _FAULT, _MIGRATE = range(6)
+_ITER, _READY, _KV_ARRIVE, _PAIR_RETRY, _FAULT, _MIGRATE, _SAMPLE = range(7)
+
+#: Timeline samples per trace when ``SimConfig.sample_interval_s`` is None.
+DEFAULT_SAMPLES = 200
 
 
 @dataclass
@@ -40,11 +43,22 @@ class SimResult:
     migrations: int = 0
     rerouted: int = 0
     events: int = 0
+    instance_compute_s: dict[int, float] | None = None
+    instance_memory_s: dict[int, float] | None = None
+    timeline: Timeline | None = None
 
     def report(self, slo: SLO, hit_price: float, miss_price: float) -> Report:
         """Summarise with :func:`deepinfer_sched.report.build_report`."""
         return build_report(
-            self.records, slo, self.instance_busy_s, self.duration_s, hit_price, miss_price
+            self.records,
+            slo,
+            self.instance_busy_s,
+            self.duration_s,
+            hit_price,
+            miss_price,
+            instance_compute_s=self.instance_compute_s,
+            instance_memory_s=self.instance_memory_s,
+            timeline=self.timeline,
         )
 
     def stats(self) -> dict[str, object]:
@@ -125,6 +139,11 @@ class Simulator:
         self.result = SimResult([], {}, 0.0)
         self.outstanding = 0
         self._next_arrival = 0
+        interval = config.sample_interval_s
+        if interval is None:
+            interval = max(trace.duration_s / DEFAULT_SAMPLES, 1e-3)
+        self.sample_interval_s = interval
+        self._samples: list[tuple[float, float, float, int, int]] = []
 
     # ------------------------------------------------------------------ helpers
     def _refresh_pools(self) -> None:
@@ -386,6 +405,28 @@ class Simulator:
         if self.outstanding > 0 or self._next_arrival < len(self.trace):
             self._push(now + mig.interval_s, _MIGRATE, None, None, 0)
 
+    def _on_sample(self, now: float) -> None:
+        occ: list[float] = []
+        depth: list[int] = []
+        for x in self.instances:
+            if x.alive:
+                occ.append(x.kv_held_tokens() / x.kv_capacity_tokens)
+                depth.append(x.num_waiting)
+        if occ:
+            self._samples.append((now, sum(occ) / len(occ), max(occ), sum(depth), max(depth)))
+        if self.outstanding > 0 or self._next_arrival < len(self.trace):
+            self._push(now + self.sample_interval_s, _SAMPLE, None, None, 0)
+
+    def _timeline(self) -> Timeline:
+        cols = list(zip(*self._samples, strict=True)) if self._samples else [()] * 5
+        return Timeline(
+            tuple(float(v) for v in cols[0]),
+            tuple(float(v) for v in cols[1]),
+            tuple(float(v) for v in cols[2]),
+            tuple(int(v) for v in cols[3]),
+            tuple(int(v) for v in cols[4]),
+        )
+
     # ------------------------------------------------------------------ main loop
     def run(self, progress: Callable[[int], None] | None = None) -> SimResult:
         """Simulate the whole trace; ``progress(n)`` is called with the number of requests
@@ -396,6 +437,8 @@ class Simulator:
             self._push(f.time_s, _FAULT, self.instances[f.instance_id], None, 0)
         if self.migration is not None and n:
             self._push(reqs[0].arrival_s + self.migration.interval_s, _MIGRATE, None, None, 0)
+        if self.sample_interval_s > 0 and n:
+            self._push(reqs[0].arrival_s, _SAMPLE, None, None, 0)
         events = self.events
         pop = heapq.heappop
         self._next_arrival = 0
@@ -441,6 +484,8 @@ class Simulator:
                 elif kind == _FAULT:
                     assert isinstance(a, Instance)
                     self._on_fault(a, now)
+                elif kind == _SAMPLE:
+                    self._on_sample(now)
                 else:
                     self._on_migrate(now)
             else:
@@ -457,6 +502,10 @@ class Simulator:
         res = self.result
         res.records = [self.records[r.request_id] for r in reqs]
         res.instance_busy_s = {x.instance_id: x.busy_s for x in self.instances}
+        if all(x._parts is not None for x in self.instances):
+            res.instance_compute_s = {x.instance_id: x.compute_s for x in self.instances}
+            res.instance_memory_s = {x.instance_id: x.memory_s for x in self.instances}
+        res.timeline = self._timeline()
         first = reqs[0].arrival_s if n else 0.0
         res.duration_s = max(now - first, self.trace.duration_s, 1e-9)
         res.events = n_events

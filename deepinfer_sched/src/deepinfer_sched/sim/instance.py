@@ -11,6 +11,7 @@ import heapq
 import math
 from collections.abc import Callable
 
+from deepinfer_sched.costmodel.base import WorkParts
 from deepinfer_sched.policies.base import CostModelLike
 from deepinfer_sched.policies.batch import BatchConfig
 from deepinfer_sched.sim.prefix_cache import LRUBlockCache
@@ -42,6 +43,7 @@ class Instance:
         "_finish_heap",
         "_g",
         "_heap_seq",
+        "_parts",
         "_prefill_kv",
         "_queued_kv",
         "_s_per_token",
@@ -58,6 +60,7 @@ class Instance:
         "cache",
         "clock",
         "cm",
+        "compute_s",
         "fast_forward",
         "fetching",
         "inbound",
@@ -65,6 +68,7 @@ class Instance:
         "instance_id",
         "iter_count",
         "kv_capacity_tokens",
+        "memory_s",
         "pending_pair",
         "preemptions",
         "prefilling",
@@ -107,6 +111,11 @@ class Instance:
         self.alive = True
         self.busy = False
         self.busy_s = 0.0
+        # Seconds the work done here keeps the attainable compute / HBM bandwidth busy
+        # (only when the cost model can split a step; see WorkParts).
+        self.compute_s = 0.0
+        self.memory_s = 0.0
+        self._parts = cm if isinstance(cm, WorkParts) else None
         self.version = 0
         self.iter_count = 0
         self.preemptions = 0
@@ -154,6 +163,10 @@ class Instance:
         """KV held or committed: decoding contexts (as of now), prefills in progress, KV in
         transfer here, and the prompts of queued and fetching requests."""
         return int(self.live_context()) + self._prefill_kv + self.inbound_tokens + self._queued_kv
+
+    def kv_held_tokens(self) -> int:
+        """KV resident or arriving now (no queued commitments): what occupancy reports."""
+        return int(self.live_context()) + self._prefill_kv + self.inbound_tokens
 
     def live_context(self) -> float:
         """Total decode context at the clock's time. Inside a fast-forwarded stretch the
@@ -368,6 +381,8 @@ class Instance:
                 t += cm.decode_step_time(bv, int(self._ctx))
         self._start_s = now
         self._end_s = now + t
+        if self._parts is not None and t > 0:
+            self._add_parts(b > 0)
         return t, preempted
 
     def _decode_only_steps(self) -> int:
@@ -382,6 +397,34 @@ class Instance:
             room = self.kv_capacity_tokens - self._ctx - self._prefill_kv - self.inbound_tokens
             k = min(k, int(room / g))
         return max(1, k)
+
+    def _add_parts(self, decoding: bool) -> None:
+        """Add the planned iteration's compute and memory seconds (see WorkParts)."""
+        parts = self._parts
+        assert parts is not None
+        c = m = 0.0
+        for req, chunk in self._chunks:
+            pc, pm = parts.prefill_parts(chunk, req.computed)
+            c += pc
+            m += pm
+        if decoding:
+            pc, pm = self._span_parts(self._steps)
+            c += pc
+            m += pm
+        self.compute_s += c
+        self.memory_s += m
+
+    def _span_parts(self, j: int) -> tuple[float, float]:
+        """(compute, memory) seconds of the first ``j`` decode steps, as :meth:`_span`."""
+        parts = self._parts
+        if j <= 0 or parts is None:
+            return 0.0, 0.0
+        b = self._step_batch
+        c0, m0 = parts.decode_parts(b, int(self._ctx0))
+        if j == 1:
+            return c0, m0
+        c1, m1 = parts.decode_parts(b, int(self._ctx0 + (j - 1) * self._g))
+        return j * (c0 + c1) / 2.0, j * (m0 + m1) / 2.0
 
     def _span(self, j: int) -> float:
         """Seconds of the first ``j`` steps of the current decode-only stretch.
@@ -425,6 +468,11 @@ class Instance:
         last = j + 1 >= self._steps
         s_j = self._span(j)
         new_end = self._end_s if last else self._start_s + self._span(j + 1)
+        if not last and self._parts is not None:
+            c_all, m_all = self._span_parts(self._steps)
+            c_kept, m_kept = self._span_parts(j + 1)
+            self.compute_s -= c_all - c_kept
+            self.memory_s -= m_all - m_kept
         self.iter_count += j
         self._ctx += j * self._tps_sum
         self._ctx0 = self._ctx
