@@ -352,24 +352,25 @@ class DiskTier:
     def _run_deferred(self) -> None:
         while True:
             with self._lock:
-                if self._unlinks:
+                unlinks: list[str] = []
+                while self._unlinks:
                     key = self._unlinks.popleft()
                     # Re-stored meanwhile: its new file replaces (or replaced) the old one.
-                    if key in self._files or key in self._pending:
-                        continue
-                    action: tuple[str, bytes, float] = ("unlink", key, 0.0)
-                elif self._touches:
-                    key, t = self._touches.popitem()
-                    if key not in self._files:
-                        continue
-                    action = ("touch", key, t)
-                else:
-                    return
-            with contextlib.suppress(OSError):
-                if action[0] == "unlink":
-                    os.unlink(self.path_of(action[1]))
-                else:
-                    os.utime(self.path_of(action[1]), (action[2], action[2]))
+                    if key not in self._files and key not in self._pending:
+                        unlinks.append(self.path_of(key))
+                # A block still being written keeps its touch until its file exists.
+                touches = [(k, t) for k, t in self._touches.items() if k in self._files]
+                for k, _ in touches:
+                    del self._touches[k]
+                self._touches = {k: t for k, t in self._touches.items() if k in self._pending}
+            if not unlinks and not touches:
+                return
+            for path in unlinks:
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
+            for key, t in touches:
+                with contextlib.suppress(OSError):
+                    os.utime(self.path_of(key), (t, t))
 
     # ------------------------------------------------------------------ internals
     def _forget(self, key: bytes) -> None:
