@@ -9,8 +9,9 @@ The replica receives JSON messages on its end of a pipe (no pickle crosses it)::
 and answers with ``info`` and ``ready`` once its engine is built (``fatal`` if that fails),
 ``output`` per request step, ``rejected`` for a request the engine refused, and ``state``
 whenever its load or prefix cache changed: queue and KV figures, a fitted step-time model, and
-the prefix cache's store/evict events (block hashes, as vLLM's KV events give cache-aware
-routers) so the front's router sees what this replica holds.
+the prefix cache's store/evict events (block hashes from the store's event subscription, as
+vLLM's KV events give cache-aware routers) so the front's router sees what this replica holds.
+The first ``state`` (and one after an event overflow) carries the whole set with ``reset``.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from deepinfer.engine.outputs import RequestOutput
 from deepinfer.engine.sampling_params import SamplingParams
 from deepinfer.pd.messages import params_from_json, recv, send
 from deepinfer.serve.step_model import StepTimeFit
+from deepinfer_cache import AllBlocksCleared, BlockStored
 
 IDLE_POLL_S = 0.5  # wake up this often while idle to notice a vanished front
 STATE_EVERY_S = 0.02  # at most this often a load update while busy
@@ -72,10 +74,10 @@ class Replica:
         self.engine = engine
         self.store = store
         self.fit = StepTimeFit()
-        self._held: set[int] = set()
+        self._events = store.subscribe() if store is not None else None
+        self._resync = True
         self._last_load: tuple[int, ...] = ()
         self._last_sent = 0.0
-        self._cache_dirty = True
 
     # ------------------------------------------------------------------ messages
     def on_message(self, message: dict[str, Any]) -> None:
@@ -93,7 +95,6 @@ class Replica:
                 send(self.conn, {"op": "rejected", "request_id": rid, "error": str(exc)})
         elif op == "abort":
             self.engine.abort(str(message["request_id"]))
-            self._cache_dirty = True
         else:
             raise ValueError(f"replica got unknown op {op!r}")
 
@@ -116,8 +117,6 @@ class Replica:
                 "spec": [m.num_spec_steps, m.num_accepted_drafts] if m else [0, 0],
             },
         )
-        if out.finished:
-            self._cache_dirty = True
 
     # ------------------------------------------------------------------ state
     def load(self) -> dict[str, Any]:
@@ -139,15 +138,8 @@ class Replica:
             return
         load = self.load()
         key = tuple(load.values())
-        stored: list[int] = []
-        evicted: list[int] = []
-        if self._cache_dirty and self.store is not None:
-            held = {block_key(h) for h in self.store.index.keys_parents_first()}
-            stored = sorted(held - self._held)
-            evicted = sorted(self._held - held)
-            self._held = held
-            self._cache_dirty = False
-        if not force and key == self._last_load and not stored and not evicted:
+        stored, evicted, reset = self.cache_events()
+        if not force and key == self._last_load and not stored and not evicted and not reset:
             return
         self._last_load = key
         self._last_sent = now
@@ -166,9 +158,34 @@ class Replica:
                 "step_s_per_token": b,
                 "stored": stored,
                 "evicted": evicted,
+                "reset": reset,
                 "tier_hits": tier_hits,
             },
         )
+
+    def cache_events(self) -> tuple[list[int], list[int], bool]:
+        """Blocks stored and removed since the last call (net, in event order), or the whole
+        set with ``reset`` at start, after ``clear()`` or when events overflowed."""
+        if self._events is None:
+            return [], [], False
+        present: dict[int, bool] = {}
+        reset = False
+        if self._resync or self._events.overflowed:
+            self._events.overflowed = False
+            self._events.poll()
+            self._resync = False
+            reset = True
+            present = {block_key(h): True for h in self.store.block_hashes()}
+        for event in self._events.poll():
+            if isinstance(event, AllBlocksCleared):
+                present, reset = {}, True
+                continue
+            there = isinstance(event, BlockStored)
+            for h in event.hashes:
+                present[block_key(h)] = there
+        stored = [h for h, there in present.items() if there]
+        evicted = [h for h, there in present.items() if not there]
+        return stored, evicted, reset
 
     # ------------------------------------------------------------------ loop
     def run(self) -> None:
@@ -252,6 +269,9 @@ def replica_main(conn: Connection, settings_json: str, set_threads: bool = True)
                 "max_model_len": engine.max_model_len,
                 "max_batched_tokens": engine.config.max_batched_tokens,
                 "vocab_size": engine.model.config.vocab_size,
+                # The key material the store folds into its block hashes (the front hashes
+                # prompts the same way to ask the routers which replica holds a prefix).
+                "hash_model": store.model.hex() if store is not None else "",
             },
         )
         replica.publish(force=True)
@@ -269,6 +289,8 @@ def replica_main(conn: Connection, settings_json: str, set_threads: bool = True)
                 },
             )
     finally:
+        if replica._events is not None:
+            replica._events.close()
         if store is not None:
             store.close()  # write-back tiers persist to disk; the directory lock is released
         with contextlib.suppress(OSError):

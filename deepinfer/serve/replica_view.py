@@ -27,6 +27,7 @@ class ReplicaView:
         self.step_overhead_s = 0.005
         self.step_s_per_token = 0.0005
         self.held: set[int] = set()  # block hashes the replica reported as cached
+        self.hash_model = b""  # key material the replica's cache folds into block hashes
         self._routed: dict[str, tuple[int, ...]] = {}  # in flight here: its prompt blocks
         self._expiring: list[str] = []  # finished; dropped at the next authoritative report
 
@@ -59,6 +60,7 @@ class ReplicaView:
         self.capacity_blocks = int(info["capacity_blocks"])
         self.free_blocks = self.capacity_blocks
         self.max_batched_tokens = int(info.get("max_batched_tokens", self.max_batched_tokens))
+        self.hash_model = bytes.fromhex(str(info.get("hash_model", "")))
 
     def on_state(self, state: dict[str, Any]) -> None:
         self.num_waiting = int(state["num_waiting"])
@@ -68,6 +70,8 @@ class ReplicaView:
         self.free_blocks = int(state["free_blocks"])
         self.step_overhead_s = float(state["step_overhead_s"])
         self.step_s_per_token = float(state["step_s_per_token"])
+        if state.get("reset"):
+            self.held.clear()
         self.held.difference_update(state.get("evicted", ()))
         self.held.update(state.get("stored", ()))
         for rid in self._expiring:

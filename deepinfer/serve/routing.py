@@ -29,9 +29,13 @@ class RoutedRequest:
     priority: int = 0
 
 
-def prompt_hashes(prompt_ids: list[int], block_size: int, namespace: bytes) -> tuple[int, ...]:
-    """The prompt's chained block hashes as the replicas' prefix caches compute them."""
-    return tuple(block_key(h) for h in hash_token_blocks(prompt_ids, block_size, namespace))
+def prompt_hashes(
+    prompt_ids: list[int], block_size: int, namespace: bytes, model: bytes = b""
+) -> tuple[int, ...]:
+    """The prompt's chained block hashes as the replicas' prefix caches compute them
+    (``model``: the key material their stores fold in, from the replicas' ``ready``)."""
+    hashes = hash_token_blocks(prompt_ids, block_size, namespace, model=model)
+    return tuple(block_key(h) for h in hashes)
 
 
 class LiveCostModel:

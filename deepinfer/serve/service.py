@@ -244,7 +244,9 @@ class ServeService:
         if not tracked.routed.block_hashes and tracked.prompt_ids:
             tracked.routed = dataclasses.replace(
                 tracked.routed,
-                block_hashes=prompt_hashes(tracked.prompt_ids, bs, tracked.spec.namespace),
+                block_hashes=prompt_hashes(
+                    tracked.prompt_ids, bs, tracked.spec.namespace, up[0].view.hash_model
+                ),
             )
         views = [h.view for h in up]
         chosen_view = self.router.route(tracked.routed, views)

@@ -208,3 +208,21 @@ def test_step_fit_recovers_overhead_and_per_token_cost() -> None:
     for _ in range(5):
         same.add(10, 0.01)
     assert same.coefficients() == (0.0, pytest.approx(0.001))
+
+
+def test_front_hashes_match_the_replica_store() -> None:
+    """The router only sees a replica's prefix if the front hashes prompts exactly as that
+    replica's store does (namespace and the store's model key folded in)."""
+    import torch
+
+    from deepinfer.serve.replica import block_key
+    from deepinfer_cache import HostTier, TieredKVStore
+
+    store = TieredKVStore([HostTier((2, 4), torch.float32, 1 << 20)], 4, model=b"model-key")
+    with store.subscribe() as events:
+        tokens = list(range(21))
+        store.store(tokens, torch.ones(5, 2, 4), namespace=b"user:t")
+        stored = [block_key(h) for e in events.poll() for h in e.hashes]
+    assert stored == list(prompt_hashes(tokens, 4, b"user:t", b"model-key"))
+    assert stored != list(prompt_hashes(tokens, 4, b"user:t"))
+    store.close()
