@@ -22,7 +22,12 @@ from deepinfer_sched.policies.pairing import LeastLoadedPairing
 from deepinfer_sched.policies.pd_colocated import ColocatedPD
 from deepinfer_sched.policies.pd_disaggregated import DisaggregatedPD
 from deepinfer_sched.policies.pd_per_request import PerRequestPD
-from deepinfer_sched.policies.pd_planner import PDPlan, WorkloadSummary, plan_pd_ratio
+from deepinfer_sched.policies.pd_planner import (
+    PDPlan,
+    WorkloadSummary,
+    plan_pd_ratio,
+    split_capacity,
+)
 from deepinfer_sched.policies.power_of_two import PowerOfTwoRouter
 from deepinfer_sched.policies.prefix_affinity import PrefixAffinityRouter
 from deepinfer_sched.policies.round_robin import RoundRobinRouter
@@ -66,4 +71,5 @@ __all__ = [
     "estimate_ttft",
     "plan_pd_ratio",
     "routing_cost",
+    "split_capacity",
 ]
