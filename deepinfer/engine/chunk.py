@@ -1,24 +1,20 @@
-"""What one engine step runs: a `Chunk` per sequence, and the `Speculator` seam that may run
-the step instead of the engine (``deepinfer.speculative.DSparkSpeculator``)."""
+"""What one engine step runs: a `Chunk` per sequence, gathered in a `StepBatch`."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence as Seq
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
 
-from deepinfer.engine.outputs import RequestOutput
+import torch
+
 from deepinfer.engine.sequence import Sequence
-
-if TYPE_CHECKING:
-    from deepinfer.engine.engine import LLMEngine
 
 
 @dataclass
 class Chunk:
     """One sequence's slice of the flat batch: tokens ``start .. start + length``.
 
-    ``max_drafts``: KV slots reserved past a decode token for speculative drafts.
+    ``max_drafts``: look-ahead slots the batch policy granted past a decode token (KV is
+    reserved for them); a speculator may verify up to that many drafts there.
     """
 
     seq: Sequence
@@ -26,12 +22,15 @@ class Chunk:
     length: int
     max_drafts: int = 0
 
+    @property
+    def end(self) -> int:
+        return self.start + self.length
 
-class Speculator(Protocol):
-    """Runs the engine's steps with speculative decodes (``deepinfer.speculative.DSparkSpeculator``)."""
 
-    def num_draft_slots(self, seq: Sequence, max_model_len: int) -> int: ...
+@dataclass
+class StepBatch:
+    """The scheduler's plan for one forward, and the engine's shared random generator
+    (requests with their own ``seed`` carry their own)."""
 
-    def run(self, engine: LLMEngine, chunks: Seq[Chunk]) -> list[RequestOutput]: ...
-
-    def release(self, seq_id: int) -> None: ...
+    chunks: list[Chunk]
+    generator: torch.Generator

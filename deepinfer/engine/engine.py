@@ -1,11 +1,11 @@
 """`LLMEngine`: continuous batching over a paged KV pool, one `step()` per forward pass.
 
-Each step asks `deepinfer_sched`'s batch policy what to run (decodes first, prefill chunks under
-a token budget, preemption by recompute when blocks run out), runs ONE model forward over the
-flat ragged batch (attention and KV writes go through `deepinfer_kernels`), samples the next
-token of every sequence whose KV is complete, and hands back what changed. A prefix cache (the
-`PrefixCache` seam, `deepinfer_cache` in practice) supplies KV for cached prompt prefixes when a
-sequence is admitted and keeps the full blocks of every finished sequence.
+A step flows one way: the `Scheduler` plans it (``deepinfer_sched``'s batch policy: decodes
+first with their look-ahead slots, prefill chunks under a token budget, preemption by recompute
+when blocks run out; cached prefixes come in through the `PrefixCache` seam), a `Speculator`
+(if any) proposes drafts, the `ModelRunner` runs ONE forward over the flat ragged batch, the
+speculator accepts drafts from its outputs, the runner samples the rows that did not draft, and
+the `OutputProcessor` applies stop rules to what each sequence emitted.
 """
 
 from __future__ import annotations
@@ -18,19 +18,19 @@ from collections.abc import Sequence as Seq
 
 import torch
 
-from deepinfer.engine.chunk import Chunk, Speculator
+from deepinfer.engine.chunk import StepBatch
 from deepinfer.engine.config import EngineConfig
+from deepinfer.engine.model_runner import ModelRunner
 from deepinfer.engine.output_processor import OutputProcessor
 from deepinfer.engine.outputs import RequestMetrics, RequestOutput
 from deepinfer.engine.prefix_cache import PrefixCache
-from deepinfer.engine.sampler import sample_next_tokens
 from deepinfer.engine.sampling_params import SamplingParams
-from deepinfer.engine.sequence import SeqStatus, Sequence
-from deepinfer.models.attention_metadata import AttentionMetadata
+from deepinfer.engine.scheduler import Scheduler
+from deepinfer.engine.sequence import Sequence
+from deepinfer.engine.speculation import Drafts, Speculator
 from deepinfer.models.kv_pool import KVPool
 from deepinfer.models.llama import LlamaModel
 from deepinfer.models.tokenizer import Tokenizer
-from deepinfer_sched.policies.batch import BatchConfig, ContinuousBatchPolicy, SeqState
 
 
 class LLMEngine:
@@ -60,31 +60,41 @@ class LLMEngine:
         self.tokenizer = tokenizer
         self.config = config or EngineConfig()
         cfg = self.config
-        self.device = model.embed_tokens.weight.device
         # A caller that shares the pool with a prefix cache's device tier passes it in.
         self.pool = pool or KVPool.for_weights(model, cfg.num_blocks, cfg.block_size)
-        if self.pool.block_size != cfg.block_size:
-            raise ValueError(f"pool.block_size {self.pool.block_size} != {cfg.block_size}")
-        self.policy = ContinuousBatchPolicy(
-            BatchConfig(
-                max_num_seqs=cfg.max_num_seqs,
-                max_batched_tokens=cfg.max_batched_tokens,
-                chunked_prefill=cfg.chunked_prefill,
-            )
-        )
-        self.prefix_cache = prefix_cache
-        # Blocks a prefix cache's device tier reserved are not ours to hand out.
-        self.capacity_blocks = self.pool.num_free_blocks
         self.max_model_len = cfg.max_model_len or model.config.max_position_embeddings
+        self.scheduler = Scheduler(
+            cfg,
+            self.pool,
+            prefix_cache,
+            lookahead=self._lookahead if speculator is not None else None,
+            on_release=speculator.release if speculator is not None else None,
+        )
+        self.runner = ModelRunner(model, self.pool)
+        self.prefix_cache = prefix_cache
+        self.capacity_blocks = self.scheduler.capacity_blocks
         self.generator = torch.Generator(device="cpu").manual_seed(cfg.seed)
         self._ids = itertools.count()
-        self._seqs: dict[int, Sequence] = {}
         self._by_request: dict[str, Sequence] = {}
         self.outputs = OutputProcessor(tokenizer, self.max_model_len)
-        self.waiting: deque[Sequence] = deque()
-        self.running: list[Sequence] = []
-        self.num_steps = 0
-        self.num_forward_tokens = 0
+
+    @property
+    def waiting(self) -> deque[Sequence]:
+        return self.scheduler.waiting
+
+    @property
+    def running(self) -> list[Sequence]:
+        return self.scheduler.running
+
+    @property
+    def num_steps(self) -> int:
+        """Forward passes run so far."""
+        return self.runner.num_steps
+
+    @property
+    def num_forward_tokens(self) -> int:
+        """Tokens fed to the model so far (drafts and recomputed positions included)."""
+        return self.runner.num_forward_tokens
 
     # ------------------------------------------------------------------ requests
     def validate(self, prompt_ids: Seq[int], params: SamplingParams) -> None:
@@ -139,10 +149,9 @@ class LLMEngine:
         )
         if params.seed is not None:
             seq.generator = torch.Generator(device="cpu").manual_seed(params.seed)
-        self._seqs[seq_id] = seq
-        self._by_request[request_id] = seq
         self.outputs.track(seq)
-        self.waiting.append(seq)
+        self._by_request[request_id] = seq
+        self.scheduler.add(seq)
         return request_id
 
     def add_prefilled_request(
@@ -183,9 +192,7 @@ class LLMEngine:
             self._finish(seq, "abort", save=False)
             raise
         seq.num_computed = len(seq.prompt_ids)
-        self.waiting.remove(seq)
-        self.running.append(seq)
-        seq.status = SeqStatus.RUNNING
+        self.scheduler.start_running(seq)
         return self.append_tokens(seq, [int(first_token)], time.perf_counter())
 
     def kv_block_ids(self, request_id: str) -> list[int]:
@@ -200,103 +207,55 @@ class LLMEngine:
             self._finish(seq, "abort", save=save_prefix)
 
     def has_unfinished(self) -> bool:
-        return bool(self.waiting or self.running)
+        return self.scheduler.has_unfinished()
 
     # ------------------------------------------------------------------ one iteration
     def step(self) -> list[RequestOutput]:
         """Run one forward pass; return outputs of the requests that advanced or finished."""
-        bs = self.config.block_size
-        plan = self.policy.schedule(
-            [self._state(s) for s in self.waiting],
-            [self._state(s) for s in self.running],
-            self.pool.num_free_blocks,
-            bs,
-        )
-        for seq_id in plan.preempted:
-            self._preempt(self._seqs[seq_id])
-        chunks: list[Chunk] = []
-        for seq_id in plan.decode_ids:
-            seq = self._seqs[seq_id]
-            extra = 0
-            if self.speculator is not None:
-                extra = self.speculator.num_draft_slots(seq, self.max_model_len)
-                if extra and not self._reserve(seq, seq.num_computed + 1 + extra):
-                    extra = 0
-            if self._reserve(seq, seq.num_computed + 1):
-                chunks.append(Chunk(seq, seq.num_computed, 1, extra))
-        for seq_id, length in plan.prefill_chunks:
-            seq = self._seqs[seq_id]
-            if seq.status is SeqStatus.WAITING and not self._admit(seq):
-                continue
-            length = min(length, seq.prefill_target - seq.num_computed)
-            if length > 0 and self._reserve(seq, seq.num_computed + length):
-                chunks.append(Chunk(seq, seq.num_computed, length))
-        finished = self._reject_unschedulable() if not chunks else []
+        chunks = self.scheduler.schedule()
         if not chunks:
-            return finished
-        if self.speculator is not None:
-            return finished + self.speculator.run(self, chunks)
-        return finished + self._run(chunks)
-
-    def forward_batch(
-        self,
-        seqs: Seq[Sequence],
-        starts: Seq[int],
-        tokens: Seq[Seq[int]],
-        layer_ids: Seq[int] = (),
-    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        """ONE model forward over a flat ragged batch: sequence ``i`` feeds ``tokens[i]`` at
-        positions ``starts[i]...`` (its KV up to ``starts[i]`` is already in its blocks).
-
-        Returns the final hidden states ``[T, H]`` and the outputs of ``layer_ids``.
-        """
-        input_ids = [t for toks in tokens for t in toks]
-        positions = [p for s, toks in zip(starts, tokens) for p in range(s, s + len(toks))]
-        attn = AttentionMetadata.build(
-            [seq.block_ids for seq in seqs],
-            seq_lens=[s + len(toks) for s, toks in zip(starts, tokens)],
-            query_lens=[len(toks) for toks in tokens],
-            block_size=self.config.block_size,
-            device=self.device,
-        )
-        ids = torch.tensor(input_ids, dtype=torch.int64, device=self.device)
-        pos = torch.tensor(positions, dtype=torch.int64, device=self.device)
-        with torch.inference_mode():
-            hidden, layers = self.model.forward_with_layers(ids, pos, attn, self.pool, layer_ids)
-        self.num_steps += 1
-        self.num_forward_tokens += len(input_ids)
-        return hidden, layers
-
-    def sample_next_tokens(self, seqs: Seq[Sequence], logits: torch.Tensor) -> list[int]:
-        """One token per row of ``logits`` with each request's parameters (and seed)."""
-        return sample_next_tokens(seqs, logits, self.generator)
-
-    def _run(self, chunks: list[Chunk]) -> list[RequestOutput]:
-        hidden, _ = self.forward_batch(
+            return self._reject_unschedulable()
+        batch = StepBatch(chunks, self.generator)
+        spec = self.speculator
+        if spec is not None:
+            drafts = spec.propose(batch)
+        else:
+            drafts = Drafts([c.start for c in chunks], [[] for _ in chunks])
+        out = self.runner.forward(
             [c.seq for c in chunks],
-            [c.start for c in chunks],
-            [c.seq.all_ids[c.start : c.start + c.length] for c in chunks],
+            drafts.bases,
+            [
+                c.seq.all_ids[base : c.end] + d
+                for c, base, d in zip(chunks, drafts.bases, drafts.tokens)
+            ],
+            spec.layer_ids if spec is not None else (),
         )
-
-        # Only sequences whose every token now has KV produce a next token.
-        ready: list[Chunk] = []
-        rows: list[int] = []
-        offset = 0
-        for c in chunks:
-            offset += c.length
-            c.seq.num_computed = c.start + c.length
-            if c.seq.num_computed == c.seq.num_tokens:
-                ready.append(c)
-                rows.append(offset - 1)
+        self.outputs.record_prompt_logprobs(chunks, drafts.bases, out)
+        emitted = spec.accept(batch, drafts, out) if spec is not None else [None] * len(chunks)
+        now = time.perf_counter()
         outputs: list[RequestOutput] = []
-        if ready:
-            with torch.inference_mode():
-                logits = self.model.compute_logits(hidden[rows])
-            tokens = self.sample_next_tokens([c.seq for c in ready], logits)
-            now = time.perf_counter()
-            for c, token in zip(ready, tokens):
-                outputs.append(self.append_tokens(c.seq, [token], now))
+        # Only sequences whose every token now has KV produce a next token.
+        plain: list[tuple[Sequence, int]] = []
+        for c, base, offset, tokens in zip(chunks, drafts.bases, out.offsets, emitted):
+            if tokens is not None:
+                # The anchor and the accepted drafts have KV now; stale slots past them are
+                # overwritten by the next step.
+                c.seq.num_computed = c.start + len(tokens)
+                outputs.append(self.append_tokens(c.seq, tokens, now))
+                continue
+            c.seq.num_computed = c.end
+            if c.seq.num_computed == c.seq.num_tokens:
+                plain.append((c.seq, offset + c.end - base - 1))
+        if plain:
+            rows = out.hidden[[row for _, row in plain]]
+            sampled = self.runner.sample([seq for seq, _ in plain], rows, self.generator)
+            for (seq, _), token in zip(plain, sampled):
+                outputs.append(self.append_tokens(seq, [token], now))
         return outputs
+
+    def _lookahead(self, seq: Sequence) -> int:
+        assert self.speculator is not None
+        return self.speculator.num_lookahead(seq, self.max_model_len)
 
     # ------------------------------------------------------------------ bookkeeping
     def append_tokens(self, seq: Sequence, tokens: list[int], now: float) -> RequestOutput:
@@ -309,82 +268,10 @@ class LLMEngine:
         return self.outputs.output(seq, new, new_text)
 
     def _finish(self, seq: Sequence, reason: str, *, save: bool) -> None:
-        if save and self.prefix_cache is not None and seq.num_computed >= self.config.block_size:
-            # Keep every full block of this conversation so its next turn hits.
-            self.prefix_cache.save(
-                seq.all_ids[: seq.num_computed], seq.namespace, seq.block_ids, "chat"
-            )
-        self.pool.free(seq.block_ids)
-        seq.block_ids = []
-        if self.speculator is not None:
-            self.speculator.release(seq.seq_id)
-        if seq in self.running:
-            self.running.remove(seq)
-        if seq in self.waiting:
-            self.waiting.remove(seq)
-        seq.status = SeqStatus.FINISHED
-        seq.finish_reason = reason
+        self.scheduler.finish(seq, reason, save=save)
         seq.metrics.finish_time = time.perf_counter()
-        del self._seqs[seq.seq_id]
         del self._by_request[seq.request_id]
         self.outputs.forget(seq)
-
-    def _state(self, seq: Sequence) -> SeqState:
-        # A waiting sequence's cached prefix is only looked up (and counted) when it is admitted.
-        return SeqState(
-            seq_id=seq.seq_id,
-            prompt_len=seq.prefill_target,
-            num_computed_tokens=seq.num_computed,
-            num_generated=len(seq.output_ids),
-            max_tokens=seq.params.max_tokens,
-            priority=seq.priority,
-            arrival=seq.metrics.arrival_time,
-        )
-
-    def _usable_cached(self, seq: Sequence, cached: int) -> int:
-        # At least one token must be computed so the forward yields logits for the next token.
-        bs = self.config.block_size
-        return min(cached, (seq.prefill_target - 1) // bs * bs)
-
-    def _admit(self, seq: Sequence) -> bool:
-        """Move a waiting sequence to running, loading its cached prefix into fresh blocks."""
-        bs = self.config.block_size
-        cache = self.prefix_cache
-        cached = 0
-        if cache is not None:
-            cached = self._usable_cached(seq, cache.num_cached_tokens(seq.all_ids, seq.namespace))
-        if cache is not None and cached:
-            blocks = self.pool.allocate(min(cached // bs, self.pool.num_free_blocks))
-            loaded = cache.load(seq.all_ids[:cached], seq.namespace, blocks)
-            keep = loaded // bs
-            self.pool.free(blocks[keep:])
-            seq.block_ids = blocks[:keep]
-            seq.num_computed = keep * bs
-            if seq.metrics.num_cached_tokens == 0:
-                seq.metrics.num_cached_tokens = seq.num_computed
-        self.waiting.remove(seq)
-        self.running.append(seq)
-        seq.status = SeqStatus.RUNNING
-        return True
-
-    def _reserve(self, seq: Sequence, num_tokens: int) -> bool:
-        need = seq.blocks_needed(num_tokens, self.config.block_size)
-        if need > self.pool.num_free_blocks:
-            return False
-        seq.block_ids.extend(self.pool.allocate(need))
-        return True
-
-    def _preempt(self, seq: Sequence) -> None:
-        """Drop a running sequence's KV; it re-prefills prompt + generated tokens later."""
-        self.pool.free(seq.block_ids)
-        seq.block_ids = []
-        if self.speculator is not None:
-            self.speculator.release(seq.seq_id)
-        seq.num_computed = 0
-        seq.prefill_target = seq.num_tokens
-        seq.status = SeqStatus.WAITING
-        self.running.remove(seq)
-        self.waiting.appendleft(seq)
 
     def _reject_unschedulable(self) -> list[RequestOutput]:
         """Nothing could run: with nothing running either, the head request can never fit."""

@@ -1,20 +1,22 @@
 """`DSparkSpeculator`: the engine's decode steps through a DSpark drafter.
 
-The engine hands every step's chunks to :meth:`DSparkSpeculator.run` instead of running them
-itself. One step is still ONE target forward over the flat ragged batch:
+The engine calls :meth:`DSparkSpeculator.propose` with every step's batch before its forward
+and :meth:`DSparkSpeculator.accept` with the forward's outputs after it; the speculator never
+sees the engine. One step is still ONE target forward over the flat ragged batch:
 
 1. for each decoding sequence whose drafter state is in sync, the drafter proposes ``gamma``
    tokens after the anchor (the last sampled token, which the target has not read yet);
 2. the verification scheduler (DSpark's prefix scheduler over the profiled ``SPS(B)`` curve)
-   picks ``n_b`` drafts per sequence, capped by what the request may still emit;
+   picks ``n_b`` drafts per sequence, capped by the look-ahead slots the batch policy granted
+   (which count against its token and block budget);
 3. the forward runs over prefill chunks and over ``[anchor ; d_1 .. d_n]`` of each decode
    sequence (query length ``1 + n``), capturing the drafter's target layers;
 4. ``greedy_verify`` (temperature 0) or ``speculative_verify`` (on the filtered distribution
-   the request asked for) accepts a prefix; the accepted tokens plus the correction/bonus go
-   through the engine's stop rules (a stop token mid-block truncates the rest);
-5. the KV "rollback" lowers ``num_computed`` (stale slots are overwritten next step) and the
-   drafter's ring buffer receives the context entries (keys and values of the drafter's
-   layers, ``DSparkDrafter.context_kv``) of the anchor and accepted drafts.
+   the request asked for) accepts a prefix; the engine puts the accepted tokens plus the
+   correction/bonus through its stop rules (a stop token mid-block truncates the rest);
+5. the engine's KV "rollback" lowers ``num_computed`` (stale slots are overwritten next step)
+   and the drafter's ring buffer receives the context entries (keys and values of the
+   drafter's layers, ``DSparkDrafter.context_kv``) of the anchor and accepted drafts.
 
 Invariant: a tracked sequence's context count (ring plus pending rows) equals its
 ``num_computed``. Positions the ring never saw (a prefix loaded from the cache) are recomputed,
@@ -33,15 +35,14 @@ and values are computed once per position, when it enters the ring.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import torch
 
-from deepinfer.engine.outputs import RequestOutput
+from deepinfer.engine.chunk import Chunk, StepBatch
 from deepinfer.engine.sampler import sampling_tensors
 from deepinfer.engine.sequence import Sequence
+from deepinfer.engine.speculation import Drafts, ForwardOutput
 from deepinfer_kernels import greedy_verify, sampling_probs, speculative_verify
 from deepinfer_spec import (
     ContextRing,
@@ -51,10 +52,6 @@ from deepinfer_spec import (
     apply_temperatures,
     propose,
 )
-
-if TYPE_CHECKING:
-    from deepinfer.engine.chunk import Chunk
-    from deepinfer.engine.engine import LLMEngine
 
 
 @dataclass
@@ -94,11 +91,18 @@ class _Work:
 
     @property
     def end(self) -> int:
-        return self.chunk.start + self.chunk.length
+        return self.chunk.end
 
-    @property
-    def q_len(self) -> int:
-        return self.end - self.base + len(self.drafts)
+
+@dataclass
+class DSparkDrafts(Drafts):
+    """One step's proposal plus what :meth:`DSparkSpeculator.accept` needs to verify it."""
+
+    works: list[_Work] = field(default_factory=list)
+    drafting: list[_Work] = field(default_factory=list)
+    draft: dict[str, torch.Tensor] | None = None
+    gated: bool = False
+    start: float = 0.0
 
 
 class DSparkSpeculator:
@@ -155,8 +159,8 @@ class DSparkSpeculator:
         self._free = list(range(max_seqs - 1, -1, -1))
         self.stats = SpecStats()
 
-    # ------------------------------------------------------------------ engine hooks
-    def num_draft_slots(self, seq: Sequence, max_model_len: int) -> int:
+    # ------------------------------------------------------------------ engine seam
+    def num_lookahead(self, seq: Sequence, max_model_len: int) -> int:
         """Most drafts worth verifying for ``seq`` now: ``gamma`` capped so that no verified
         token lies past what the request may still emit or past the context."""
         remaining = seq.params.max_tokens - len(seq.output_ids) - 1
@@ -171,10 +175,11 @@ class DSparkSpeculator:
             self._free.append(slot)
 
     @torch.no_grad()
-    def run(self, engine: LLMEngine, chunks: Seq[Chunk]) -> list[RequestOutput]:
-        """Run one engine step (prefill chunks and decodes) with speculative decodes."""
+    def propose(self, batch: StepBatch) -> DSparkDrafts:
+        """Draft for the decodes of ``batch`` that may draft; extend chunks back over positions
+        the drafter's context never saw."""
         start = time.perf_counter()
-        works = [self._prepare(c) for c in chunks]
+        works = [self._prepare(c) for c in batch.chunks]
         drafting = [w for w in works if w.chunk.max_drafts > 0 and self._in_sync(w)]
         gated = False
         if drafting and self.gate is not None and not self.gate.should_draft():
@@ -182,48 +187,43 @@ class DSparkSpeculator:
             drafting, gated = [], True
             self.stats.num_gated_steps += 1
         draft = self._propose(drafting)
-        model = engine.model
-        hidden, layers = engine.forward_batch(
-            [w.seq for w in works],
-            [w.base for w in works],
-            [w.seq.all_ids[w.base : w.end] + w.drafts for w in works],
-            self.layer_ids,
+        return DSparkDrafts(
+            bases=[w.base for w in works],
+            tokens=[w.drafts for w in works],
+            works=works,
+            drafting=drafting,
+            draft=draft,
+            gated=gated,
+            start=start,
         )
-        features = torch.cat(layers, dim=-1)
+
+    @torch.no_grad()
+    def accept(
+        self, batch: StepBatch, drafts: Drafts, outputs: ForwardOutput
+    ) -> list[list[int] | None]:
+        """Verify the drafts against the forward's logits; queue every row's new features."""
+        if not isinstance(drafts, DSparkDrafts) or len(drafts.works) != len(batch.chunks):
+            raise ValueError("drafts: expected this speculator's proposal for this batch")
+        works, drafting = drafts.works, drafts.drafting
+        features = torch.cat(outputs.layers, dim=-1)
         if drafting:
             self.stats.num_steps += 1
             self.stats.verified_per_step.append(sum(len(w.drafts) for w in drafting))
-
-        offsets, offset = [], 0
-        for w in works:
-            offsets.append(offset)
-            offset += w.q_len
-        accepted = self._verify(engine, works, offsets, hidden, draft)
-        now = time.perf_counter()
-        outputs: list[RequestOutput] = []
-        plain_ready: list[tuple[_Work, int]] = []
-        for w, off in zip(works, offsets):
+        accepted = self._verify(works, outputs, drafts.draft, batch.generator)
+        emitted: list[list[int] | None] = []
+        for w, off in zip(works, outputs.offsets):
             known = w.end - w.base
             if w.draft_row >= 0:
                 num_acc, tokens = accepted[w.draft_row]
-                w.seq.num_computed = w.chunk.start + 1 + num_acc
                 self._append_features(w, features[off : off + known + num_acc])
                 self._record(w, num_acc, len(tokens))
-                outputs.append(engine.append_tokens(w.seq, tokens, now))
-                continue
-            w.seq.num_computed = w.end
-            self._append_features(w, features[off : off + known])
-            if w.seq.num_computed == w.seq.num_tokens:
-                plain_ready.append((w, off + known - 1))
-        if plain_ready:
-            with torch.inference_mode():
-                logits = model.compute_logits(hidden[[row for _, row in plain_ready]])
-            sampled = engine.sample_next_tokens([w.seq for w, _ in plain_ready], logits)
-            for (w, _), token in zip(plain_ready, sampled):
-                outputs.append(engine.append_tokens(w.seq, [token], now))
-        if self.gate is not None and (drafting or gated):
-            self._inform_gate(works, drafting, accepted, time.perf_counter() - start)
-        return outputs
+                emitted.append(tokens)
+            else:
+                self._append_features(w, features[off : off + known])
+                emitted.append(None)
+        if self.gate is not None and (drafting or drafts.gated):
+            self._inform_gate(works, drafting, accepted, time.perf_counter() - drafts.start)
+        return emitted
 
     def _inform_gate(
         self,
@@ -315,31 +315,29 @@ class DSparkSpeculator:
 
     def _verify(
         self,
-        engine: LLMEngine,
         works: list[_Work],
-        offsets: list[int],
-        hidden: torch.Tensor,
+        outputs: ForwardOutput,
         draft: dict[str, torch.Tensor] | None,
+        generator: torch.Generator,
     ) -> dict[int, tuple[int, list[int]]]:
         """``draft_row -> (num_accepted, emitted tokens)`` for every drafting sequence."""
         if draft is None:
             return {}
-        rows = [(w, off) for w, off in zip(works, offsets) if w.draft_row >= 0]
+        rows = [(w, off) for w, off in zip(works, outputs.offsets) if w.draft_row >= 0]
         n = draft["n"]
         # At least one draft column: the verify kernels take [B, G >= 1] (n = 0 rows are fine).
         width = max(int(n.max()), 1) + 1
         batch = len(rows)
-        vocab = engine.model.config.vocab_size
         # Row b's verify block: the anchor's row then its drafts', padded by repeating the last.
         index = torch.tensor(
             [
                 [off + (w.end - w.base) - 1 + min(j, len(w.drafts)) for j in range(width)]
                 for w, off in rows
             ],
-            device=hidden.device,
+            device=outputs.hidden.device,
         )
-        with torch.inference_mode():
-            logits = engine.model.compute_logits(hidden[index.reshape(-1)]).float()
+        logits = outputs.logits(index.reshape(-1)).float()
+        vocab = logits.shape[-1]
         logits = logits.reshape(batch, width, vocab).cpu()
         drafts = draft["tokens"][:, : width - 1].cpu()
         result: dict[int, tuple[int, list[int]]] = {}
@@ -364,7 +362,7 @@ class DSparkSpeculator:
                 draft["probs"][s, : width - 1].cpu(),
                 target,
                 n[s],
-                generator=engine.generator,
+                generator=generator,
             )
             self._collect(result, [rows[i][0] for i in sampled], res)
         return result

@@ -78,12 +78,12 @@ class RecordingSpeculator(DSparkSpeculator):
         super().__init__(*args, **kwargs)
         self.steps: list[tuple[int, list[int]]] = []
 
-    def run(self, engine, chunks):
-        outs = super().run(engine, chunks)
-        prefill = sum(c.length for c in chunks if c.seq.num_computed < c.seq.prefill_target)
-        verify = [len(w) for w in self.last_drafts]
-        self.steps.append((prefill, verify))
-        return outs
+    def propose(self, batch):
+        self.last_drafts = []
+        prefill = sum(c.length for c in batch.chunks if c.seq.num_computed < c.seq.prefill_target)
+        drafts = super().propose(batch)
+        self.steps.append((prefill, [len(w) for w in self.last_drafts]))
+        return drafts
 
     def _propose(self, drafting):
         out = super()._propose(drafting)
@@ -272,7 +272,7 @@ def test_profile_target_sps_returns_a_curve_and_frees_blocks(model) -> None:
         profile_target_sps(model, KVPool.for_model(model.config, 2, 4), (64,), context=8)
 
 
-def test_num_draft_slots_caps(model, greedy_reference) -> None:
+def test_num_lookahead_caps(model, greedy_reference) -> None:
     _, expected = greedy_reference
     spec = DSparkSpeculator(
         oracle_drafter(model, expected), PrefixScheduler(SPSCurve.flat()), max_seqs=2
@@ -280,11 +280,11 @@ def test_num_draft_slots_caps(model, greedy_reference) -> None:
     engine = LLMEngine(model, None, CFG, speculator=spec)
     engine.add_request([5, 6, 7], SamplingParams(temperature=0, max_tokens=3))
     seq = engine.waiting[0]
-    assert spec.num_draft_slots(seq, 100) == 2  # max_tokens - 0 generated - 1
-    assert spec.num_draft_slots(seq, 5) == 2
-    assert spec.num_draft_slots(seq, 4) == 1  # context room
+    assert spec.num_lookahead(seq, 100) == 2  # max_tokens - 0 generated - 1
+    assert spec.num_lookahead(seq, 5) == 2
+    assert spec.num_lookahead(seq, 4) == 1  # context room
     seq.output_ids.extend([1, 1])
-    assert spec.num_draft_slots(seq, 100) == 0
+    assert spec.num_lookahead(seq, 100) == 0
     with pytest.raises(ValueError, match="max_seqs"):
         DSparkSpeculator(spec.drafter, spec.scheduler, max_seqs=0)
     with pytest.raises(ValueError, match="sts_greedy"):

@@ -67,6 +67,27 @@ def test_without_chunking_prompts_are_whole_or_alone() -> None:
     assert plan.prefill_chunks == [] and plan.decode_ids == [9]
 
 
+def test_lookahead_slots_count_against_token_and_block_budget() -> None:
+    pol = ContinuousBatchPolicy(BatchConfig(max_batched_tokens=12))
+    # 15 tokens have KV: the decode token fills block 0, slots spill into further blocks.
+    ahead = [
+        SeqState(1, prompt_len=15, num_computed_tokens=15, max_tokens=99, num_lookahead=5),
+        SeqState(2, prompt_len=15, num_computed_tokens=15, max_tokens=99, num_lookahead=5),
+    ]
+    plan = pol.schedule([SeqState(3, prompt_len=50)], ahead, free_kv_blocks=10, block_size=16)
+    assert plan.lookahead == {1: 5, 2: 5}
+    # Two decode tokens and ten drafts fill the 12-token budget: no room for the prompt.
+    assert plan.prefill_chunks == [] and plan.num_batched_tokens == 12
+    # One free block: the first decode's slots take it, the second gets none (no preemption).
+    plan = pol.schedule([], ahead, free_kv_blocks=1, block_size=16)
+    assert plan.lookahead == {1: 5} and plan.preempted == []
+    # Token budget smaller than the asks: trimmed in decode order.
+    tight = ContinuousBatchPolicy(BatchConfig(max_batched_tokens=5))
+    assert tight.schedule([], ahead, 10, 16).lookahead == {1: 3}
+    with pytest.raises(ValueError, match="num_lookahead"):
+        SeqState(1, prompt_len=1, num_lookahead=-1)
+
+
 def test_kv_exhaustion_preempts_lowest_priority_latest_arrival() -> None:
     pol = ContinuousBatchPolicy(BatchConfig())
     # Three decodes on a block boundary need 3 fresh blocks; only 1 is free.
@@ -107,6 +128,7 @@ seq_states = st.builds(
     max_tokens=st.integers(1, 50),
     priority=st.integers(0, 2),
     arrival=st.floats(0, 10),
+    num_lookahead=st.integers(0, 6),
 )
 
 
@@ -158,6 +180,12 @@ def test_plan_invariants(
     # KV blocks: new blocks needed never exceed what is free plus what preemption freed.
     freed = sum(-(-by_id[i].num_computed_tokens // block_size) for i in pre)
     need = sum(1 for i in dec if by_id[i].num_computed_tokens % block_size == 0)
+    # Look-ahead slots: only decodes get them, at most what they asked for, in their blocks.
+    assert set(plan.lookahead) <= dec
+    for i, slots in plan.lookahead.items():
+        c = by_id[i].num_computed_tokens
+        assert 0 < slots <= by_id[i].num_lookahead
+        need += -(-(c + 1 + slots) // block_size) - -(-(c + 1) // block_size)
     for i, n in plan.prefill_chunks:
         c = by_id[i].num_computed_tokens
         need += -(-(c + n) // block_size) - -(-c // block_size)

@@ -1,0 +1,68 @@
+"""`ModelRunner`: one forward over a flat ragged batch, the LM head, and sampling."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence as Seq
+
+import torch
+
+from deepinfer.engine.sampler import sample_next_tokens
+from deepinfer.engine.sequence import Sequence
+from deepinfer.engine.speculation import ForwardOutput
+from deepinfer.models.attention_metadata import AttentionMetadata
+from deepinfer.models.kv_pool import KVPool
+from deepinfer.models.llama import LlamaModel
+
+
+class ModelRunner:
+    """Runs ``model`` over the paged KV in ``pool``; returns hidden states and token ids."""
+
+    def __init__(self, model: LlamaModel, pool: KVPool) -> None:
+        self.model = model
+        self.pool = pool
+        self.device = model.embed_tokens.weight.device
+        self.num_steps = 0
+        self.num_forward_tokens = 0
+
+    def forward(
+        self,
+        seqs: Seq[Sequence],
+        starts: Seq[int],
+        tokens: Seq[Seq[int]],
+        layer_ids: Seq[int] = (),
+    ) -> ForwardOutput:
+        """ONE model forward: sequence ``i`` feeds ``tokens[i]`` at positions ``starts[i]...``
+        (its KV up to ``starts[i]`` is already in its blocks); captures ``layer_ids``."""
+        input_ids = [t for toks in tokens for t in toks]
+        positions = [p for s, toks in zip(starts, tokens) for p in range(s, s + len(toks))]
+        attn = AttentionMetadata.build(
+            [seq.block_ids for seq in seqs],
+            seq_lens=[s + len(toks) for s, toks in zip(starts, tokens)],
+            query_lens=[len(toks) for toks in tokens],
+            block_size=self.pool.block_size,
+            device=self.device,
+        )
+        ids = torch.tensor(input_ids, dtype=torch.int64, device=self.device)
+        pos = torch.tensor(positions, dtype=torch.int64, device=self.device)
+        with torch.inference_mode():
+            hidden, layers = self.model.forward_with_layers(ids, pos, attn, self.pool, layer_ids)
+        self.num_steps += 1
+        self.num_forward_tokens += len(input_ids)
+        offsets, offset = [], 0
+        for toks in tokens:
+            offsets.append(offset)
+            offset += len(toks)
+
+        def logits(rows: torch.Tensor) -> torch.Tensor:
+            with torch.inference_mode():
+                return self.model.compute_logits(hidden[rows])
+
+        return ForwardOutput(hidden, list(layers), offsets, logits)
+
+    def sample(
+        self, seqs: Seq[Sequence], hidden: torch.Tensor, generator: torch.Generator
+    ) -> list[int]:
+        """One token per row of ``hidden`` with each request's parameters (and seed)."""
+        with torch.inference_mode():
+            logits = self.model.compute_logits(hidden)
+        return sample_next_tokens(seqs, logits, generator)
