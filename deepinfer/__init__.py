@@ -10,11 +10,14 @@ Example::
 """
 
 from deepinfer.engine import (
+    CompletionOutput,
     EngineConfig,
     LLMEngine,
+    Logprob,
     RequestMetrics,
     RequestOutput,
     SamplingParams,
+    StructuredOutputsParams,
 )
 from deepinfer.engine.cache_setup import PrefixCacheConfig
 from deepinfer.llm import LLM, BuiltEngine, build_engine
@@ -24,12 +27,15 @@ __version__ = "0.8.0"
 __all__ = [
     "LLM",
     "BuiltEngine",
+    "CompletionOutput",
     "EngineConfig",
     "LLMEngine",
+    "Logprob",
     "PrefixCacheConfig",
     "RequestMetrics",
     "RequestOutput",
     "SamplingParams",
+    "StructuredOutputsParams",
     "__version__",
     "build_engine",
 ]

@@ -32,11 +32,22 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
 
 
 def _add_sampling_args(p: argparse.ArgumentParser) -> None:
+    # Defaults are SamplingParams' own (vLLM's), so the CLI and the API sample alike.
     p.add_argument("--max-tokens", type=int, default=64)
-    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument(
+        "--temperature", type=float, default=1.0, help="0 = greedy (default 1.0, as vLLM)"
+    )
     p.add_argument("--top-k", type=int, default=-1)
     p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--min-p", type=float, default=0.0)
     p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
+    p.add_argument("--min-tokens", type=int, default=0)
+    p.add_argument("--repetition-penalty", type=float, default=1.0)
+    p.add_argument("--presence-penalty", type=float, default=0.0)
+    p.add_argument("--frequency-penalty", type=float, default=0.0)
+    p.add_argument("--regex", default=None, help="constrain the output to this regex")
+    p.add_argument("--json-schema", default=None, help="constrain the output to this JSON schema")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -103,14 +114,24 @@ def _make_llm(args: argparse.Namespace):  # type: ignore[no-untyped-def]
 
 
 def _sampling(args: argparse.Namespace):  # type: ignore[no-untyped-def]
-    from deepinfer.engine import SamplingParams
+    from deepinfer.engine import SamplingParams, StructuredOutputsParams
 
+    structured = None
+    if args.regex is not None or args.json_schema is not None:
+        structured = StructuredOutputsParams(regex=args.regex, json=args.json_schema)
     return SamplingParams(
         temperature=args.temperature,
         top_k=args.top_k,
         top_p=args.top_p,
+        min_p=args.min_p,
         max_tokens=args.max_tokens,
+        min_tokens=args.min_tokens,
         seed=args.seed,
+        stop=args.stop,
+        repetition_penalty=args.repetition_penalty,
+        presence_penalty=args.presence_penalty,
+        frequency_penalty=args.frequency_penalty,
+        structured_outputs=structured,
     )
 
 

@@ -13,14 +13,15 @@ import itertools
 import os
 from collections.abc import Iterator, Mapping
 from collections.abc import Sequence as Seq
-from dataclasses import dataclass
-from typing import Any, Protocol, cast
+from dataclasses import dataclass, replace
+from typing import Any, Protocol, cast, overload
 
 import torch
 
 from deepinfer.engine.cache_setup import PrefixCacheConfig, build_engine_kv
 from deepinfer.engine.config import EngineConfig
 from deepinfer.engine.engine import LLMEngine
+from deepinfer.engine.fanout import fan_out, merge
 from deepinfer.engine.outputs import RequestMetrics, RequestOutput
 from deepinfer.engine.sampling_params import SamplingParams
 from deepinfer.models.loader import LoadedModel, load_model
@@ -305,18 +306,21 @@ class LLM:
         )
         params = _per_request(sampling_params or SamplingParams(), len(batch), "sampling_params")
         spaces = _per_request(namespace, len(batch), "namespace")
-        order: list[str] = []
+        groups: list[list[str]] = []  # one engine request per completion (n, best_of)
         done: dict[str, RequestOutput] = {}
         for prompt, p, ns in zip(batch, params, spaces):
-            rid, failed = self._submit(prompt, p, ns)
-            order.append(rid)
-            if failed is not None:
-                done[rid] = failed
+            groups.append([])
+            for child in fan_out(p):
+                rid, failed = self._submit(prompt, child, ns)
+                groups[-1].append(rid)
+                if failed is not None:
+                    done[rid] = failed
+        order = [rid for group in groups for rid in group]
         bar = None
         if use_tqdm:
             from tqdm import tqdm  # optional progress bar, imported only when asked for
 
-            bar = tqdm(total=len(batch), initial=len(done), desc="generate", unit="req")
+            bar = tqdm(total=len(order), initial=len(done), desc="generate", unit="req")
         for out in self.client.run_until(set(order) - set(done)):
             if out.finished and out.request_id in order:
                 done[out.request_id] = out
@@ -324,7 +328,7 @@ class LLM:
                     bar.update(1)
         if bar is not None:
             bar.close()
-        return [done[rid] for rid in order]
+        return [merge(p, [done[rid] for rid in group]) for p, group in zip(params, groups)]
 
     def stream(
         self,
@@ -337,7 +341,11 @@ class LLM:
 
         Other requests already queued on this engine keep running alongside.
         """
-        rid, failed = self._submit(prompt, sampling_params or SamplingParams(), namespace)
+        params = sampling_params or SamplingParams()
+        if isinstance(params, SamplingParams) and params.num_candidates > 1:
+            yield from self._stream_many(prompt, params, namespace)
+            return
+        rid, failed = self._submit(prompt, params, namespace)
         if failed is not None:
             yield failed
             return
@@ -345,17 +353,75 @@ class LLM:
             if out.request_id == rid:
                 yield out
 
+    def _stream_many(
+        self, prompt: Prompt, params: SamplingParams, namespace: bytes
+    ) -> Iterator[RequestOutput]:
+        """``n > 1``: each yield carries the completion that advanced (its ``index`` set); the
+        last one, once all are done, carries every completion."""
+        if params.num_candidates > params.n:
+            raise ValueError("stream: best_of > n cannot stream (the best are known at the end)")
+        rids: list[str] = []
+        latest: dict[str, RequestOutput] = {}
+        for child in fan_out(params):
+            rid, failed = self._submit(prompt, child, namespace)
+            rids.append(rid)
+            if failed is not None:
+                latest[rid] = failed
+        if len(latest) == len(rids):
+            yield merge(params, [latest[r] for r in rids])
+            return
+        for out in self.client.run_until(set(rids) - set(latest)):
+            if out.request_id not in rids:
+                continue
+            latest[out.request_id] = out
+            if len(latest) == len(rids) and all(o.finished for o in latest.values()):
+                yield merge(params, [latest[r] for r in rids])
+                return
+            index = rids.index(out.request_id)
+            # One completion finishing does not finish the request (its outputs[0] says so).
+            yield replace(
+                out, finished=False, outputs=[replace(c, index=index) for c in out.outputs]
+            )
+
+    @overload
     def chat(
         self,
         messages: Seq[Mapping[str, Any]],
-        sampling_params: SamplingParams | None = None,
+        sampling_params: SamplingParams | Seq[SamplingParams] | None = None,
         *,
-        namespace: bytes = b"",
-    ) -> RequestOutput:
-        """Render ``messages`` with the model's chat template and generate the reply."""
-        prompt = self.loaded.chat_template.render(messages, add_generation_prompt=True)
-        ids = self.tokenizer.encode(prompt, add_bos=False)
-        return self.generate([ids], sampling_params, namespace=namespace)[0]
+        namespace: bytes | Seq[bytes] = b"",
+    ) -> RequestOutput: ...
+    @overload
+    def chat(
+        self,
+        messages: Seq[Seq[Mapping[str, Any]]],
+        sampling_params: SamplingParams | Seq[SamplingParams] | None = None,
+        *,
+        namespace: bytes | Seq[bytes] = b"",
+    ) -> list[RequestOutput]: ...
+    def chat(
+        self,
+        messages: Seq[Mapping[str, Any]] | Seq[Seq[Mapping[str, Any]]],
+        sampling_params: SamplingParams | Seq[SamplingParams] | None = None,
+        *,
+        namespace: bytes | Seq[bytes] = b"",
+    ) -> RequestOutput | list[RequestOutput]:
+        """Render ``messages`` with the model's chat template and generate the reply.
+
+        ``messages`` is one conversation (a list of ``{"role", "content"}`` dicts: returns one
+        output) or a list of conversations (batched together: returns one output each, in
+        order; ``sampling_params`` and ``namespace`` may then be one per conversation).
+        """
+        single = not messages or isinstance(messages[0], Mapping)
+        conversations = [messages] if single else list(messages)
+        prompts: list[Prompt] = []
+        for conv in conversations:
+            text = self.loaded.chat_template.render(
+                cast(Seq[Mapping[str, Any]], conv), add_generation_prompt=True
+            )
+            prompts.append(self.tokenizer.encode(text, add_bos=False))
+        outs = self.generate(prompts, sampling_params, namespace=namespace)
+        return outs[0] if single else outs
 
 
 def _worker_speculative(speculative: SpeculativeSpec) -> str | None:

@@ -15,15 +15,21 @@ Example::
 
 from deepinfer.engine.config import EngineConfig
 from deepinfer.engine.engine import LLMEngine
-from deepinfer.engine.outputs import RequestMetrics, RequestOutput
+from deepinfer.engine.logits_processor import LogitsProcessor
+from deepinfer.engine.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
 from deepinfer.engine.prefix_cache import PrefixCache
 from deepinfer.engine.sampling_params import SamplingParams
+from deepinfer.engine.structured_params import StructuredOutputsParams
 
 __all__ = [
+    "CompletionOutput",
     "EngineConfig",
     "LLMEngine",
+    "LogitsProcessor",
+    "Logprob",
     "PrefixCache",
     "RequestMetrics",
     "RequestOutput",
     "SamplingParams",
+    "StructuredOutputsParams",
 ]

@@ -76,7 +76,7 @@ class LLMEngine:
         self.generator = torch.Generator(device="cpu").manual_seed(cfg.seed)
         self._ids = itertools.count()
         self._by_request: dict[str, Sequence] = {}
-        self.outputs = OutputProcessor(tokenizer, self.max_model_len)
+        self.outputs = OutputProcessor(tokenizer, self.max_model_len, model.config.vocab_size)
 
     @property
     def waiting(self) -> deque[Sequence]:
@@ -149,7 +149,7 @@ class LLMEngine:
         )
         if params.seed is not None:
             seq.generator = torch.Generator(device="cpu").manual_seed(params.seed)
-        self.outputs.track(seq)
+        self.outputs.track(seq)  # may refuse the request (e.g. a grammar that does not compile)
         self._by_request[request_id] = seq
         self.scheduler.add(seq)
         return request_id

@@ -1,4 +1,11 @@
-"""Turning a batch of logits into next tokens with each request's own `SamplingParams`."""
+"""Turning a batch of logits into next tokens with each request's own `SamplingParams`.
+
+`sample_next_tokens` is the one sampling entry point of the engine. Per row it records the raw
+log-probabilities when the request reports them, rewrites the logits of requests that ask for
+penalties, bias, bans, a structured-output mask or their own processors
+(``logits_processing``), then draws with ``deepinfer_kernels.sample``. Requests that use none
+of these take exactly the path they took before.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +13,8 @@ from collections.abc import Sequence as Seq
 
 import torch
 
+from deepinfer.engine.logits_processing import process_rows, rows_for_block, rows_for_step
+from deepinfer.engine.logprobs import raw_logprobs
 from deepinfer.engine.sampling_params import SamplingParams
 from deepinfer.engine.sequence import Sequence
 from deepinfer_kernels import sample
@@ -33,6 +42,7 @@ def sample_next_tokens(
 ) -> list[int]:
     """One token per row of ``logits``; seeded requests draw from their own generator, the rest
     from ``shared``."""
+    logits = prepare_logits(seqs, logits)
     if seqs and all(s.params.temperature == 0 for s in seqs):
         # All greedy (no draw, so no generator matters): one pass over the logits gives each
         # row's first maximal index, as ``sample`` picks, and its maximum, which is NaN or
@@ -54,4 +64,70 @@ def sample_next_tokens(
         )
         for i, token in zip(rows, drawn.tolist()):
             out[i] = int(token)
+    return out
+
+
+def prepare_logits(seqs: Seq[Sequence], logits: torch.Tensor) -> torch.Tensor:
+    """Record raw log-probabilities for requests that report them and apply each request's
+    logits processing; rows of plain requests come back unchanged (and no copy is made when
+    there are only such rows)."""
+    keep = [i for i, s in enumerate(seqs) if s.state is not None and s.params.needs_logprobs]
+    if keep:
+        rows = raw_logprobs(logits[keep].cpu())
+        for j, i in enumerate(keep):
+            state = seqs[i].state
+            assert state is not None
+            state.pending_logprobs = rows[j : j + 1]
+    todo = [i for i, s in enumerate(seqs) if s.params.needs_processing]
+    if not todo:
+        return logits
+    out = logits.float().cpu().clone()
+    out[todo] = process_rows(rows_for_step([seqs[i] for i in todo]), out[todo])
+    rescue_dead_rows([seqs[i] for i in todo], out, todo)
+    return out
+
+
+def rescue_dead_rows(
+    seqs: Seq[Sequence], logits: torch.Tensor, rows: Seq[int], *, mark: bool = True
+) -> None:
+    """A row whose processing allowed no token at all (a grammar in its error state, a
+    ``logits_processor`` that masked everything) would make ``sample`` refuse the whole batch:
+    that request alone is ended instead, by allowing only its EOS token (``mark``: the request
+    finishes when that token is appended, even with ``ignore_eos``; a verify block leaves it
+    unmarked, as its later positions may never be emitted)."""
+    dead = ~torch.isfinite(logits[list(rows)]).any(dim=-1)
+    for k in dead.nonzero().flatten().tolist():
+        seq, row = seqs[k], rows[k]
+        eos = seq.state.eos_token_id if seq.state is not None else None
+        logits[row] = float("-inf")
+        logits[row, eos if eos is not None else 0] = 0.0
+        if mark and seq.state is not None:
+            seq.state.dead_end = True
+
+
+def prepare_verify_logits(
+    seqs: Seq[Sequence], drafts: Seq[Seq[int]], logits: torch.Tensor
+) -> torch.Tensor:
+    """The speculative verifier's seam: ``logits`` ``[B, W, V]`` of verify blocks (row ``b``,
+    position ``j`` follows request ``b``'s first ``j`` drafts) with each request's processing
+    applied per position, exactly as ``sample_next_tokens`` would at that position.
+
+    Verification against these target logits stays lossless for any draft distribution:
+    rejection sampling reproduces the (processed) target law whatever the drafter proposed, and
+    a draft the mask forbids has target probability 0, so it is always rejected and the
+    correction is drawn from the masked residual. Raw log-probabilities of every position are
+    kept for requests that report them (``OutputProcessor.append`` takes the emitted ones).
+    """
+    out = logits
+    for b, seq in enumerate(seqs):
+        state = seq.state
+        if state is not None and seq.params.needs_logprobs:
+            state.pending_logprobs = raw_logprobs(logits[b].cpu())
+        if not seq.params.needs_processing:
+            continue
+        if out is logits:
+            out = logits.float().cpu().clone()
+        width = out.shape[1]
+        out[b] = process_rows(rows_for_block(seq, drafts[b], width), out[b])
+        rescue_dead_rows([seq] * width, out[b], range(width), mark=False)
     return out

@@ -1,55 +1,259 @@
-"""`SamplingParams`: how one request turns logits into tokens (vLLM-style names)."""
+"""`SamplingParams`: how one request turns logits into tokens (vLLM's field names and defaults)."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from deepinfer.engine.logits_processor import LogitsProcessor
+from deepinfer.engine.structured_params import StructuredOutputsParams
+
+# The logprobs a request may ask for per position (vLLM's default cap is 20).
+MAX_LOGPROBS = 20
+
+
+def _number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """Per-request sampling settings.
+    """Per-request sampling settings, as vLLM's ``SamplingParams`` names them.
 
-    ``temperature == 0`` is greedy decoding. ``top_k <= 0`` and ``top_p == 1`` disable those
-    filters; ``min_p == 0`` disables min-p. Generation stops after ``max_tokens`` tokens, at an
-    end-of-sequence token (unless ``ignore_eos``), or at any id in ``stop_token_ids``.
+    Sampling: ``temperature == 0`` is greedy decoding (the default, 1.0, samples). ``top_k <= 0``
+    and ``top_p == 1`` disable those filters; ``min_p == 0`` disables min-p. ``seed`` gives the
+    request its own random stream.
+
+    Logits processing, applied in this order before temperature: ``repetition_penalty``
+    (CTRL-style, on prompt and output tokens: positive logits divided, negative multiplied),
+    ``frequency_penalty`` (minus count of each token in the output) and ``presence_penalty``
+    (minus once per token present in the output), ``logit_bias`` (added by token id),
+    ``allowed_token_ids``, the EOS/stop-token ban while fewer than ``min_tokens`` are out, the
+    ``structured_outputs`` token mask, then ``logits_processors`` in order.
+
+    Stopping: after ``max_tokens`` tokens; at EOS (unless ``ignore_eos``) or any id in
+    ``stop_token_ids``; when the detokenised output contains one of the ``stop`` strings (matched
+    on text, so across token boundaries; the string is cut from the output unless
+    ``include_stop_str_in_output``). ``finish_reason`` is ``"stop"`` or ``"length"``;
+    ``stop_reason`` says which stop string or token id ended it (``None`` for EOS).
+
+    Several completions: ``n`` per prompt (``RequestOutput.outputs``); with ``best_of > n``
+    that many are generated and the ``n`` of highest cumulative log-probability returned.
+
+    Log-probabilities: ``logprobs=k`` returns, per generated token, the chosen token's and the
+    top ``k`` (``0``: the chosen one only); ``prompt_logprobs=k`` the same per prompt token.
+    They are of the model's raw distribution (``log_softmax`` of the logits before any
+    processing, as vLLM's default ``raw_logprobs``).
 
     Example::
 
-        params = SamplingParams(temperature=0.0, max_tokens=32)
+        params = SamplingParams(temperature=0.0, max_tokens=32, stop=["\\n\\n"])
     """
 
+    n: int = 1
+    best_of: int | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
     temperature: float = 1.0
-    top_k: int = -1
     top_p: float = 1.0
+    top_k: int = -1
     min_p: float = 0.0
-    max_tokens: int = 16
-    stop_token_ids: Sequence[int] = field(default_factory=tuple)
-    ignore_eos: bool = False
     seed: int | None = None
+    stop: str | Sequence[str] | None = None
+    stop_token_ids: Sequence[int] = field(default_factory=tuple)
+    include_stop_str_in_output: bool = False
+    ignore_eos: bool = False
+    max_tokens: int = 16
+    min_tokens: int = 0
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
+    skip_special_tokens: bool = True
+    logits_processors: Sequence[LogitsProcessor] = field(default_factory=tuple)
+    logit_bias: Mapping[int, float] | None = None
+    allowed_token_ids: Sequence[int] | None = None
+    structured_outputs: StructuredOutputsParams | None = None
+    # Prefix cache: the retention class the request's KV blocks are kept under ("chat" 7 days,
+    # "agent" 3 days in deepinfer_cache's default policy; the cache's policy validates it).
+    retention: str = "chat"
 
     def __post_init__(self) -> None:
-        if not isinstance(self.temperature, (int, float)) or not math.isfinite(self.temperature):
+        self._check_sampling()
+        self._check_stopping()
+        self._check_processing()
+        if not isinstance(self.retention, str) or not 0 < len(self.retention.encode()) <= 32:
+            raise ValueError(f"retention must be a 1-32 byte class name, got {self.retention!r}")
+
+    # ------------------------------------------------------------------ validation
+    def _set(self, name: str, value: object) -> None:
+        object.__setattr__(self, name, value)
+
+    def _check_sampling(self) -> None:
+        if not _number(self.temperature) or not math.isfinite(self.temperature):
             raise ValueError(f"temperature must be a finite number, got {self.temperature!r}")
         if self.temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        if not isinstance(self.top_k, int) or isinstance(self.top_k, bool):
+        if not _int(self.top_k):
             raise ValueError(f"top_k must be an int (<= 0 disables it), got {self.top_k!r}")
-        if not isinstance(self.top_p, (int, float)) or not 0.0 < self.top_p <= 1.0:
+        if not _number(self.top_p) or not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
-        if not isinstance(self.min_p, (int, float)) or not 0.0 <= self.min_p <= 1.0:
+        if not _number(self.min_p) or not 0.0 <= self.min_p <= 1.0:
             raise ValueError(f"min_p must be in [0, 1], got {self.min_p!r}")
-        if not isinstance(self.max_tokens, int) or isinstance(self.max_tokens, bool):
+        if self.seed is not None and not _int(self.seed):
+            raise ValueError(f"seed must be an int or None, got {self.seed!r}")
+        if not _int(self.n) or self.n < 1:
+            raise ValueError(f"n must be an int >= 1, got {self.n!r}")
+        if self.best_of is not None:
+            if not _int(self.best_of) or self.best_of < self.n:
+                raise ValueError(f"best_of must be an int >= n ({self.n}), got {self.best_of!r}")
+            if self.best_of > 1 and self.temperature == 0:
+                raise ValueError("best_of > 1 needs temperature > 0 (greedy candidates are equal)")
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            if value is not None and (not _int(value) or not 0 <= value <= MAX_LOGPROBS):
+                raise ValueError(
+                    f"{name} must be None or an int in [0, {MAX_LOGPROBS}], got {value!r}"
+                )
+
+    def _check_stopping(self) -> None:
+        if not _int(self.max_tokens):
             raise ValueError(f"max_tokens must be an int, got {self.max_tokens!r}")
         if self.max_tokens <= 0:
             raise ValueError(f"max_tokens must be > 0, got {self.max_tokens}")
-        if any(not isinstance(t, int) or t < 0 for t in self.stop_token_ids):
+        if not _int(self.min_tokens) or not 0 <= self.min_tokens <= self.max_tokens:
+            raise ValueError(
+                f"min_tokens must be an int in [0, max_tokens={self.max_tokens}], "
+                f"got {self.min_tokens!r}"
+            )
+        if isinstance(self.stop_token_ids, (str, bytes)) or any(
+            not _int(t) or t < 0 for t in self.stop_token_ids
+        ):
             raise ValueError(
                 f"stop_token_ids must be non-negative ints, got {self.stop_token_ids!r}"
             )
-        object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
+        self._set("stop_token_ids", tuple(self.stop_token_ids))
+        stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or ())
+        if any(not isinstance(s, str) or not s for s in stop):
+            raise ValueError(f"stop must be a str or a list of non-empty str, got {self.stop!r}")
+        self._set("stop", tuple(stop))
+        for name in ("include_stop_str_in_output", "ignore_eos", "skip_special_tokens"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
 
+    def _check_processing(self) -> None:
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            if not _number(value) or not -2.0 <= value <= 2.0:
+                raise ValueError(f"{name} must be a number in [-2, 2], got {value!r}")
+        if not _number(self.repetition_penalty) or not (
+            math.isfinite(self.repetition_penalty) and self.repetition_penalty > 0
+        ):
+            raise ValueError(
+                f"repetition_penalty must be a finite number > 0, got {self.repetition_penalty!r}"
+            )
+        if self.logit_bias is not None:
+            if not isinstance(self.logit_bias, Mapping):
+                raise ValueError(
+                    f"logit_bias must be a dict of token id -> bias, got {self.logit_bias!r}"
+                )
+            bias: dict[int, float] = {}
+            for key, value in self.logit_bias.items():
+                # JSON (the OpenAI API, PD messages) carries the ids as strings.
+                token = int(key) if isinstance(key, str) and key.lstrip("-").isdigit() else key
+                if not _int(token) or token < 0 or not _number(value) or not math.isfinite(value):
+                    raise ValueError(
+                        f"logit_bias must map token ids (>= 0) to finite numbers, got {key!r}: {value!r}"
+                    )
+                bias[int(token)] = float(value)
+            self._set("logit_bias", bias or None)
+        if self.allowed_token_ids is not None:
+            ids = self.allowed_token_ids
+            if isinstance(ids, (str, bytes)) or not ids or any(not _int(t) or t < 0 for t in ids):
+                raise ValueError(
+                    f"allowed_token_ids must be a non-empty list of token ids, got {ids!r}"
+                )
+            self._set("allowed_token_ids", tuple(ids))
+        procs = self.logits_processors
+        if isinstance(procs, (str, bytes)) or any(not callable(p) for p in procs):
+            raise ValueError(
+                "logits_processors must be a list of callables (ids, logits) -> logits"
+            )
+        self._set("logits_processors", tuple(procs))
+        if self.structured_outputs is not None and not isinstance(
+            self.structured_outputs, StructuredOutputsParams
+        ):
+            raise TypeError(
+                "structured_outputs must be a StructuredOutputsParams, got "
+                f"{type(self.structured_outputs).__name__}"
+            )
+
+    # ------------------------------------------------------------------ derived
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def num_candidates(self) -> int:
+        """How many completions run for one prompt (``best_of`` or ``n``)."""
+        return self.best_of if self.best_of is not None else self.n
+
+    @property
+    def needs_penalties(self) -> bool:
+        return (
+            self.presence_penalty != 0.0
+            or self.frequency_penalty != 0.0
+            or self.repetition_penalty != 1.0
+        )
+
+    @property
+    def needs_processing(self) -> bool:
+        """True when logits are rewritten before sampling (plain requests skip all of it)."""
+        return (
+            self.needs_penalties
+            or self.logit_bias is not None
+            or self.allowed_token_ids is not None
+            or self.min_tokens > 0
+            or self.structured_outputs is not None
+            or bool(self.logits_processors)
+        )
+
+    @property
+    def needs_logprobs(self) -> bool:
+        return self.logprobs is not None or self.num_candidates > self.n
+
+    # ------------------------------------------------------------------ JSON
+    def to_json_dict(self) -> dict[str, Any]:
+        """Plain JSON-able fields; custom ``logits_processors`` cannot cross a process."""
+        if self.logits_processors:
+            raise ValueError(
+                "logits_processors cannot be sent to another process (PD workers); "
+                "run without pd or express the rule as logit_bias / structured_outputs"
+            )
+        out: dict[str, Any] = {}
+        for f in fields(self):
+            if f.name == "logits_processors":
+                continue
+            value = getattr(self, f.name)
+            if isinstance(value, tuple):
+                value = list(value)
+            elif isinstance(value, StructuredOutputsParams):
+                value = value.to_json_dict()
+            elif f.name == "logit_bias" and value is not None:
+                value = {str(k): v for k, v in value.items()}
+            out[f.name] = value
+        return out
+
+    @classmethod
+    def from_json_dict(cls, raw: Mapping[str, Any]) -> SamplingParams:
+        """Inverse of :meth:`to_json_dict`; unknown keys raise ``TypeError`` naming them."""
+        values = dict(raw)
+        so = values.get("structured_outputs")
+        if isinstance(so, Mapping):
+            values["structured_outputs"] = StructuredOutputsParams(**so)
+        return cls(**values)

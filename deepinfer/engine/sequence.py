@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
 from deepinfer.engine.outputs import RequestMetrics
 from deepinfer.engine.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from deepinfer.engine.request_state import RequestState
 
 
 class SeqStatus(enum.Enum):
@@ -43,6 +47,9 @@ class Sequence:
     generator: torch.Generator | None = None
     text: str = ""
     emitted_upto: int = 0
+    # Sampling and output state (detokenizer, stop strings, grammar, logprobs): built by
+    # OutputProcessor.track when the request is added.
+    state: RequestState | None = None
 
     def __post_init__(self) -> None:
         self.prefill_target = len(self.prompt_ids)

@@ -6,7 +6,6 @@ Every message is one JSON object sent with ``Connection.send_bytes``; ``op`` nam
 from __future__ import annotations
 
 import json
-from dataclasses import asdict
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -26,13 +25,13 @@ def recv(conn: Connection) -> dict[str, Any]:
 
 
 def params_to_json(params: SamplingParams) -> dict[str, Any]:
-    out = asdict(params)
-    out["stop_token_ids"] = list(params.stop_token_ids)
-    return out
+    """JSON fields of ``params``; ``ValueError`` for custom logits processors (code does not
+    cross processes)."""
+    return params.to_json_dict()
 
 
 def params_from_json(raw: dict[str, Any]) -> SamplingParams:
-    return SamplingParams(**raw)
+    return SamplingParams.from_json_dict(raw)
 
 
 def output_to_json(out: RequestOutput) -> dict[str, Any]:
