@@ -4,7 +4,8 @@ code-editing and chat prompts of ``vs_transformers.py``, with every draft verifi
 Each drafter directory (a ``deepinfer-spec`` checkpoint) is run in the engine with
 ``FixedGammaScheduler(gamma)`` and no gate, greedy; tau counts the bonus/correction token
 (1 = no draft accepted). ``--draft-vocab N`` also runs each drafter restricted to the ``N``
-most frequent tokens of the training corpus (``train_drafter.draft_vocabulary``), and the
+most frequent tokens of the training corpus (``draft_vocabulary`` of the drafter's training
+recipe, ``recipes/dspark_smollm2/train_drafter.py``), and the
 drafter's own forward time is reported for each (``deepinfer.speculative.time_draft``).
 
     .venv/bin/python benchmarks/engine_drafter_tau.py --drafter deepinfer/data/dspark-smollm2 \\
@@ -14,11 +15,15 @@ drafter's own forward time is reported for each (``deepinfer.speculative.time_dr
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 import torch
-from train_drafter import draft_vocabulary
 from vs_transformers import CHAT_MESSAGES, CODE_PROMPT
+
+# The draft vocabulary is the training recipe's (its corpus), not a benchmark's.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "recipes" / "dspark_smollm2"))
+from train_drafter import draft_vocabulary
 
 from deepinfer import LLM, EngineConfig, SamplingParams
 from deepinfer.models import load_model

@@ -18,17 +18,12 @@ Run (CPU, about two minutes)::
 from __future__ import annotations
 
 import argparse
-import sys
 import time
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "deepinfer_spec"))
-
-from spec_tiny_target import TinyTarget
-
 from deepinfer_spec import DSparkConfig, DSparkDrafter, propose
+from deepinfer_spec.testing import TinyTarget
 from deepinfer_spec.training import (
     TrainConfig,
     evaluate,

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from spec_tiny_target import TinyTarget
 
 from deepinfer_spec import DSparkConfig, DSparkDrafter, RecomputeTarget
+from deepinfer_spec.testing import TinyTarget
 
 
 class RaggedScheduler:

@@ -8,7 +8,6 @@ import math
 import pytest
 import torch
 from conftest import RaggedScheduler, make_drafter
-from spec_tiny_target import TinyTarget
 
 from deepinfer_spec import (
     PrefixScheduler,
@@ -17,6 +16,7 @@ from deepinfer_spec import (
     SPSCurve,
     VerifyScheduler,
 )
+from deepinfer_spec.testing import TinyTarget
 
 
 def _chi_square_z(counts: torch.Tensor, probs: torch.Tensor) -> float:

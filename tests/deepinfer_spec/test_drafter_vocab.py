@@ -8,9 +8,9 @@ import torch.nn.functional as F
 from conftest import RaggedScheduler, make_drafter
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from spec_tiny_target import TinyTarget
 
 from deepinfer_spec import DSparkConfig, RecomputeTarget, SpecDecoder, propose
+from deepinfer_spec.testing import TinyTarget
 from deepinfer_spec.training import (
     dspark_loss,
     frequent_tokens,

@@ -12,10 +12,10 @@ import torch
 import torch.nn.functional as F
 from conftest import make_drafter
 from safetensors.torch import load_file, save_file
-from spec_tiny_target import TinyTarget
 
 from deepinfer_spec import DSparkConfig, DSparkDrafter, RecomputeTarget
 from deepinfer_spec.cli import main
+from deepinfer_spec.testing import TinyTarget
 from deepinfer_spec.training import (
     LossWeights,
     TrainConfig,

@@ -6,9 +6,9 @@ drafter is trained with ``deepinfer_spec.training.train_drafter`` for a bounded 
 and resumes from ``--work-dir`` when run again. ``--export`` writes the weights in bf16 (the
 embedding and LM head are shared with the target and never saved) into ``deepinfer/data/``.
 
-    TRITON_INTERPRET=1 nohup .venv/bin/python benchmarks/train_drafter.py --minutes 20 \
+    TRITON_INTERPRET=1 nohup .venv/bin/python recipes/dspark_smollm2/train_drafter.py --minutes 20 \
         --work-dir /tmp/dspark-smollm2 --export > /tmp/train_drafter.log 2>&1 &
-    .venv/bin/python benchmarks/train_drafter.py --eval-only --work-dir deepinfer/data/dspark-smollm2
+    .venv/bin/python recipes/dspark_smollm2/train_drafter.py --eval-only --work-dir deepinfer/data/dspark-smollm2
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from deepinfer_spec.training import (
 from deepinfer_spec.training.checkpoint import WEIGHTS
 from deepinfer_spec.training.loss import LossWeights
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 EXPORT_DIR = REPO / "deepinfer" / "data" / "dspark-smollm2"
 
 

@@ -13,9 +13,9 @@ the target itself writes, which is what the drafter meets in the engine.
 A drafter with a draft vocabulary predicts draft indices; they are mapped to token ids before
 the comparison (before session 7 they were not, and a restricted drafter scored ~0).
 
-    .venv/bin/python benchmarks/drafter_agreement.py --minutes 4 --ce-weight 1.0
-    .venv/bin/python benchmarks/drafter_agreement.py --minutes 4 --ce-weight 0.1
-    .venv/bin/python benchmarks/drafter_agreement.py --minutes 0 --distill /tmp/distill.jsonl
+    .venv/bin/python recipes/dspark_smollm2/drafter_agreement.py --minutes 4 --ce-weight 1.0
+    .venv/bin/python recipes/dspark_smollm2/drafter_agreement.py --minutes 4 --ce-weight 0.1
+    .venv/bin/python recipes/dspark_smollm2/drafter_agreement.py --minutes 0 --distill /tmp/distill.jsonl
 """
 
 from __future__ import annotations

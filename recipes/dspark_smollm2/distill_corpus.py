@@ -19,7 +19,7 @@ greedy (what the benchmarks decode) except ``--sampled`` of them at temperature 
 runs batched through the engine; ``--minutes`` bounds it, and the file is appended to, so a run
 can be resumed (prompts already written are skipped by index).
 
-    .venv/bin/python benchmarks/distill_corpus.py --out /tmp/distill.jsonl --minutes 20
+    .venv/bin/python recipes/dspark_smollm2/distill_corpus.py --out /tmp/distill.jsonl --minutes 20
 """
 
 from __future__ import annotations
