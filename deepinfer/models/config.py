@@ -10,17 +10,20 @@ from typing import Any
 
 import numpy as np
 
-ROPE_SCALING_TYPES = ("llama3",)
+ROPE_SCALING_TYPES = ("llama3", "factors")
 
 
 @dataclass(frozen=True)
 class RopeScaling:
-    """Llama-3 style frequency-dependent RoPE scaling.
+    """Frequency-dependent RoPE scaling.
 
-    For each inverse frequency ``f`` with wavelength ``w = 2*pi/f``:
-    ``w < L/high`` keeps ``f``; ``w > L/low`` uses ``f/factor``; in between
-    ``f' = (1-s) f/factor + s f`` with ``s = (L/w - low)/(high - low)``,
-    where ``L`` is ``original_max_position_embeddings``.
+    ``llama3`` (Hugging Face's): for each inverse frequency ``f`` with wavelength
+    ``w = 2*pi/f``: ``w < L/high`` keeps ``f``; ``w > L/low`` uses ``f/factor``; in between
+    ``f' = (1-s) f/factor + s f`` with ``s = (L/w - low)/(high - low)``, where ``L`` is
+    ``original_max_position_embeddings``.
+
+    ``factors`` (llama.cpp's): ``f'_i = f_i / factors[i]``, one divisor per frequency, as a
+    GGUF file's ``rope_freqs`` tensor stores Llama-3.1/3.2 scaling.
     """
 
     rope_type: str = "llama3"
@@ -28,11 +31,25 @@ class RopeScaling:
     low_freq_factor: float = 1.0
     high_freq_factor: float = 4.0
     original_max_position_embeddings: int = 8192
+    factors: tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.rope_type not in ROPE_SCALING_TYPES:
             raise ValueError(
-                f"rope_scaling.rope_type must be one of {ROPE_SCALING_TYPES}, got {self.rope_type!r}"
+                f"rope_scaling rope_type {self.rope_type!r} is not supported (supported: "
+                f"{', '.join(ROPE_SCALING_TYPES)})"
+            )
+        if self.rope_type == "factors":
+            if self.factors is None or not len(self.factors):
+                raise ValueError("rope_scaling of type 'factors' needs the factors")
+            values = tuple(float(f) for f in self.factors)
+            if not all(math.isfinite(f) and f > 0 for f in values):
+                raise ValueError("rope_scaling.factors must be finite and positive")
+            object.__setattr__(self, "factors", values)
+            return
+        if self.factors is not None:
+            raise ValueError(
+                f"rope_scaling.factors belong to type 'factors', not {self.rope_type!r}"
             )
         if not self.factor >= 1.0:
             raise ValueError(f"rope_scaling.factor must be >= 1, got {self.factor}")
@@ -45,6 +62,8 @@ class RopeScaling:
             raise ValueError("rope_scaling.original_max_position_embeddings must be positive")
 
     def to_hf(self) -> dict[str, Any]:
+        if self.rope_type == "factors":  # not a Hugging Face type: read back by from_hf_config
+            return {"rope_type": "factors", "factors": list(self.factors or ())}
         return {
             "rope_type": self.rope_type,
             "factor": self.factor,
@@ -118,6 +137,12 @@ class LlamaConfig:
             raise ValueError(f"rope_theta must be positive, got {self.rope_theta}")
         if isinstance(self.rope_scaling, Mapping):
             object.__setattr__(self, "rope_scaling", _rope_scaling_from_dict(self.rope_scaling))
+        factors = None if self.rope_scaling is None else self.rope_scaling.factors
+        if factors is not None and len(factors) != self.head_dim // 2:
+            raise ValueError(
+                f"rope_scaling.factors must hold head_dim / 2 = {self.head_dim // 2} values, "
+                f"got {len(factors)}"
+            )
         eos = self.eos_token_ids
         if isinstance(eos, int):
             eos = (eos,)
@@ -140,7 +165,11 @@ class LlamaConfig:
     # ------------------------------------------------------------------ HF config.json
     @classmethod
     def from_hf_config(cls, cfg: Mapping[str, Any]) -> LlamaConfig:
-        """Build from a Hugging Face ``config.json`` dict (LlamaForCausalLM / Qwen2ForCausalLM)."""
+        """Build from a Hugging Face ``config.json`` dict (LlamaForCausalLM / Qwen2ForCausalLM,
+        and Mistral without a sliding window). Anything the model does not implement (another
+        ``model_type``, activation, rope scaling type, a sliding window, quantization) raises a
+        ``ValueError`` naming it rather than loading a model that computes something else."""
+        check_hf_config(cfg)
         try:
             hidden = int(cfg["hidden_size"])
             heads = int(cfg["num_attention_heads"])
@@ -228,8 +257,24 @@ class LlamaConfig:
             raise ValueError("GGUF metadata has neither a vocab_size nor tokenizer tokens")
         eos = meta.get("tokenizer.ggml.eos_token_id")
         scaling = None
-        if meta.get(f"{arch}.rope.scaling.type") not in (None, "none"):
-            raise ValueError("GGUF rope scaling types other than none are not supported")
+        scaling_type = meta.get(f"{arch}.rope.scaling.type")
+        if scaling_type not in (None, "none"):
+            raise ValueError(
+                f"GGUF {arch}.rope.scaling.type {scaling_type!r} is not supported (only none, "
+                "or Llama-3 scaling stored as a rope_freqs tensor)"
+            )
+        sliding = meta.get(f"{arch}.attention.sliding_window")
+        if sliding:
+            raise ValueError(
+                f"GGUF {arch}.attention.sliding_window = {sliding} is not supported: attention "
+                "here is over the full context"
+            )
+        check_gguf_tensors(names)
+        if "rope_freqs.weight" in names:
+            # llama.cpp stores Llama-3.1/3.2 scaling as the per-frequency divisors themselves.
+            tensor = next(t for t in reader.tensors if t.name == "rope_freqs.weight")
+            values = np.asarray(tensor.data, dtype=np.float32).reshape(-1)
+            scaling = RopeScaling(rope_type="factors", factors=tuple(float(x) for x in values))
         return cls(
             vocab_size=int(vocab),
             hidden_size=hidden,
@@ -252,6 +297,84 @@ class LlamaConfig:
         return dataclasses.replace(self, **changes)
 
 
+# What `LlamaModel` implements; everything else is refused by name.
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "mistral")
+SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM")
+SUPPORTED_ACTIVATIONS = ("silu", "swish")
+# Per-layer GGUF tensor kinds (``blk.N.<kind>.weight|bias``) and global tensors the loader maps.
+GGUF_LAYER_TENSORS = frozenset(
+    {
+        "attn_norm",
+        "attn_q",
+        "attn_k",
+        "attn_v",
+        "attn_output",
+        "ffn_norm",
+        "ffn_gate",
+        "ffn_up",
+        "ffn_down",
+    }
+)
+GGUF_GLOBAL_TENSORS = frozenset(
+    {"token_embd.weight", "output_norm.weight", "output.weight", "rope_freqs.weight"}
+)
+
+
+def check_hf_config(cfg: Mapping[str, Any]) -> None:
+    """Raise ``ValueError`` naming the first setting of a ``config.json`` that `LlamaModel`
+    does not implement."""
+    model_type = cfg.get("model_type")
+    if model_type is not None and model_type not in SUPPORTED_MODEL_TYPES:
+        raise ValueError(
+            f"model_type {model_type!r} is not supported (supported: "
+            f"{', '.join(SUPPORTED_MODEL_TYPES)})"
+        )
+    archs = [a for a in cfg.get("architectures") or [] if a not in SUPPORTED_ARCHITECTURES]
+    if archs:
+        raise ValueError(
+            f"architecture {archs[0]!r} is not supported (supported: "
+            f"{', '.join(SUPPORTED_ARCHITECTURES)})"
+        )
+    for key in ("hidden_act", "hidden_activation"):
+        act = cfg.get(key)
+        if act is not None and act not in SUPPORTED_ACTIVATIONS:
+            raise ValueError(f"{key} {act!r} is not supported (only silu)")
+    sliding = cfg.get("sliding_window")
+    if sliding is not None and cfg.get("use_sliding_window", True):
+        limit = int(cfg.get("max_position_embeddings", 2048))
+        if int(sliding) < limit:
+            raise ValueError(
+                f"sliding_window = {sliding} is not supported: attention here is over the full "
+                f"context (max_position_embeddings = {limit})"
+            )
+    for key in ("mlp_bias",):
+        if cfg.get(key):
+            raise ValueError(f"{key} = true is not supported")
+    if cfg.get("quantization_config") is not None:
+        method = cfg["quantization_config"].get("quant_method", "?")
+        raise ValueError(f"quantization_config ({method}) is not supported; use a GGUF file")
+    partial = cfg.get("partial_rotary_factor", 1.0)
+    if partial != 1.0:
+        raise ValueError(f"partial_rotary_factor = {partial} is not supported (only 1.0)")
+
+
+def check_gguf_tensors(names: set[str] | frozenset[str]) -> None:
+    """Raise ``ValueError`` naming GGUF tensors the loader would otherwise drop silently."""
+    unknown = []
+    for name in sorted(names):
+        if name in GGUF_GLOBAL_TENSORS:
+            continue
+        parts = name.split(".")
+        if len(parts) == 4 and parts[0] == "blk" and parts[2] in GGUF_LAYER_TENSORS:
+            continue
+        unknown.append(name)
+    if unknown:
+        raise ValueError(
+            f"GGUF tensor {unknown[0]!r} is not implemented by the Llama loader "
+            f"({len(unknown)} such tensors): this architecture variant is not supported"
+        )
+
+
 def _f32(value: Any) -> float:
     """A float32 metadata value as the shortest decimal that rounds to it (1e-05, not
     9.999999747378752e-06), which is what the original ``config.json`` held."""
@@ -266,6 +389,8 @@ def _rope_scaling_from_dict(raw: Any) -> RopeScaling | None:
     kind = raw.get("rope_type", raw.get("type"))
     if kind in (None, "default", "none"):
         return None
+    if kind == "factors":
+        return RopeScaling(rope_type="factors", factors=tuple(raw.get("factors") or ()))
     return RopeScaling(
         rope_type=str(kind),
         factor=float(raw.get("factor", 8.0)),

@@ -12,12 +12,17 @@ from deepinfer.models.config import RopeScaling
 def inverse_frequencies(
     head_dim: int, theta: float, scaling: RopeScaling | None = None
 ) -> torch.Tensor:
-    """``inv_freq[i] = theta^(-2i/D)`` for ``i < D/2`` (fp32), with optional Llama-3 scaling."""
+    """``inv_freq[i] = theta^(-2i/D)`` for ``i < D/2`` (fp32), with optional scaling (Llama-3's
+    formula, or llama.cpp's per-frequency divisors)."""
     # Explicit CPU device: independent of any default-device context the caller set.
     exponents = torch.arange(0, head_dim, 2, dtype=torch.int64, device="cpu").float() / head_dim
     inv = 1.0 / (theta**exponents)
     if scaling is None:
         return inv
+    if scaling.factors is not None:
+        # Divide in float64: llama.cpp scales the angle by 1/factor in full precision.
+        factors = torch.tensor(scaling.factors, dtype=torch.float64)
+        return (inv.double() / factors).float()
     old_len = scaling.original_max_position_embeddings
     low_wavelen = old_len / scaling.low_freq_factor
     high_wavelen = old_len / scaling.high_freq_factor

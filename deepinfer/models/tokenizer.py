@@ -19,7 +19,8 @@ _QWEN2_SPLIT = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
     r"|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
-_CONTROL, _USER_DEFINED = 3, 4  # llama.cpp token types
+_UNKNOWN, _CONTROL, _USER_DEFINED = 2, 3, 4  # llama.cpp token types
+_SPIECE_SPACE = "\u2581"  # SentencePiece's visible space
 
 
 class Tokenizer:
@@ -83,20 +84,29 @@ class Tokenizer:
 
     @classmethod
     def from_gguf(cls, reader: Any) -> Tokenizer:
-        """Build a byte-level BPE tokenizer from GGUF metadata (``tokenizer.ggml.model == gpt2``)."""
-        from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
-        from tokenizers import Tokenizer as HFTokenizer
-
+        """Build the tokenizer a GGUF file describes: byte-level BPE (``tokenizer.ggml.model ==
+        gpt2``: SmolLM2, Llama-3, Qwen2) or SentencePiece BPE with byte fallback (``llama``:
+        Llama-2, Mistral, TinyLlama)."""
         fields = reader.fields
 
         def get(key: str, default: Any = None) -> Any:
             return fields[key].contents() if key in fields else default
 
         kind = get("tokenizer.ggml.model")
+        if kind == "llama":
+            return cls._from_gguf_sentencepiece(get)
         if kind != "gpt2":
             raise ValueError(
-                f"only GGUF tokenizers of type 'gpt2' (byte-level BPE) are supported, got {kind!r}"
+                f"GGUF tokenizer.ggml.model {kind!r} is not supported (supported: gpt2 for "
+                "byte-level BPE, llama for SentencePiece)"
             )
+        return cls._from_gguf_byte_level(get)
+
+    @classmethod
+    def _from_gguf_byte_level(cls, get: Any) -> Tokenizer:
+        from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
+        from tokenizers import Tokenizer as HFTokenizer
+
         tokens: list[str] = get("tokenizer.ggml.tokens")
         merges: list[str] = get("tokenizer.ggml.merges", [])
         types: list[int] = get("tokenizer.ggml.token_type", [1] * len(tokens))
@@ -130,14 +140,81 @@ class Tokenizer:
         ]
         backend.add_special_tokens([s for s in specials if s.special])
         backend.add_tokens([s for s in specials if not s.special])
+        return cls._with_gguf_specials(backend, get, add_bos_default=False)
+
+    @classmethod
+    def _from_gguf_sentencepiece(cls, get: Any) -> Tokenizer:
+        """llama.cpp's SPM vocabulary (pieces, scores, types) as a `tokenizers` BPE model.
+
+        SentencePiece BPE merges the adjacent pair whose joined piece scores highest; a BPE
+        model whose merge ranks follow the joined pieces' scores does the same (the conversion
+        Hugging Face uses for Llama). Spaces become ``▁``, one is prepended to each text
+        fragment (``add_space_prefix``), and characters outside the vocabulary fall back to
+        ``<0xXX>`` byte pieces.
+        """
+        from tokenizers import AddedToken, decoders, models, normalizers
+        from tokenizers import Tokenizer as HFTokenizer
+
+        tokens: list[str] = get("tokenizer.ggml.tokens")
+        scores: list[float] = get("tokenizer.ggml.scores", [0.0] * len(tokens))
+        types: list[int] = get("tokenizer.ggml.token_type", [1] * len(tokens))
+        if len(scores) != len(tokens) or len(types) != len(tokens):
+            raise ValueError("GGUF tokenizer: tokens, scores and token_type lengths differ")
+        vocab = {tok: i for i, tok in enumerate(tokens)}
+        mergeable = {tok: float(sc) for tok, sc, t in zip(tokens, scores, types) if t == 1}
+        ranked: list[tuple[float, int, int, int, str, str]] = []
+        for piece, score in mergeable.items():
+            for cut in range(1, len(piece)):
+                left, right = piece[:cut], piece[cut:]
+                if left in vocab and right in vocab:
+                    ranked.append((-score, vocab[piece], vocab[left], vocab[right], left, right))
+        ranked.sort()
+        unk_ids = [i for i, t in enumerate(types) if t == _UNKNOWN]
+        unk = tokens[unk_ids[0]] if unk_ids else None
+        backend = HFTokenizer(
+            models.BPE(
+                vocab=vocab,
+                merges=[(left, right) for *_, left, right in ranked],
+                unk_token=unk,
+                fuse_unk=True,
+                byte_fallback=True,
+            )
+        )
+        # llama.cpp prepends the space to every text fragment (the start, and after each
+        # special token), so a normalizer (run per fragment) and not a pre-tokenizer does it.
+        steps: list[Any] = [normalizers.Replace(" ", _SPIECE_SPACE)]
+        decode: list[Any] = [
+            decoders.Replace(_SPIECE_SPACE, " "),
+            decoders.ByteFallback(),
+            decoders.Fuse(),
+        ]
+        if get("tokenizer.ggml.add_space_prefix", True):
+            steps.insert(0, normalizers.Prepend(_SPIECE_SPACE))
+            decode.append(decoders.Strip(" ", 1, 0))
+        backend.normalizer = normalizers.Sequence(steps)
+        backend.decoder = decoders.Sequence(decode)
+        specials = [
+            AddedToken(tok, special=t in (_CONTROL, _UNKNOWN), normalized=False)
+            for tok, t in zip(tokens, types)
+            if t in (_CONTROL, _USER_DEFINED, _UNKNOWN)
+        ]
+        backend.add_special_tokens([s for s in specials if s.special])
+        backend.add_tokens([s for s in specials if not s.special])
+        # SentencePiece models start every sequence with BOS unless the file says otherwise.
+        return cls._with_gguf_specials(backend, get, add_bos_default=True)
+
+    @classmethod
+    def _with_gguf_specials(cls, backend: Any, get: Any, *, add_bos_default: bool) -> Tokenizer:
         eos = get("tokenizer.ggml.eos_token_id")
         eot = get("tokenizer.ggml.eot_token_id")
         eos_ids = [int(i) for i in (eos, eot) if i is not None]
+        bos = get("tokenizer.ggml.bos_token_id")
         return cls(
             backend,
-            bos_token_id=get("tokenizer.ggml.bos_token_id"),
+            bos_token_id=None if bos is None else int(bos),
             eos_token_ids=list(dict.fromkeys(eos_ids)),
-            add_bos_token=bool(get("tokenizer.ggml.add_bos_token", False)),
+            add_bos_token=bool(get("tokenizer.ggml.add_bos_token", add_bos_default))
+            and bos is not None,
         )
 
     def save(self, directory: str | os.PathLike[str], chat_template: str | None = None) -> None:
