@@ -10,7 +10,7 @@ TORCH_SPEC ?= torch==2.13.0
 PACKAGES := deepinfer_kernels deepinfer_cache deepinfer_sched deepinfer_spec
 PKG_FILES := pyproject.toml $(foreach p,$(PACKAGES),$(p)/pyproject.toml) requirements-dev.txt Makefile
 
-.PHONY: setup test demo bench lint clean
+.PHONY: setup test demo bench lint clean kernels
 
 setup: $(STAMP)
 
@@ -36,6 +36,11 @@ test: lint
 
 demo: $(STAMP)
 	$(BIN)/deepinfer demo
+
+# Optional: build the compiled CPU kernels now (into deepinfer_kernels/cpu/prebuilt/) instead of
+# on first use; a runtime without a compiler then still runs them.
+kernels: $(STAMP)
+	$(BIN)/python -m deepinfer_kernels.cpu.aot
 
 # Benchmarks: pytest-benchmark files (CPU ratios in one run) plus scripts; transformers is a
 # benchmark-only dependency (benchmarks/vs_transformers.py).

@@ -1,4 +1,4 @@
-"""CPU projections of the embedded SmolLM2-135M: ``F.linear`` vs ``deepinfer.models.linear``.
+"""CPU projections of the embedded SmolLM2-135M: ``F.linear`` vs ``deepinfer_kernels.cpu.linear``.
 
 Usage: python benchmarks/model_runner_linear.py [--threads 2] [--out results/model_runner_linear.md]
 
@@ -23,8 +23,8 @@ import torch
 import torch.nn.functional as F
 
 from deepinfer.models import load_model
-from deepinfer.models.bf16_weight_linear import Bf16WeightLinear, bf16_panels
-from deepinfer.models.linear import PackedWeight, linear, mkl_packing_available
+from deepinfer_kernels.cpu.bf16_weight_linear import Bf16WeightLinear, bf16_panels
+from deepinfer_kernels.cpu.linear import PackedWeight, linear, mkl_packing_available
 
 ROWS = (1, 2, 3, 4, 6, 8, 16, 32, 48, 64, 128, 256, 512)
 
@@ -92,7 +92,7 @@ def main() -> None:
     cmd = ".venv/bin/python " + " ".join(sys.argv)
     report = "\n".join(
         [
-            "# CPU projections: F.linear vs deepinfer.models.linear",
+            "# CPU projections: F.linear vs deepinfer_kernels.cpu.linear",
             "",
             f"Command: `{cmd}` (torch threads {args.threads}, fp32, all 121 projections of one "
             "SmolLM2-135M forward, best of 5).",

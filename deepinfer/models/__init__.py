@@ -15,7 +15,6 @@ from deepinfer.models.attention_metadata import AttentionMetadata
 from deepinfer.models.chat_template import ChatTemplate, ChatTemplateError
 from deepinfer.models.config import LlamaConfig, RopeScaling
 from deepinfer.models.convert import cache_root, convert_gguf
-from deepinfer.models.cpu_kernels import CpuKernels
 from deepinfer.models.gguf_loader import load_gguf
 from deepinfer.models.kv_pool import KVPool, OutOfBlocksError
 from deepinfer.models.llama import LlamaModel
@@ -24,6 +23,7 @@ from deepinfer.models.registry import default_model_path
 from deepinfer.models.safetensors_loader import load_hf_dir, save_hf_dir
 from deepinfer.models.spec_adapter import LlamaTargetAdapter
 from deepinfer.models.tokenizer import IncrementalDetokenizer, Tokenizer
+from deepinfer_kernels.cpu import CpuKernels
 
 __all__ = [
     "AttentionMetadata",

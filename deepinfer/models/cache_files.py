@@ -11,8 +11,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-# The kernels package builds its CPU kernels under the same directory with the same lock.
-from deepinfer_kernels.cpu.native import exclusive_lock
+# One lock for the whole cache directory: the kernels package builds its CPU kernels there too.
+from deepinfer_kernels.cpu import exclusive_lock
 
 __all__ = ["cache_base", "exclusive_lock"]
 

@@ -12,8 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from deepinfer.models.add_rms_norm import rms_norm
-from deepinfer.models.linear import PackedWeight, linear
+from deepinfer_kernels.cpu import PackedWeight, linear, rms_norm
 
 
 class Linear(nn.Module):
@@ -22,7 +21,7 @@ class Linear(nn.Module):
 
     Without autograd on CPU in fp32 the product runs on a copy of the weight prepared on first
     use: its bf16 bits for a few rows when it is bf16-exact, else MKL-packed (see
-    :mod:`deepinfer.models.linear`)."""
+    :mod:`deepinfer_kernels.cpu.linear`)."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool = False) -> None:
         super().__init__()

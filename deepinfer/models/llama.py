@@ -15,17 +15,23 @@ import torch.nn.functional as F
 from torch import nn
 
 import deepinfer_kernels
-from deepinfer.models.add_rms_norm import add_rms_norm
 from deepinfer.models.attention_metadata import AttentionMetadata
 from deepinfer.models.config import LlamaConfig
-from deepinfer.models.cpu_kernels import CpuKernels
-from deepinfer.models.decoder_layer_kernel import LayerPanels, LayerShape
 from deepinfer.models.kv_pool import KVPool
 from deepinfer.models.layers import Embedding, Linear, RMSNorm
-from deepinfer.models.linear import BF16_MAX_ROWS, PackedWeight, linear
 from deepinfer.models.rope import RotaryEmbedding
 from deepinfer.models.weight_names import fused_to_hf, hf_to_fused
-from deepinfer_kernels.cpu import PagedAttentionTiles
+from deepinfer_kernels.cpu import (
+    CpuKernels,
+    DecoderPanels,
+    LayerPanels,
+    LayerProjections,
+    LayerShape,
+    PackedWeight,
+    PagedAttentionTiles,
+    add_rms_norm,
+    linear,
+)
 
 
 class LlamaAttention(nn.Module):
@@ -159,12 +165,8 @@ class LlamaModel(nn.Module):
         )
         # The head's packed copy lives here: with tied embeddings its weight is the embedding's.
         self._head_packed = PackedWeight()
-        # The last _fused_panels answer, kept while its weights are unchanged (the same tuple,
-        # so that DecoderLayerKernel.bind checks the panels once, not every step), and what
-        # it was built from: per projection its parameters dict, weight, bias and weight key.
-        self._panels: tuple[LayerPanels, ...] = ()
-        self._panel_sources: Sequence[tuple[Mapping[str, Any], torch.Tensor, Any, tuple[int, int]]]
-        self._panel_sources = ()
+        # The compiled layer's bound weights (the kernel package keeps and refreshes them).
+        self.layer_panels = DecoderPanels(self._projections)
         self.rope = RotaryEmbedding(
             config.head_dim, config.rope_theta, config.rope_scaling, config.max_position_embeddings
         )
@@ -175,7 +177,7 @@ class LlamaModel(nn.Module):
     def use_cpu_kernels(self, kernels: CpuKernels) -> None:
         """Run on these compiled CPU kernels where they apply (``CpuKernels()``: torch ops
         only). The model starts with ``CpuKernels.all()``; each kernel is built on first use
-        and falls back to torch where it cannot be (see :mod:`deepinfer.models.cpu_kernels`)."""
+        and falls back to torch where it cannot be (see :mod:`deepinfer_kernels.cpu.kernels`)."""
         self.cpu_kernels = kernels
         self._head_packed.kernel = kernels.linear
         for module in self.modules():
@@ -184,6 +186,7 @@ class LlamaModel(nn.Module):
 
     def _apply(self, fn: Any, recurse: bool = True) -> LlamaModel:
         self._head_packed.clear()  # see Linear._apply
+        self.layer_panels.clear()
         return cast(LlamaModel, super()._apply(fn, recurse))  # type: ignore[no-untyped-call]
 
     def init_weights(self, std: float = 0.02, generator: torch.Generator | None = None) -> None:
@@ -225,8 +228,8 @@ class LlamaModel(nn.Module):
                 f"kv_pool has {kv_pool.num_layers} layers, the model has {len(self.layers)}"
             )
         wanted = self._check_layer_ids(layer_ids)
-        cos, sin = self.rope.cos_sin(positions, self.embed_tokens.weight.dtype)
-        residual = F.embedding(input_ids, self.embed_tokens.weight)
+        cos, sin = self.rope.cos_sin(positions, self.norm.weight.dtype)
+        residual = self.embed_tokens(input_ids)
         captured: dict[int, torch.Tensor] = {}
         layers = self.decoder_layers()
         # Every layer sees the same metadata: validate it and plan the attention and the KV
@@ -258,49 +261,19 @@ class LlamaModel(nn.Module):
     def _fused_panels(
         self, x: torch.Tensor, kv_pool: KVPool, attn: AttentionMetadata
     ) -> tuple[LayerPanels, ...] | None:
-        """Every layer's bf16 panels when this step can take ``cpu_kernels.layer``: few fp32
-        CPU rows without autograd, contiguous fp32 caches, no padding slots, bf16-exact
-        projection weights."""
+        """Every layer's bf16 panels when this step can take ``cpu_kernels.layer``
+        (``DecoderLayerKernel.applies``) and every projection weight is bf16-exact."""
         kernel = self.cpu_kernels.layer
-        rows = x.shape[0]
-        if (
-            kernel is None
-            or not 0 < rows <= BF16_MAX_ROWS
-            or x.dtype != torch.float32
-            or x.device.type != "cpu"
-            or torch.is_grad_enabled()
-            or kv_pool.tensor.dtype != torch.float32
-            or not kv_pool.layer_caches(0)[0].is_contiguous()
-            or int(attn.slot_mapping.min()) < 0
-            or not kernel.available()
-        ):
+        if kernel is None or not kernel.applies(x, kv_pool.layer_caches(0)[0], attn.slot_mapping):
             return None
-        if self._panels and self._panels_are_current():
-            return self._panels
-        out, sources = [], []
-        for layer in self.decoder_layers():
-            att, mlp = layer.self_attn, layer.mlp
-            plain = (att.o_proj, mlp.gate_up_proj, mlp.down_proj)
-            if any(lin.bias is not None for lin in plain):
-                return None
-            qkv, o, gate_up, down = (lin.packed.bf16(lin.weight) for lin in (att.qkv_proj, *plain))
-            if qkv is None or o is None or gate_up is None or down is None:
-                return None
-            bias = att.qkv_proj.bias
-            out.append(LayerPanels(qkv, None if bias is None else bias.detach(), o, gate_up, down))
-            sources += [(lin._parameters, lin.weight, lin.bias, _weight_key(lin.weight))
-                        for lin in (att.qkv_proj, *plain)]  # fmt: skip
-        self._panels, self._panel_sources = tuple(out), sources
-        return self._panels
+        return self.layer_panels.get()
 
-    def _panels_are_current(self) -> bool:
-        """Whether every projection still has the weight (same tensor, storage and version)
-        and bias the cached panels were made from: a few attribute reads per projection, where
-        asking each projection's ``PackedWeight`` cost about a millisecond per step."""
-        return all(
-            params["weight"] is weight and params.get("bias") is bias and _weight_key(weight) == key
-            for params, weight, bias, key in self._panel_sources
-        )
+    def _projections(self) -> list[LayerProjections]:
+        return [
+            (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj,
+             layer.mlp.down_proj)
+            for layer in self.decoder_layers()
+        ]  # fmt: skip
 
     def _forward_fused(
         self,
@@ -372,8 +345,8 @@ class LlamaModel(nn.Module):
         wanted = self._check_layer_ids(layer_ids)
         self._check_ids(input_ids)
         positions = torch.arange(input_ids.shape[1], device=input_ids.device)
-        cos, sin = self.rope.cos_sin(positions, self.embed_tokens.weight.dtype)
-        residual = F.embedding(input_ids, self.embed_tokens.weight)
+        cos, sin = self.rope.cos_sin(positions, self.norm.weight.dtype)
+        residual = self.embed_tokens(input_ids)
         captured: dict[int, torch.Tensor] = {}
         layers = self.decoder_layers()
         first_norm = layers[0].input_layernorm if layers else self.norm
@@ -408,7 +381,7 @@ class LlamaModel(nn.Module):
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         self._check_ids(input_ids)
-        return F.embedding(input_ids, self.embed_tokens.weight)
+        return self.embed_tokens(input_ids)
 
     @property
     def lm_head_weight(self) -> torch.Tensor:
@@ -416,6 +389,12 @@ class LlamaModel(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits ``[..., vocab]`` in fp32 from final-norm hidden states."""
+        head = self.embed_tokens if self.lm_head is None else self.lm_head
+        if (product := getattr(head, "head_product", None)) is not None:
+            # Weights kept in a GGUF block format (deepinfer.models.quant_layers): the head
+            # runs on its own bytes; ``lm_head_weight`` holds those bytes, not floats.
+            logits: torch.Tensor = product(hidden).float()
+            return logits
         return linear(hidden, self.lm_head_weight, pack=self._head_packed).float()
 
     # ------------------------------------------------------------------ weights (HF names)
@@ -475,8 +454,3 @@ class LlamaModel(nn.Module):
                 f"attn.slot_mapping covers {tokens} tokens, input_ids has {input_ids.shape[0]}"
             )
         self._check_ids(input_ids)
-
-
-def _weight_key(weight: torch.Tensor) -> tuple[int, int]:
-    """Storage and version of a weight (inference tensors have no version: 0)."""
-    return weight.data_ptr(), 0 if weight.is_inference() else weight._version

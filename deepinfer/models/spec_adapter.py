@@ -14,8 +14,8 @@ import torch
 
 from deepinfer.models.attention_metadata import AttentionMetadata
 from deepinfer.models.kv_pool import KVPool
-from deepinfer.models.linear import PackedWeight, linear
 from deepinfer.models.llama import LlamaModel
+from deepinfer_kernels.cpu import PackedWeight, linear
 from deepinfer_spec.adapter import TargetOutput
 
 

@@ -24,9 +24,9 @@ import torch
 from deepinfer.models.attention_metadata import AttentionMetadata
 from deepinfer.models.kv_pool import KVPool
 from deepinfer.models.llama import LlamaModel
-from deepinfer.models.module_linear import ModuleLinear
 from deepinfer.models.spec_adapter import LlamaTargetAdapter
 from deepinfer.speculative.speculator import DSparkSpeculator
+from deepinfer_kernels.cpu import ModuleLinear
 from deepinfer_spec import (
     DraftGate,
     DSparkDrafter,
@@ -141,7 +141,7 @@ def build_speculator(
 
     Without ``scheduler`` the prefix scheduler runs over an SPS curve profiled now on ``model``.
     A CPU drafter still on its modules' own products is switched to the model's
-    (:class:`~deepinfer.models.module_linear.ModuleLinear`).
+    (:class:`~deepinfer_kernels.cpu.module_linear.ModuleLinear`).
 
     ``gate``: ``"default"`` pauses drafting while it does not pay on this machine
     (:meth:`DraftGate.break_even` over the drafter's measured forward, :func:`time_draft`, and

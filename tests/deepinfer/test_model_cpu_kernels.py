@@ -7,7 +7,7 @@ import torch
 from model_helpers import built, greedy_paged, tiny_config
 
 from deepinfer.models import AttentionMetadata, KVPool, LlamaModel
-from deepinfer.models.cpu_kernels import CpuKernels
+from deepinfer_kernels.cpu import CpuKernels
 
 
 @pytest.fixture(scope="module")
@@ -48,3 +48,40 @@ def test_model_on_every_kernel_decodes_like_torch(kernels: CpuKernels) -> None:
         model.use_cpu_kernels(CpuKernels())
         b = model.compute_logits(model(ids, attn.positions(), attn, pool))
     torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_model_logits_match_with_and_without_the_kernel(kernels: CpuKernels) -> None:
+    """A tiny model with bf16-exact weights: decode-sized forwards on the kernel give the
+    logits of the plain path, and the kernel was really used."""
+    model = LlamaModel(tiny_config(), init=False)
+    model.init_weights(generator=torch.Generator().manual_seed(6))
+    with torch.no_grad():
+        for param in model.parameters():
+            param.copy_(param.bfloat16().float())
+    ids = torch.tensor([[5, 9, 17, 3, 40]])
+    with torch.inference_mode():
+        model.use_cpu_kernels(CpuKernels(linear=kernels.linear))
+        hidden, _ = model.forward_dense(ids)
+        fast = model.compute_logits(hidden[0])
+        qkv = model.decoder_layers()[0].self_attn.qkv_proj
+        assert qkv.packed.has_bf16  # the kernel path prepared its panels
+        model.use_cpu_kernels(CpuKernels())
+        hidden, _ = model.forward_dense(ids)
+        plain = model.compute_logits(hidden[0])
+    torch.testing.assert_close(fast, plain, rtol=1e-5, atol=1e-5)
+
+
+def test_model_forward_matches_without_kernels(kernels: CpuKernels) -> None:
+    """A tiny model's hidden states and captured layer outputs with the fused norms equal the
+    torch-op forward."""
+    model = LlamaModel(tiny_config(), init=False)
+    model.init_weights(generator=torch.Generator().manual_seed(7))
+    ids = torch.tensor([[5, 9, 17, 3, 40, 41]])
+    with torch.inference_mode():
+        model.use_cpu_kernels(CpuKernels(norm=kernels.norm))
+        fast, fast_layers = model.forward_dense(ids, layer_ids=[0, 1])
+        model.use_cpu_kernels(CpuKernels())
+        plain, plain_layers = model.forward_dense(ids, layer_ids=[0, 1])
+    torch.testing.assert_close(fast, plain, rtol=1e-5, atol=1e-5)
+    for a, b in zip(fast_layers, plain_layers):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)

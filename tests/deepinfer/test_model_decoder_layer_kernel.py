@@ -17,14 +17,13 @@ from hypothesis import strategies as st
 from model_helpers import built, tiny_config
 
 from deepinfer.models import AttentionMetadata, KVPool, LlamaModel
-from deepinfer.models.cpu_kernels import CpuKernels
-from deepinfer.models.decoder_layer_kernel import (
+from deepinfer_kernels.cpu import CpuKernels, PagedAttentionTiles
+from deepinfer_kernels.cpu.decoder_layer import (
     DecoderLayerKernel,
     LayerPanels,
     LayerShape,
     SlotMapping,
 )
-from deepinfer_kernels.cpu import PagedAttentionTiles
 
 BLOCK = 4
 
@@ -37,6 +36,17 @@ def kernel(tmp_path_factory: pytest.TempPathFactory) -> DecoderLayerKernel:
 @pytest.fixture(scope="module")
 def tiles(tmp_path_factory: pytest.TempPathFactory) -> PagedAttentionTiles:
     return built(PagedAttentionTiles(cache_dir=tmp_path_factory.mktemp("tiles"), enabled=True))
+
+
+def fused_panels(
+    model: LlamaModel, x: torch.Tensor, pool: KVPool, meta: AttentionMetadata
+) -> tuple[LayerPanels, ...] | None:
+    """What a forward of ``x`` hands the compiled layer: the kernel's verdict on the step
+    (``DecoderLayerKernel.applies``), then the model's bound panels (``model.layer_panels``)."""
+    kernel = model.cpu_kernels.layer
+    if kernel is None or not kernel.applies(x, pool.layer_caches(0)[0], meta.slot_mapping):
+        return None
+    return model.layer_panels.get()
 
 
 def bf16_exact_model(seed: int = 0, **overrides: object) -> LlamaModel:
@@ -107,7 +117,7 @@ def ragged_step_matches(
     model.use_cpu_kernels(fused)
     with torch.inference_mode():
         x = torch.zeros(ids.shape[0], cfg.hidden_size)
-        assert model._fused_panels(x, pool, _meta(tables, seq_lens, query_lens)) is not None
+        assert fused_panels(model, x, pool, _meta(tables, seq_lens, query_lens)) is not None
     got, got_layers = step(model, fused, pool, tables, seq_lens, query_lens, ids, layer_ids)
     want, want_layers = step(model, torch_ops, other, tables, seq_lens, query_lens, ids, layer_ids)
     # The products sum in another order than torch's: fp32 rounding, relative to the tensor's
@@ -217,30 +227,32 @@ def test_decode_and_verification_steps_attend_through_bound_layers(
     assert (tiles.calls, tiles.unbound) == ((layers, 0) if bound else (layers, layers))
 
 
-def test_panels_are_checked_once_while_they_do_not_change(kernel: DecoderLayerKernel) -> None:
+def test_panels_are_checked_once_while_they_do_not_change(
+    kernel: DecoderLayerKernel,
+) -> None:
     model = bf16_exact_model(12)
     pool = KVPool.for_model(model.config, 4, BLOCK)
     x = torch.zeros(1, model.config.hidden_size)
     model.use_cpu_kernels(CpuKernels(layer=kernel))
     with torch.inference_mode():
-        first = model._fused_panels(x, pool, _meta([[0]], [1], [1]))
+        first = fused_panels(model, x, pool, _meta([[0]], [1], [1]))
         assert first is not None
-        assert model._fused_panels(x, pool, _meta([[0]], [1], [1])) is first
+        assert fused_panels(model, x, pool, _meta([[0]], [1], [1])) is first
     with torch.no_grad():
         model.decoder_layers()[0].self_attn.o_proj.weight.mul_(2.0)
     with torch.inference_mode():
-        second = model._fused_panels(x, pool, _meta([[0]], [1], [1]))
+        second = fused_panels(model, x, pool, _meta([[0]], [1], [1]))
     assert second is not None and second is not first
     assert second[0].o is not first[0].o and second[1].o is first[1].o
     # A replaced parameter (same values, new tensor) and a new QKV bias are seen too.
     att = model.decoder_layers()[1].self_attn
     att.o_proj.weight = torch.nn.Parameter(att.o_proj.weight.detach().clone())
     with torch.inference_mode():
-        third = model._fused_panels(x, pool, _meta([[0]], [1], [1]))
+        third = fused_panels(model, x, pool, _meta([[0]], [1], [1]))
     assert third is not None and third is not second and third[1].o is not second[1].o
     att.qkv_proj.bias = torch.nn.Parameter(torch.zeros(att.qkv_proj.weight.shape[0]))
     with torch.inference_mode():
-        fourth = model._fused_panels(x, pool, _meta([[0]], [1], [1]))
+        fourth = fused_panels(model, x, pool, _meta([[0]], [1], [1]))
     assert fourth is not None and fourth[1].qkv_bias is not None and third[1].qkv_bias is None
 
 
@@ -258,18 +270,20 @@ def test_steps_it_does_not_apply_to_stay_on_torch(kernel: DecoderLayerKernel) ->
     x = torch.zeros(1, model.config.hidden_size)
     meta = _meta([table], [1], [1])
     with torch.inference_mode():
-        assert model._fused_panels(x, pool, meta) is not None
+        assert fused_panels(model, x, pool, meta) is not None
         many = torch.zeros(33, x.shape[1])
-        assert model._fused_panels(many, pool, _meta([table], [33], [33])) is None
-        assert model._fused_panels(x.double(), pool, meta) is None
-    assert model._fused_panels(x, pool, meta) is None  # autograd on
+        assert fused_panels(model, many, pool, _meta([table], [33], [33])) is None
+        assert fused_panels(model, x.double(), pool, meta) is None
+    assert fused_panels(model, x, pool, meta) is None  # autograd on
     with torch.no_grad():
         model.decoder_layers()[0].mlp.down_proj.weight[0, 0] += 1e-3  # not a bf16 value now
     with torch.inference_mode():
-        assert model._fused_panels(x, pool, meta) is None
+        assert fused_panels(model, x, pool, meta) is None
 
 
-def test_a_reloaded_weight_is_never_served_from_old_panels(kernel: DecoderLayerKernel) -> None:
+def test_a_reloaded_weight_is_never_served_from_old_panels(
+    kernel: DecoderLayerKernel,
+) -> None:
     model = bf16_exact_model(7)
     ragged_step_matches(model, kernel, [5], [1], seed=7)
     with torch.no_grad():
@@ -281,12 +295,16 @@ def test_bad_operands_are_refused_by_name(kernel: DecoderLayerKernel) -> None:
     model = bf16_exact_model(8)
     cfg = model.config
     shape = LayerShape(
-        cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.intermediate_size
+        cfg.hidden_size,
+        cfg.num_heads,
+        cfg.num_kv_heads,
+        cfg.head_dim,
+        cfg.intermediate_size,
     )
     pool = KVPool.for_model(cfg, 2, BLOCK)
     k_cache, v_cache = pool.layer_caches(0)
     with torch.inference_mode():
-        panels = model._fused_panels(torch.zeros(1, cfg.hidden_size), pool, _meta([[0]], [1], [1]))
+        panels = fused_panels(model, torch.zeros(1, cfg.hidden_size), pool, _meta([[0]], [1], [1]))
     assert panels is not None
     d = cfg.head_dim
     x, out = torch.zeros(1, cfg.hidden_size), torch.zeros(1, shape.qkv_width)
@@ -299,7 +317,15 @@ def test_bad_operands_are_refused_by_name(kernel: DecoderLayerKernel) -> None:
         kernel.slot_mapping(torch.tensor([-1]), 2 * BLOCK)
     with pytest.raises(ValueError, match="slots"):
         kernel.qkv(
-            x, panels[0], shape, cos, sin, SlotMapping(torch.tensor([0]), 99), k_cache, v_cache, out
+            x,
+            panels[0],
+            shape,
+            cos,
+            sin,
+            SlotMapping(torch.tensor([0]), 99),
+            k_cache,
+            v_cache,
+            out,
         )
     with pytest.raises(ValueError, match="slots"):
         SlotMapping(torch.tensor([10**9]), 8)  # built by hand: still checked
@@ -324,7 +350,17 @@ def test_bad_operands_are_refused_by_name(kernel: DecoderLayerKernel) -> None:
     with pytest.raises(ValueError, match="scratch"):
         kernel.mlp(attn, panels[0], shape, residual, normed, w, w, 1e-5, torch.zeros(3))
     with pytest.raises(ValueError, match="next_norm"):
-        kernel.mlp(attn, panels[0], shape, residual, normed, w, w[:-1], 1e-5, torch.zeros(10_000))
+        kernel.mlp(
+            attn,
+            panels[0],
+            shape,
+            residual,
+            normed,
+            w,
+            w[:-1],
+            1e-5,
+            torch.zeros(10_000),
+        )
     # bind: the same checks once for all layers, plus one operand per layer.
     layers = len(panels)
     caches = [pool.layer_caches(i) for i in range(layers)]
@@ -365,7 +401,7 @@ def test_without_a_compiler_the_model_keeps_its_torch_ops(
     ids = torch.tensor([5, 6, 7])
     with torch.inference_mode():
         with pytest.warns(RuntimeWarning, match="no C compiler"):
-            assert model._fused_panels(torch.zeros(3, model.config.hidden_size), pool, meta) is None
+            assert fused_panels(model, torch.zeros(3, model.config.hidden_size), pool, meta) is None
         got = model(ids, meta.positions(), meta, pool)
         model.use_cpu_kernels(CpuKernels())
         want = model(ids, meta.positions(), meta, pool)

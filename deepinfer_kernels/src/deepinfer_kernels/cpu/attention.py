@@ -9,15 +9,15 @@ reference's; results agree to fp32 rounding.
 
 from __future__ import annotations
 
-import ctypes
 from collections.abc import Sequence
 from pathlib import Path
 
 import torch
 
 from deepinfer_kernels.cpu.native import NativeFunction
+from deepinfer_kernels.cpu.sources import PAGED_ATTENTION_TILES
 
-SOURCE = Path(__file__).parent / "csrc" / "paged_attention_tiles.c"
+SOURCE = PAGED_ATTENTION_TILES.path
 # Longer tiles (prefill chunks) stay on SDPA, whose matrix products win there.
 MAX_TILE_Q = 16
 
@@ -37,13 +37,8 @@ class PagedAttentionTiles:
 
     def __init__(self, cache_dir: Path | None = None, enabled: bool | None = None) -> None:
         self.fn = NativeFunction(
-            SOURCE,
+            PAGED_ATTENTION_TILES,
             "deepinfer_paged_attention_tiles",
-            [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64]
-            + [ctypes.c_void_p] * 6
-            + [ctypes.c_int64] * 8
-            + [ctypes.c_float] * 2,
-            restype=ctypes.c_int,
             cache_dir=cache_dir,
             enabled=enabled,
         )

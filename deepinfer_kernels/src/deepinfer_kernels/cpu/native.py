@@ -1,244 +1,181 @@
-"""Compile a C source into a shared library once, cache it, load it (CPU kernels).
+"""Load the compiled CPU kernels: once per process, checked, with one warning when they cannot be.
 
-Triton does the same for its launchers: the machine's C compiler (``$CC``, else ``cc``) builds
-the library on first use, with ``-march=native``, into ``$DEEPINFER_CACHE_DIR/kernels/``
-(default ``~/.cache/deepinfer/kernels``). The file name carries a key over everything the
-binary depends on (the source and the files it ``#include "..."``s, the compiler's version, the
-flags, the CPU's feature flags, the OpenMP runtime it links), so a changed source, compiler or
-machine gets a new build and a stale one is never loaded. Builds are written to a
-temporary file and renamed into place under a lock, so concurrent processes build once and no
-process sees half a library.
+:mod:`deepinfer_kernels.cpu.build` builds a C file into a shared library (ahead of time or on
+first use); this module loads it and hands out its functions:
 
-OpenMP: the library links the OpenMP runtime this process already has loaded (torch's), so its
-parallel loops run on torch's thread pool, sized by ``torch.set_num_threads``, instead of
-starting a second pool that would fight it for the cores. Without one, it is built without
-OpenMP (one thread).
+* :func:`load_library` remembers each library and each failure per ``(source, cache_dir)``
+  for the life of the process, so several functions of one file, or of files that fail for one
+  reason, cost one build attempt, and a failed build is not retried for every symbol;
+* :class:`NativeFunction` is one C function: built on its first :meth:`~NativeFunction.available`,
+  typed from the signature table (:mod:`deepinfer_kernels.cpu.sources`) whose ABI string the
+  library must export (:class:`~deepinfer_kernels.cpu.abi.NativeAbiError` otherwise, raised, not
+  warned: a mismatch is a bug, never a reason to run), and falling back (``available()`` False)
+  with one :class:`RuntimeWarning` per distinct reason and cache directory per process, so a
+  machine without a compiler warns once, not once per kernel.
+
+``DEEPINFER_CPU_KERNELS=0`` turns every compiled kernel off.
+
+The build API (:func:`build_library`, :func:`find_compiler`, ...) is re-exported here: this
+module is the one other packages' C sources build through.
 """
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
-import hashlib
+import functools
 import os
-import platform
-import re
-import shutil
-import subprocess
-import sys
-import tempfile
+import threading
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-COMPILE_TIMEOUT_S = 120
+from deepinfer_kernels.cpu.abi import CSignature, CSource, NativeAbiError
+from deepinfer_kernels.cpu.build import (
+    COMPILE_TIMEOUT_S,
+    CompileError,
+    NativeBuildError,
+    build_library,
+    build_prebuilt,
+    compiler_available,
+    compiler_version,
+    default_cache_dir,
+    exclusive_lock,
+    find_compiler,
+    loaded_openmp_runtime,
+    prebuilt_dirs,
+    source_digest,
+)
+
+__all__ = [
+    "COMPILE_TIMEOUT_S",
+    "CSignature",
+    "CSource",
+    "CompileError",
+    "LoadedLibraries",
+    "NativeAbiError",
+    "NativeBuildError",
+    "NativeFunction",
+    "build_library",
+    "build_prebuilt",
+    "compiler_available",
+    "compiler_version",
+    "default_cache_dir",
+    "exclusive_lock",
+    "find_compiler",
+    "load_library",
+    "loaded_libraries",
+    "loaded_openmp_runtime",
+    "prebuilt_dirs",
+    "source_digest",
+]
+
+ENV_SWITCH = "DEEPINFER_CPU_KERNELS"
 
 
-def default_cache_dir() -> Path:
-    """``$DEEPINFER_CACHE_DIR/kernels``, else ``~/.cache/deepinfer/kernels``."""
-    env = os.environ.get("DEEPINFER_CACHE_DIR")
-    return (Path(env) if env else Path.home() / ".cache" / "deepinfer") / "kernels"
+class LoadedLibraries:
+    """What this process loaded, or failed to, per ``(source, cache_dir)``, and the warnings
+    it gave (see the module doc). One per process: :func:`loaded_libraries`."""
 
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._done: dict[tuple[Path, Path | None], ctypes.CDLL | Exception] = {}
+        self._warned: set[tuple[Path | None, str]] = set()
 
-@contextlib.contextmanager
-def exclusive_lock(lock_file: Path) -> Iterator[None]:
-    """Hold an exclusive ``flock`` on ``lock_file`` (created if missing; a no-op where
-    ``fcntl`` is absent): processes filling one cache entry take turns."""
-    try:
-        import fcntl
-    except ImportError:  # pragma: no cover - not POSIX
-        yield
-        return
-    with open(lock_file, "a+b") as fh:
-        fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
+    def load(
+        self, source: Path, cache_dir: Path | None = None, abi: CSource | None = None
+    ) -> ctypes.CDLL:
+        key = (source.resolve(), cache_dir)
+        with self._lock:
+            done = self._done.get(key)
+            if done is None:
+                try:
+                    done = _load(source, cache_dir, abi)
+                except (NativeBuildError, NativeAbiError) as exc:
+                    done = exc
+                self._done[key] = done
+        if isinstance(done, Exception):
+            raise done
+        return done
 
-
-class NativeBuildError(RuntimeError):
-    """The library could not be built or loaded (no compiler, a compile error, ...)."""
-
-
-def find_compiler() -> str:
-    """``$CC``, else ``cc``/``gcc``/``clang`` on ``PATH``."""
-    for name in (os.environ.get("CC"), "cc", "gcc", "clang"):
-        if name and (path := shutil.which(name)):
-            return path
-    raise NativeBuildError("no C compiler found: install one or point $CC at it")
-
-
-def compiler_available() -> bool:
-    """Whether :func:`find_compiler` finds a C compiler."""
-    try:
-        find_compiler()
-    except NativeBuildError:
-        return False
-    return True
-
-
-def loaded_openmp_runtime() -> Path | None:
-    """The GNU OpenMP runtime file mapped into this process (Linux), if any."""
-    try:
-        with open("/proc/self/maps", encoding="utf-8") as fh:
-            for line in fh:
-                path = line.rsplit(" ", 1)[-1].strip()
-                if Path(path).name.startswith("libgomp") and Path(path).is_file():
-                    return Path(path)
-    except OSError:
-        return None
-    return None
-
-
-def _cpu_flags() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as fh:
-            for line in fh:
-                if line.startswith(("flags", "Features")):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
-
-
-def _compile_flags() -> list[str]:
-    flags = ["-O3", "-std=gnu11", "-fPIC", "-march=native"]
-    if platform.machine() in ("x86_64", "AMD64"):
-        # gcc picks 256-bit vectors for -march=native on AVX-512 parts; the kernels are
-        # written for 512-bit ones.
-        flags.append("-mprefer-vector-width=512")
-    return flags
-
-
-def _compiler_version(compiler: str) -> str:
-    try:
-        out = subprocess.run(
-            [compiler, "--version"], capture_output=True, text=True, timeout=30, check=True
+    def warn_once(self, cache_dir: Path | None, reason: str) -> None:
+        """One ``RuntimeWarning`` per reason and cache directory."""
+        with self._lock:
+            if (cache_dir, reason) in self._warned:
+                return
+            self._warned.add((cache_dir, reason))
+        warnings.warn(
+            f"deepinfer's compiled CPU kernels are unavailable, using torch: {reason}",
+            RuntimeWarning,
+            stacklevel=4,
         )
-    except (OSError, subprocess.SubprocessError) as exc:
-        raise NativeBuildError(f"cannot run the C compiler {compiler!r}: {exc}") from exc
-    return out.stdout.splitlines()[0] if out.stdout else compiler
 
 
-def _run(cmd: list[str]) -> None:
-    try:
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S)
-    except (OSError, subprocess.SubprocessError) as exc:
-        raise NativeBuildError(f"{cmd[0]} failed to run: {exc}") from exc
-    if done.returncode != 0:
-        raise NativeBuildError(f"{' '.join(cmd)} failed:\n{done.stderr.strip()[-2000:]}")
+@functools.cache
+def loaded_libraries() -> LoadedLibraries:
+    """This process's :class:`LoadedLibraries` (the state is per process by design: a failed
+    build is remembered, and warned about, once)."""
+    return LoadedLibraries()
 
 
-_LOCAL_INCLUDE = re.compile(rb'^\s*#\s*include\s*"([^"]+)"', re.MULTILINE)
-
-
-def source_digest(source: Path) -> str:
-    """SHA-256 over ``source`` and, recursively, the files it ``#include "..."``s from its own
-    directory tree, so that editing an included file gives a new build key."""
-    digest = hashlib.sha256()
-    seen: set[Path] = set()
-    pending = [source.resolve()]
-    while pending:
-        path = pending.pop()
-        if path in seen:
-            continue
-        seen.add(path)
-        text = path.read_bytes()
-        digest.update(str(len(text)).encode() + b"\0" + text)
-        for name in _LOCAL_INCLUDE.findall(text):
-            included = path.parent / name.decode()
-            if included.is_file():
-                pending.append(included.resolve())
-    return digest.hexdigest()
-
-
-def build_library(source: Path, cache_dir: Path | None = None) -> Path:
-    """Path of the shared library built from the C file ``source``, building it if needed.
-
-    ``cache_dir`` defaults to :func:`default_cache_dir`. Raises :class:`NativeBuildError` when
-    this machine cannot build it.
-    """
-    if sys.byteorder != "little":
-        raise NativeBuildError("the CPU kernels assume a little-endian machine")
-    compiler = find_compiler()
-    openmp = loaded_openmp_runtime()
-    flags = _compile_flags()
-    key_parts = [
-        source_digest(source),
-        _compiler_version(compiler),
-        " ".join(flags),
-        _cpu_flags(),
-        str(openmp),
-    ]
-    key = hashlib.sha256("\n".join(key_parts).encode()).hexdigest()[:16]
-    root = cache_dir if cache_dir is not None else default_cache_dir()
-    target = root / f"{source.stem}-{key}.so"
-    if target.is_file():
-        return target
-    try:
-        return _build_into(root, target, source, compiler, flags, openmp)
-    except OSError as exc:  # an unwritable or full cache directory
-        raise NativeBuildError(f"cannot build into {root}: {exc}") from exc
-
-
-def _build_into(
-    root: Path, target: Path, source: Path, compiler: str, flags: list[str], openmp: Path | None
-) -> Path:
-    root.mkdir(parents=True, exist_ok=True)
-    with exclusive_lock(root / f".{source.stem}.lock"):
-        if target.is_file():  # another process built it while this one waited
-            return target
-        with tempfile.TemporaryDirectory(prefix=f".{source.stem}-", dir=root) as tmp:
-            obj, lib = Path(tmp) / "kernel.o", Path(tmp) / "kernel.so"
-            compile_cmd = [compiler, *flags, "-c", str(source), "-o", str(obj)]
-            link_cmd = [compiler, "-shared", str(obj), "-o", str(lib)]
-            if openmp is not None:
-                compile_cmd.insert(1, "-fopenmp")
-                # Link the runtime file itself (not -fopenmp's -lgomp, which may be another
-                # copy), found at run time through the rpath.
-                link_cmd += [str(openmp), f"-Wl,-rpath,{openmp.parent}"]
-            _run(compile_cmd)
-            _run(link_cmd)
-            os.replace(lib, target)
-    return target
-
-
-def load_library(source: Path, cache_dir: Path | None = None) -> ctypes.CDLL:
-    """Build (if needed) and load the C file ``source``."""
+def _load(source: Path, cache_dir: Path | None, abi: CSource | None) -> ctypes.CDLL:
     path = build_library(source, cache_dir)
     try:
-        return ctypes.CDLL(str(path))
+        lib = ctypes.CDLL(str(path))
     except OSError as exc:
         # A damaged file under the final name (a disk error: builds are renamed into place
-        # whole) is removed, so the next call rebuilds it.
+        # whole) is removed, so the next process rebuilds it.
         path.unlink(missing_ok=True)
         raise NativeBuildError(f"cannot load {path}: {exc}") from exc
+    if abi is not None:
+        abi.check(lib)
+    return lib
+
+
+def load_library(source: Path | CSource, cache_dir: Path | None = None) -> ctypes.CDLL:
+    """Build (if needed) and load the C file ``source``, once per process (a
+    :class:`CSource` is also checked against its ABI string)."""
+    if isinstance(source, CSource):
+        return loaded_libraries().load(source.path, cache_dir, source)
+    return loaded_libraries().load(source, cache_dir)
 
 
 class NativeFunction:
     """One C function of the file ``source``, built and loaded on the first :meth:`available`.
 
-    ``enabled=None`` reads ``DEEPINFER_CPU_KERNELS`` (``0`` turns every compiled kernel off).
-    When the build fails, :meth:`available` warns once and from then on answers False (the
-    reason is kept in :attr:`error`), so callers fall back to torch.
+    ``source``: a :class:`CSource` from the signature table (its types come from there), or a
+    plain path with explicit ``argtypes``/``restype``. ``enabled=None`` reads
+    ``DEEPINFER_CPU_KERNELS`` (``0`` turns every compiled kernel off). When the build fails,
+    :meth:`available` answers False from then on (the reason is kept in :attr:`error`) and the
+    process warns once per reason, so callers fall back to torch. A library whose ABI differs
+    from the table raises :class:`NativeAbiError`.
     """
 
     def __init__(
         self,
-        source: Path,
+        source: Path | CSource,
         symbol: str,
-        argtypes: list[Any],
+        argtypes: list[Any] | None = None,
         *,
         restype: Any = None,
         cache_dir: Path | None = None,
         enabled: bool | None = None,
     ) -> None:
+        if isinstance(source, CSource):
+            sig = source.signature(symbol)
+            if argtypes is not None and list(argtypes) != sig.argtypes:
+                raise ValueError(f"argtypes: {symbol} is declared {sig.declaration()}")
+            argtypes, restype = sig.argtypes, sig.restype
+            self.abi: CSource | None = source
+            self.source = source.path
+        else:
+            if argtypes is None:
+                raise ValueError("argtypes: required for a source outside the signature table")
+            self.abi, self.source = None, source
         if enabled is None:
-            enabled = os.environ.get("DEEPINFER_CPU_KERNELS", "1") != "0"
-        self.source, self.symbol = source, symbol
-        self.argtypes, self.restype = argtypes, restype
+            enabled = os.environ.get(ENV_SWITCH, "1") != "0"
+        self.symbol = symbol
+        self.argtypes, self.restype = list(argtypes), restype
         self.cache_dir = cache_dir
         self.enabled = enabled
         self.error: str | None = None
@@ -249,15 +186,13 @@ class NativeFunction:
         if not self.enabled:
             return False
         if self._fn is None and self.error is None:
+            libs = loaded_libraries()
             try:
-                fn = getattr(load_library(self.source, self.cache_dir), self.symbol)
-            except (NativeBuildError, AttributeError, OSError) as exc:
+                lib = libs.load(self.source, self.cache_dir, self.abi)
+                fn = getattr(lib, self.symbol)
+            except (NativeBuildError, AttributeError) as exc:
                 self.error = str(exc)
-                warnings.warn(
-                    f"deepinfer's CPU kernel {self.symbol} is unavailable, using torch: {exc}",
-                    RuntimeWarning,
-                    stacklevel=3,
-                )
+                libs.warn_once(self.cache_dir, self.error)
                 return False
             fn.argtypes = self.argtypes
             fn.restype = self.restype
@@ -265,6 +200,12 @@ class NativeFunction:
         return self._fn is not None
 
     def __call__(self, *args: Any) -> Any:
-        if not self.available() or self._fn is None:
-            raise RuntimeError(f"{self.symbol} is unavailable: {self.error or 'turned off'}")
-        return self._fn(*args)
+        fn = self._fn
+        if fn is None:
+            if not self.available() or self._fn is None:
+                raise RuntimeError(f"{self.symbol} is unavailable: {self.error or 'turned off'}")
+            fn = self._fn
+        if len(args) != len(self.argtypes):
+            # ctypes passes surplus arguments through unchecked: refuse them here.
+            raise TypeError(f"{self.symbol} takes {len(self.argtypes)} arguments, got {len(args)}")
+        return fn(*args)

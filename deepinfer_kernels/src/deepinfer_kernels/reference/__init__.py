@@ -7,6 +7,14 @@ from deepinfer_kernels.reference.attention import paged_attention as paged_atten
 from deepinfer_kernels.reference.attention import (
     paged_decode_attention as paged_decode_attention_reference,
 )
+from deepinfer_kernels.reference.cpu import (
+    add_rms_norm_reference,
+    bf16_weight_linear_reference,
+    decoder_mlp_reference,
+    decoder_qkv_reference,
+    rms_norm_reference,
+    unpack_panels_reference,
+)
 from deepinfer_kernels.reference.kv import (
     gather_blocks_reference,
     scatter_blocks_reference,
@@ -27,6 +35,13 @@ __all__: list[str] = [
     "merge_attention_states_reference",
     "paged_attention_reference",
     "paged_decode_attention_reference",
+    # compiled CPU ops
+    "add_rms_norm_reference",
+    "bf16_weight_linear_reference",
+    "decoder_mlp_reference",
+    "decoder_qkv_reference",
+    "rms_norm_reference",
+    "unpack_panels_reference",
     # verification, sampling and KV movement
     "apply_penalties_reference",
     "apply_token_bitmask_reference",

@@ -215,3 +215,7 @@ int deepinfer_paged_attention_tiles(const float *q, int64_t q_stride, const int6
     free(part);
     return 0;
 }
+
+/* This file's entry of the signature table (deepinfer_kernels/cpu/sources.py): the loader
+ * compares the two and refuses the library when they differ. */
+const char *deepinfer_abi_paged_attention_tiles(void) { return "1|deepinfer_paged_attention_tiles(pipippppppiiiiiiiiff)i"; }

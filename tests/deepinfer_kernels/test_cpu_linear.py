@@ -1,4 +1,4 @@
-"""``deepinfer.models.linear``: equal to ``F.linear`` for every row count, dtype and shape."""
+"""``deepinfer_kernels.cpu.linear``: equal to ``F.linear`` for every row count, dtype and shape."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from deepinfer.models.linear import (
+from deepinfer_kernels.cpu.linear import (
     CPU_TRANSPOSED_ROWS,
     PACKED_MIN_ROWS,
     PackedWeight,

@@ -58,3 +58,7 @@ void deepinfer_add_rms_norm(const float *residual, const float *delta, const flo
         for (; h < H; h++) o[h] = (r[h] * inv) * weight[h];
     }
 }
+
+/* This file's entry of the signature table (deepinfer_kernels/cpu/sources.py): the loader
+ * compares the two and refuses the library when they differ. */
+const char *deepinfer_abi_add_rms_norm(void) { return "1|deepinfer_add_rms_norm(pppppiif)v"; }

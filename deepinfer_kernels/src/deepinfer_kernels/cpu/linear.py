@@ -21,7 +21,7 @@ bitwise. The packed copy costs one more copy of the weight in memory.
 Fewer rows than that are bound by reading the weights. For weights that are exactly bf16 values
 (a bf16 checkpoint run in fp32, like the embedded model) :class:`PackedWeight` also keeps their
 bf16 panels, and up to ``BF16_MAX_ROWS`` rows run on
-:class:`~deepinfer.models.bf16_weight_linear.Bf16WeightLinear`, which reads half the bytes and
+:class:`~deepinfer_kernels.cpu.bf16_weight_linear.Bf16WeightLinear`, which reads half the bytes and
 computes in fp32 (1.6x faster than ``F.linear`` for all one-row products of a SmolLM2 step).
 """
 
@@ -30,7 +30,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from deepinfer.models.bf16_weight_linear import Bf16WeightLinear, bf16_panels
+from deepinfer_kernels.cpu.bf16_weight_linear import Bf16WeightLinear, bf16_panels
 
 # Row counts for which ``W @ x^T`` beats ``x @ W^T`` on CPU when packing is unavailable.
 CPU_TRANSPOSED_ROWS = range(4, 49)

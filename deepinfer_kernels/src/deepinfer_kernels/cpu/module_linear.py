@@ -2,7 +2,7 @@
 
 :class:`ModuleLinear` is a ``deepinfer_spec`` ``LinearFn`` (``(x, layer) -> layer(x)``): the
 engine hands it to the DSpark drafter (``DSparkDrafter.use_linear``) so that the drafter's
-few-row products take the same paths as the model's own (:func:`deepinfer.models.linear.linear`):
+few-row products take the same paths as the model's own (:func:`deepinfer_kernels.cpu.linear.linear`):
 bf16 panels for bf16-exact weights (a drafter checkpoint saved in bf16 and run in fp32 is
 exact), MKL's packed GEMM for more rows, ``F.linear`` otherwise or while autograd is on.
 
@@ -18,13 +18,13 @@ import weakref
 import torch
 from torch import nn
 
-from deepinfer.models.bf16_weight_linear import Bf16WeightLinear
-from deepinfer.models.linear import PackedWeight, linear
+from deepinfer_kernels.cpu.bf16_weight_linear import Bf16WeightLinear
+from deepinfer_kernels.cpu.linear import PackedWeight, linear
 
 
 class ModuleLinear:
-    """``layer(x)`` through :func:`~deepinfer.models.linear.linear` with a
-    :class:`~deepinfer.models.linear.PackedWeight` per layer (kept while the layer lives).
+    """``layer(x)`` through :func:`~deepinfer_kernels.cpu.linear.linear` with a
+    :class:`~deepinfer_kernels.cpu.linear.PackedWeight` per layer (kept while the layer lives).
 
     ``kernel``: the bf16-panel product (``LlamaModel.cpu_kernels.linear``), or None for the MKL
     paths only.

@@ -7,11 +7,11 @@ import gc
 import pytest
 import torch
 import torch.nn.functional as F
-from model_helpers import built
+from _cpu import built
 from torch import nn
 
-from deepinfer.models.bf16_weight_linear import Bf16WeightLinear
-from deepinfer.models.module_linear import ModuleLinear
+from deepinfer_kernels.cpu.bf16_weight_linear import Bf16WeightLinear
+from deepinfer_kernels.cpu.module_linear import ModuleLinear
 from deepinfer_spec import LinearFn
 
 

@@ -7,13 +7,11 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from _cpu import built
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from model_helpers import built, tiny_config
 
-from deepinfer.models import LlamaModel
-from deepinfer.models.add_rms_norm import AddRmsNorm, add_rms_norm
-from deepinfer.models.cpu_kernels import CpuKernels
+from deepinfer_kernels.cpu.add_rms_norm import AddRmsNorm, add_rms_norm
 
 
 @pytest.fixture(scope="module")
@@ -70,22 +68,6 @@ def test_dispatch_falls_back_where_the_kernel_does_not_apply(kernel: AddRmsNorm)
     assert normed.dtype == torch.float16
     with pytest.raises(ValueError, match="contiguous fp32"), torch.inference_mode():
         kernel(residual, delta[:, :16], weight, 1e-5)
-
-
-def test_model_forward_matches_without_kernels(kernel: AddRmsNorm) -> None:
-    """A tiny model's hidden states and captured layer outputs with the fused norms equal the
-    torch-op forward."""
-    model = LlamaModel(tiny_config(), init=False)
-    model.init_weights(generator=torch.Generator().manual_seed(7))
-    ids = torch.tensor([[5, 9, 17, 3, 40, 41]])
-    with torch.inference_mode():
-        model.use_cpu_kernels(CpuKernels(norm=kernel))
-        fast, fast_layers = model.forward_dense(ids, layer_ids=[0, 1])
-        model.use_cpu_kernels(CpuKernels())
-        plain, plain_layers = model.forward_dense(ids, layer_ids=[0, 1])
-    torch.testing.assert_close(fast, plain, rtol=1e-5, atol=1e-5)
-    for a, b in zip(fast_layers, plain_layers):
-        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
 
 
 def test_unbuildable_kernel_falls_back(tmp_path: Path, no_c_compiler: None) -> None:

@@ -7,20 +7,18 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from _cpu import built
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from model_helpers import built, tiny_config
 
-from deepinfer.models import LlamaModel
-from deepinfer.models.bf16_weight_linear import (
+from deepinfer_kernels.cpu.bf16_weight_linear import (
     SOURCE,
     Bf16WeightLinear,
     bf16_panels,
     unpack_panels,
 )
-from deepinfer.models.cpu_kernels import CpuKernels
-from deepinfer.models.linear import BF16_MAX_ROWS, PackedWeight, linear
-from deepinfer_kernels.cpu.native import build_library, compiler_available
+from deepinfer_kernels.cpu.linear import BF16_MAX_ROWS, PackedWeight, linear
+from deepinfer_kernels.cpu.native import LoadedLibraries, build_library, compiler_available
 
 needs_compiler = pytest.mark.skipif(not compiler_available(), reason="no C compiler here")
 
@@ -191,7 +189,12 @@ def test_build_is_cached_and_a_damaged_file_is_rebuilt(tmp_path: Path) -> None:
     with pytest.warns(RuntimeWarning, match="unavailable"):
         assert not damaged.available()
     assert not path.exists()  # moved out of the way
-    rebuilt = Bf16WeightLinear(cache_dir=tmp_path, enabled=True)
+    # This process remembers the failure (no retry per symbol); the next process rebuilds.
+    again = Bf16WeightLinear(cache_dir=tmp_path, enabled=True)
+    assert not again.available() and not path.exists()
+    LoadedLibraries().load(SOURCE, tmp_path)
+    assert path.is_file()
+    rebuilt = Bf16WeightLinear(cache_dir=tmp_path / "other", enabled=True)
     assert rebuilt.available(), rebuilt.error
     x, w = torch.ones(1, 4), torch.ones(3, 4)
     panels = bf16_panels(w)
@@ -217,27 +220,6 @@ def test_env_switch_turns_it_off(monkeypatch: pytest.MonkeyPatch) -> None:
     assert not Bf16WeightLinear().available()
     monkeypatch.setenv("DEEPINFER_CPU_KERNELS", "1")
     assert Bf16WeightLinear(enabled=False).available() is False
-
-
-def test_model_logits_match_with_and_without_the_kernel(kernel: Bf16WeightLinear) -> None:
-    """A tiny model with bf16-exact weights: decode-sized forwards on the kernel give the
-    logits of the plain path, and the kernel was really used."""
-    model = LlamaModel(tiny_config(), init=False)
-    model.init_weights(generator=torch.Generator().manual_seed(6))
-    with torch.no_grad():
-        for param in model.parameters():
-            param.copy_(param.bfloat16().float())
-    ids = torch.tensor([[5, 9, 17, 3, 40]])
-    with torch.inference_mode():
-        model.use_cpu_kernels(CpuKernels(linear=kernel))
-        hidden, _ = model.forward_dense(ids)
-        fast = model.compute_logits(hidden[0])
-        qkv = model.decoder_layers()[0].self_attn.qkv_proj
-        assert qkv.packed.has_bf16  # the kernel path prepared its panels
-        model.use_cpu_kernels(CpuKernels())
-        hidden, _ = model.forward_dense(ids)
-        plain = model.compute_logits(hidden[0])
-    torch.testing.assert_close(fast, plain, rtol=1e-5, atol=1e-5)
 
 
 @needs_compiler

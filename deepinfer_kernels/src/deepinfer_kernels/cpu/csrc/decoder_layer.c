@@ -84,3 +84,7 @@ void deepinfer_decoder_mlp(const float *attn, const uint16_t *o_panels, float *r
     deepinfer_bf16_weight_linear(act, down_panels, 0, down, T, H, I);
     deepinfer_add_rms_norm(residual, down, next_w, residual, normed, T, H, eps);
 }
+
+/* This file's entry of the signature table (deepinfer_kernels/cpu/sources.py): the loader
+ * compares the two and refuses the library when they differ. */
+const char *deepinfer_abi_decoder_layer(void) { return "1|deepinfer_decoder_qkv(pppppppppiiiii)v|deepinfer_decoder_mlp(ppppppppfpiiii)v"; }

@@ -17,7 +17,7 @@ import torch
 from deepinfer_kernels.cpu.native import NativeFunction
 
 if TYPE_CHECKING:
-    from deepinfer.models.decoder_layer_kernel import LayerPanels, LayerShape, SlotMapping
+    from deepinfer_kernels.cpu.decoder_layer import LayerPanels, LayerShape, SlotMapping
 
 
 def qkv_call_args(

@@ -10,15 +10,15 @@ no autograd) and the torch ops otherwise.
 
 from __future__ import annotations
 
-import ctypes
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 from deepinfer_kernels.cpu.native import NativeFunction
+from deepinfer_kernels.cpu.sources import ADD_RMS_NORM
 
-SOURCE = Path(__file__).parent / "csrc" / "add_rms_norm.c"
+SOURCE = ADD_RMS_NORM.path
 
 
 class AddRmsNorm:
@@ -27,11 +27,7 @@ class AddRmsNorm:
 
     def __init__(self, cache_dir: Path | None = None, enabled: bool | None = None) -> None:
         self.fn = NativeFunction(
-            SOURCE,
-            "deepinfer_add_rms_norm",
-            [ctypes.c_void_p] * 5 + [ctypes.c_int64] * 2 + [ctypes.c_float],
-            cache_dir=cache_dir,
-            enabled=enabled,
+            ADD_RMS_NORM, "deepinfer_add_rms_norm", cache_dir=cache_dir, enabled=enabled
         )
 
     def available(self) -> bool:

@@ -6,8 +6,8 @@ views and allocations) cost more than the products once each pays its dispatch f
 ``csrc/decoder_layer.c`` runs everything before the attention (QKV product, RoPE, K/V write)
 as one call and everything after it (output projection, residual add, norm, SwiGLU MLP,
 residual add, the next layer's input norm) as another, reading the weights as bf16 panels
-(:mod:`deepinfer.models.bf16_weight_linear`) with fp32 arithmetic. Results equal the torch
-layer's up to fp32 rounding; :class:`~deepinfer.models.LlamaModel` takes this path for steps of
+(:mod:`deepinfer_kernels.cpu.bf16_weight_linear`) with fp32 arithmetic. Results equal the torch
+layer's up to fp32 rounding; a model (``deepinfer.models.LlamaModel``) takes this path for steps of
 up to ``BF16_MAX_ROWS`` rows whose every projection weight is bf16-exact, and its torch ops
 otherwise.
 
@@ -17,21 +17,19 @@ it cannot be, it reports itself unavailable once, with a warning.
 
 from __future__ import annotations
 
-import ctypes
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from deepinfer.models.bf16_weight_linear import PANEL
-from deepinfer.models.bound_layers import BoundLayers, mlp_call_args, qkv_call_args
+from deepinfer_kernels.cpu.bf16_weight_linear import PANEL
+from deepinfer_kernels.cpu.bound_layers import BoundLayers, mlp_call_args, qkv_call_args
+from deepinfer_kernels.cpu.linear import BF16_MAX_ROWS
 from deepinfer_kernels.cpu.native import NativeFunction
+from deepinfer_kernels.cpu.sources import DECODER_LAYER
 
-SOURCE = Path(__file__).parent / "csrc" / "decoder_layer.c"
-
-_P = ctypes.c_void_p
-_I = ctypes.c_int64
+SOURCE = DECODER_LAYER.path
 
 
 @dataclass(frozen=True)
@@ -63,7 +61,9 @@ class LayerShape:
         """Floats of scratch :meth:`DecoderLayerKernel.mlp` needs for ``rows`` rows."""
         return rows * (2 * self.hidden + 3 * self.intermediate)
 
-    def check_panels(self, panels: LayerPanels) -> None:
+    def check_panels(self, panels: LayerPanels, part: str = "both") -> None:
+        """Raise ``ValueError`` naming the first panel that does not fit this shape
+        (``part``: ``"qkv"`` checks the QKV panels and bias only, ``"mlp"`` the others)."""
         h, q = self.hidden, self.num_heads * self.head_dim
         want = {
             "qkv": (self.qkv_width, h),
@@ -71,6 +71,10 @@ class LayerShape:
             "gate_up": (2 * self.intermediate, h),
             "down": (h, self.intermediate),
         }
+        if part == "qkv":
+            want = {"qkv": want["qkv"]}
+        elif part == "mlp":
+            del want["qkv"]
         for name, (n, k) in want.items():
             t: torch.Tensor = getattr(panels, name)
             shape = (-(-n // PANEL), k, 16, 2)
@@ -80,10 +84,14 @@ class LayerShape:
                     f"{tuple(t.shape)}"
                 )
         bias = panels.qkv_bias
-        if bias is not None and (
-            tuple(bias.shape) != (self.qkv_width,)
-            or bias.dtype != torch.float32
-            or not bias.is_contiguous()
+        if (
+            part != "mlp"
+            and bias is not None
+            and (
+                tuple(bias.shape) != (self.qkv_width,)
+                or bias.dtype != torch.float32
+                or not bias.is_contiguous()
+            )
         ):
             raise ValueError(f"panels.qkv_bias: expected contiguous fp32 [{self.qkv_width}]")
 
@@ -131,18 +139,10 @@ class DecoderLayerKernel:
 
     def __init__(self, cache_dir: Path | None = None, enabled: bool | None = None) -> None:
         self._qkv = NativeFunction(
-            SOURCE,
-            "deepinfer_decoder_qkv",
-            [_P] * 9 + [_I] * 5,
-            cache_dir=cache_dir,
-            enabled=enabled,
+            DECODER_LAYER, "deepinfer_decoder_qkv", cache_dir=cache_dir, enabled=enabled
         )
         self._mlp = NativeFunction(
-            SOURCE,
-            "deepinfer_decoder_mlp",
-            [_P] * 8 + [ctypes.c_float, _P] + [_I] * 4,
-            cache_dir=cache_dir,
-            enabled=enabled,
+            DECODER_LAYER, "deepinfer_decoder_mlp", cache_dir=cache_dir, enabled=enabled
         )
         # The last panels tuple check_panels passed, and for which shape (see bind).
         self._checked_panels: tuple[LayerPanels, ...] | None = None
@@ -156,6 +156,21 @@ class DecoderLayerKernel:
     def available(self) -> bool:
         """Whether both halves can run here (builds them on the first call)."""
         return self._qkv.available() and self._mlp.available()
+
+    def applies(self, x: torch.Tensor, k_cache: torch.Tensor, slot_mapping: torch.Tensor) -> bool:
+        """Whether a step with these operands can take the compiled layer: 1 to
+        ``BF16_MAX_ROWS`` fp32 CPU rows ``x`` with autograd off, a contiguous fp32 cache, no
+        padding slots (``-1``), and the kernel built (on the first call)."""
+        return (
+            0 < x.shape[0] <= BF16_MAX_ROWS
+            and x.dtype == torch.float32
+            and x.device.type == "cpu"
+            and not torch.is_grad_enabled()
+            and k_cache.dtype == torch.float32
+            and k_cache.is_contiguous()
+            and int(slot_mapping.min()) >= 0
+            and self.available()
+        )
 
     @staticmethod
     def slot_mapping(slots: torch.Tensor, capacity: int) -> SlotMapping:
@@ -185,7 +200,7 @@ class DecoderLayerKernel:
         ``slots``: from :meth:`slot_mapping` with the caches' ``num_blocks * block_size``;
         caches contiguous fp32 ``[num_blocks, block_size, Hkv, D]``.
         """
-        shape.check_panels(panels)
+        shape.check_panels(panels, "qkv")
         self._check_qkv(x, shape, cos, sin, slots, k_cache, v_cache, out)
         if x.shape[0] == 0:
             return
@@ -244,7 +259,7 @@ class DecoderLayerKernel:
         ``attn [T, Hq D]``. Updates ``residual [T, H]`` in place; writes ``normed [T, H]``
         (``next_norm`` applied). ``scratch``: fp32 with ``shape.scratch_size(T)`` values.
         ``post_norm``/``next_norm`` share one ``eps`` (a Llama model's norms all do)."""
-        shape.check_panels(panels)
+        shape.check_panels(panels, "mlp")
         _check_mlp_operands(attn, shape, residual, normed, post_norm, next_norm, scratch)
         if attn.shape[0] == 0:
             return

@@ -3,7 +3,7 @@
  *   y[m, n] = sum_k x[m, k] * float(W[n, k]) (+ b[n]),  summed over k in increasing order
  *
  * x [M, K] fp32 row-major, y [M, N] fp32 row-major, b [N] fp32 or NULL. W arrives packed
- * (deepinfer.models.bf16_weight_linear.bf16_panels): panels of 32 output columns,
+ * (deepinfer_kernels.cpu.bf16_weight_linear.bf16_panels): panels of 32 output columns,
  * panels[p][k][i][h] = W[32 p + 16 h + i, k] (i < 16, h < 2), zero past N. float(W) is exact
  * (a bf16 value is the high half of an fp32 value) and products and sums are fp32 fused
  * multiply-adds, so for weights that are bf16 values (a bf16 checkpoint run in fp32) the result
@@ -86,3 +86,7 @@ void deepinfer_bf16_weight_linear(const float *x, const uint16_t *panels, const 
         }
     }
 }
+
+/* This file's entry of the signature table (deepinfer_kernels/cpu/sources.py): the loader
+ * compares the two and refuses the library when they differ. */
+const char *deepinfer_abi_bf16_weight_linear(void) { return "1|deepinfer_bf16_weight_linear(ppppiii)v"; }

@@ -16,14 +16,14 @@ turns it off.
 
 from __future__ import annotations
 
-import ctypes
 from pathlib import Path
 
 import torch
 
 from deepinfer_kernels.cpu.native import NativeFunction
+from deepinfer_kernels.cpu.sources import BF16_WEIGHT_LINEAR
 
-SOURCE = Path(__file__).parent / "csrc" / "bf16_weight_linear.c"
+SOURCE = BF16_WEIGHT_LINEAR.path
 
 
 PANEL = 32  # output columns per panel (csrc/bf16_weight_linear.c)
@@ -62,11 +62,7 @@ class Bf16WeightLinear:
 
     def __init__(self, cache_dir: Path | None = None, enabled: bool | None = None) -> None:
         self.fn = NativeFunction(
-            SOURCE,
-            "deepinfer_bf16_weight_linear",
-            [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3,
-            cache_dir=cache_dir,
-            enabled=enabled,
+            BF16_WEIGHT_LINEAR, "deepinfer_bf16_weight_linear", cache_dir=cache_dir, enabled=enabled
         )
 
     @property

@@ -1,0 +1,95 @@
+"""Every decoder layer's projection weights as bf16 panels, for :class:`DecoderLayerKernel`.
+
+A model asks :meth:`DecoderPanels.get` at every step that could take the compiled layer; it
+answers the same tuple of :class:`~deepinfer_kernels.cpu.decoder_layer.LayerPanels` while the
+weights it was built from are unchanged (so that ``DecoderLayerKernel.bind`` checks them once,
+not every step), and rebuilds it when any projection's weight or bias was replaced or modified
+in place. The panels themselves are the projections' own :class:`PackedWeight` copies (the
+same bytes the bf16 linear path reads), so the fused path costs no second copy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol
+
+import torch
+from torch import nn
+
+from deepinfer_kernels.cpu.decoder_layer import LayerPanels
+from deepinfer_kernels.cpu.linear import PackedWeight
+
+
+class Projection(Protocol):
+    """A projection the panels are made from (``deepinfer.models.layers.Linear`` is one)."""
+
+    @property
+    def weight(self) -> torch.Tensor: ...
+    @property
+    def bias(self) -> torch.Tensor | None: ...
+    @property
+    def packed(self) -> PackedWeight: ...
+
+
+# One layer's (qkv, o, gate_up, down) projections.
+LayerProjections = tuple[Projection, Projection, Projection, Projection]
+
+
+def weight_key(weight: torch.Tensor) -> tuple[int, int]:
+    """Storage and version of a weight (inference tensors have no version: 0)."""
+    return weight.data_ptr(), 0 if weight.is_inference() else weight._version
+
+
+def _holder(proj: Projection) -> Mapping[str, Any]:
+    # An nn.Module's parameters live in its _parameters dict: reading that dict is a few
+    # dictionary lookups, where ``module.weight`` goes through nn.Module.__getattr__.
+    return proj._parameters if isinstance(proj, nn.Module) else vars(proj)
+
+
+class DecoderPanels:
+    """The bf16 panels of a model's decoder layers, built on first use and kept while current.
+
+    ``projections`` is called only to (re)build: it returns every layer's
+    :data:`LayerProjections` in order.
+    """
+
+    def __init__(self, projections: Callable[[], Sequence[LayerProjections]]) -> None:
+        self._projections = projections
+        self._panels: tuple[LayerPanels, ...] = ()
+        # Per projection: where its parameters live, its weight, bias and weight key.
+        self._sources: list[tuple[Mapping[str, Any], torch.Tensor, Any, tuple[int, int]]] = []
+
+    def get(self) -> tuple[LayerPanels, ...] | None:
+        """Every layer's panels, or None when a projection other than QKV has a bias or a
+        weight is not bf16-exact (the compiled layer does not apply)."""
+        if self._panels and self.is_current():
+            return self._panels
+        self.clear()
+        out, sources = [], []
+        for layer in self._projections():
+            qkv, *plain = layer
+            if any(p.bias is not None for p in plain):
+                return None
+            panels = [p.packed.bf16(p.weight) for p in layer]
+            if any(t is None for t in panels):
+                return None
+            bias = qkv.bias
+            q, o, gu, d = (t for t in panels if t is not None)
+            out.append(LayerPanels(q, None if bias is None else bias.detach(), o, gu, d))
+            sources += [(_holder(p), p.weight, p.bias, weight_key(p.weight)) for p in layer]
+        self._panels, self._sources = tuple(out), sources
+        return self._panels
+
+    def is_current(self) -> bool:
+        """Whether every projection still has the weight (same tensor, storage and version)
+        and bias the panels were made from."""
+        return all(
+            params.get("weight") is weight
+            and params.get("bias") is bias
+            and weight_key(weight) == key
+            for params, weight, bias, key in self._sources
+        )
+
+    def clear(self) -> None:
+        """Forget the panels (the projections keep their own copies)."""
+        self._panels, self._sources = (), []

@@ -1,0 +1,54 @@
+"""Every C kernel of this package and its functions' signatures: the one table.
+
+Each entry's ABI string must equal what its C file's ``deepinfer_abi_<stem>()`` returns
+(:meth:`~deepinfer_kernels.cpu.abi.CSource.check` runs on every load); bump ``version`` here
+and in the C file together when a signature or an argument's meaning changes.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from deepinfer_kernels.cpu.abi import CSignature, CSource
+
+CSRC = Path(__file__).parent / "csrc"
+
+ADD_RMS_NORM = CSource(
+    CSRC / "add_rms_norm.c",
+    1,
+    # residual, delta, weight, residual_out, out, M, H, eps
+    (CSignature("deepinfer_add_rms_norm", "pppppiif"),),
+)
+BF16_WEIGHT_LINEAR = CSource(
+    CSRC / "bf16_weight_linear.c",
+    1,
+    # x, panels, bias, y, M, N, K
+    (CSignature("deepinfer_bf16_weight_linear", "ppppiii"),),
+)
+DECODER_LAYER = CSource(
+    CSRC / "decoder_layer.c",
+    1,
+    (
+        # x, panels, bias, qkv, cos, sin, slots, k_cache, v_cache, T, H, hq, hkv, d
+        CSignature("deepinfer_decoder_qkv", "pppppppppiiiii"),
+        # attn, o_panels, residual, normed, post_w, gate_up_panels, down_panels, next_w, eps,
+        # scratch, T, H, Q, I
+        CSignature("deepinfer_decoder_mlp", "ppppppppfpiiii"),
+    ),
+)
+PAGED_ATTENTION_TILES = CSource(
+    CSRC / "paged_attention_tiles.c",
+    1,
+    (
+        # q, q_stride, q_rows, row_start, k_cache, v_cache, page_ids, keep, o, lse, num_tiles,
+        # max_q, num_pages, key_len, block_size, hq, hkv, d, scale, soft_cap
+        CSignature("deepinfer_paged_attention_tiles", "pipippppppiiiiiiiiff", "i"),
+    ),
+)
+
+ALL_SOURCES: tuple[CSource, ...] = (
+    ADD_RMS_NORM,
+    BF16_WEIGHT_LINEAR,
+    DECODER_LAYER,
+    PAGED_ATTENTION_TILES,
+)
