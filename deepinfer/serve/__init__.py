@@ -26,7 +26,7 @@ from deepinfer.serve.server import add_serve_parser, run_server
 # Names whose modules import fastapi / prometheus-client (the ``serve`` extra).
 _LAZY = {
     "APIError": "deepinfer.serve.errors",
-    "Delta": "deepinfer.serve.service",
+    "Delta": "deepinfer.serve.request_stream",
     "ServeService": "deepinfer.serve.service",
     "build_app": "deepinfer.serve.app",
 }

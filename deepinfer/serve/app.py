@@ -22,7 +22,8 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from deepinfer.serve import protocol as P
 from deepinfer.serve.errors import APIError, bad_request, server_error
 from deepinfer.serve.params import DEFAULT_MAX_TOKENS, build_spec, check_model
-from deepinfer.serve.service import Delta, ServeService, Tracked
+from deepinfer.serve.request_stream import Delta, Tracked
+from deepinfer.serve.service import ServeService
 
 
 def build_app(service: ServeService, *, manage_service: bool = True) -> FastAPI:

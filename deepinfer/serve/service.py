@@ -16,7 +16,6 @@ import itertools
 import time
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 from typing import Any
 
 from deepinfer.pd.messages import params_to_json
@@ -27,42 +26,11 @@ from deepinfer.serve.metrics import ServeMetrics
 from deepinfer.serve.params import RequestSpec
 from deepinfer.serve.replica import ReplicaSettings
 from deepinfer.serve.replica_handle import ReplicaHandle, ReplicaStatus
+from deepinfer.serve.request_stream import Delta, DeltaMaker, Tracked
 from deepinfer.serve.routing import ReplicaRouter, RoutedRequest, prompt_hashes
-from deepinfer.serve.stop import StopMatcher
 
 MAX_ATTEMPTS = 3  # routings of one request (the first plus retries after replica deaths)
 RESTART_DELAYS_S = (0.5, 2.0, 5.0, 15.0, 30.0)
-
-
-@dataclass
-class Delta:
-    """What a request produced since the last delta (the final one has ``finished``)."""
-
-    text: str = ""
-    token_ids: list[int] = field(default_factory=list)
-    finished: bool = False
-    finish_reason: str | None = None
-    error: str | None = None
-    status: int = 200  # the HTTP status an error deserves (400 refused, 503 replica failure)
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    cached_tokens: int = 0
-
-
-@dataclass
-class Tracked:
-    """One request in flight."""
-
-    request_id: str
-    prompt_ids: list[int]
-    spec: RequestSpec
-    routed: RoutedRequest
-    queue: asyncio.Queue[dict[str, Any]]
-    arrival: float
-    replica: ReplicaHandle | None = None
-    streamed: int = 0
-    attempts: int = 0
-    done: bool = False
 
 
 class ServeService:
@@ -284,72 +252,35 @@ class ServeService:
 
     def abort(self, tracked: Tracked) -> None:
         """Drop a request (its client left): the replica frees its KV blocks."""
-        if tracked.done:
-            return
+        if not tracked.done:
+            self._cancel(tracked)
+            self.metrics.requests.labels("aborted").inc()
+
+    def _cancel(self, tracked: Tracked) -> None:
         tracked.done = True
         self._tracked.pop(tracked.request_id, None)
         if tracked.replica is not None:
             tracked.replica.send({"op": "abort", "request_id": tracked.request_id})
             tracked.replica.view.on_finished(tracked.request_id)
-        self.metrics.requests.labels("aborted").inc()
 
     async def stream(self, tracked: Tracked) -> AsyncIterator[Delta]:
         """The request's deltas as they come; the last has ``finished``. Leaving the loop
         early (the client went away) aborts the request."""
-        stop = StopMatcher(tracked.spec.stop)
-        completion = 0
-        last = tracked.arrival
+        maker = DeltaMaker(tracked, self.metrics)
         finished = False
         try:
             while True:
                 message = await tracked.queue.get()
-                if message["op"] == "error":
+                delta = maker.make(message)
+                if delta.finished:
                     finished = True
-                    yield Delta(
-                        finished=True,
-                        finish_reason="error",
-                        error=str(message["error"]),
-                        status=int(message.get("status", 503)),
-                        prompt_tokens=len(tracked.prompt_ids),
-                        completion_tokens=completion,
-                    )
-                    return
-                tokens = [int(t) for t in message["new_token_ids"]]
-                now = time.perf_counter()
-                if tokens:
-                    if completion == 0:
-                        self.metrics.ttft.observe(now - tracked.arrival)
-                    else:
-                        for _ in tokens:
-                            self.metrics.itl.observe((now - last) / len(tokens))
-                    last = now
-                completion += len(tokens)
-                text = stop.feed(message["new_text"])
-                done = bool(message["finished"]) or stop.stopped
-                if done and not stop.stopped:
-                    text += stop.flush()
-                delta = Delta(
-                    text=text,
-                    token_ids=tokens,
-                    finished=done,
-                    prompt_tokens=int(message.get("prompt_tokens", len(tracked.prompt_ids))),
-                    completion_tokens=completion,
-                    cached_tokens=int(message.get("cached_tokens", 0)),
-                )
-                if done:
-                    reason = "stop" if stop.stopped else message.get("finish_reason")
-                    if reason in ("abort", "error"):
-                        delta.error = message.get("error") or f"the request ended: {reason}"
-                        delta.status = 503
-                        reason = "error"
-                    delta.finish_reason = reason
-                    if stop.stopped and not message["finished"]:
-                        self.abort(tracked)  # the engine has not stopped by itself
-                    finished = True
-                    self._account(tracked, message, completion)
+                    if maker.stopped_early:
+                        self._cancel(tracked)  # a stop string hit; the engine runs on
+                    if delta.error is None:
+                        self._account(tracked, message, delta.completion_tokens)
                     yield delta
                     return
-                if text or tokens:
+                if delta.text or delta.token_ids:
                     yield delta
         finally:
             if not finished:

@@ -1,13 +1,12 @@
 """A step-time model fitted online: ``seconds = overhead + per_token * forward_tokens``.
 
 Each replica fits it to its own measured engine steps (weighted least squares that forgets
-old steps), and the front's routers and admission read it through `deepinfer_sched`'s
-``CostModelLike`` seam, so TTFT estimates follow the machine actually serving.
+old steps) and reports it; the front's routers and admission read the fits through
+`deepinfer_sched`'s ``CostModelLike`` seam (`deepinfer.serve.routing.LiveCostModel`), so TTFT
+estimates follow the machine actually serving.
 """
 
 from __future__ import annotations
-
-from collections.abc import Mapping
 
 
 class StepTimeFit:
@@ -45,26 +44,3 @@ class StepTimeFit:
         if b < 0.0:
             b, a = 0.0, sy / w
         return max(a, 0.0), b
-
-
-class FittedCostModel:
-    """``CostModelLike`` over a replica's fitted step times (prefill and decode alike are
-    forward tokens; no KV transfer or SSD cost on one machine)."""
-
-    def __init__(self, coefficients: Mapping[str, float], max_batched_tokens: int) -> None:
-        self.overhead = float(coefficients.get("step_overhead_s", 0.005))
-        self.per_token = float(coefficients.get("step_s_per_token", 0.0005))
-        self.max_batched_tokens = max(1, max_batched_tokens)
-
-    def prefill_time(self, new_tokens: int, cached_tokens: int) -> float:
-        steps = -(-max(new_tokens, 1) // self.max_batched_tokens)
-        return steps * self.overhead + self.per_token * new_tokens
-
-    def decode_step_time(self, batch_size: int, total_context_tokens: int) -> float:
-        return self.overhead + self.per_token * batch_size
-
-    def kv_transfer_time(self, num_tokens: int) -> float:
-        return 0.0
-
-    def ssd_fetch_time(self, num_tokens: int) -> float:
-        return 0.0
