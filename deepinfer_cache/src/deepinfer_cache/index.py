@@ -4,10 +4,11 @@ Each node is one cached block. Because block hashes are chained, a hash names it
 so the tree is kept as parent/child links plus one dict from hash to node: ``match`` walks the
 hashes of a prompt and stops at the first block that is absent or expired.
 
-Layout: a node is a small integer id into flat columns (``array`` of parents, sibling links,
-tier masks, pins, expiry times, ...), and the LRU lists hold ids. Nothing per node is a Python
-object the cyclic garbage collector has to visit (bytes keys, ints and arrays are not tracked),
-so a full collection with a million blocks indexed costs milliseconds, not seconds.
+Layout: a node is a small integer id into flat columns (``array``s of parents, sibling links,
+tier masks, pins, expiry times, per-tier LRU links; keys in one ``bytearray``), found through
+one ``dict`` from hash to id. None of these is a container the cyclic garbage collector visits
+(a dict holding only bytes and ints is untracked; arrays hold no objects), so a full collection
+costs the same with a million blocks indexed as with none.
 
 Invariants the store relies on:
 
@@ -19,22 +20,23 @@ Invariants the store relies on:
   children at all, so an eviction never drops blocks cached elsewhere. Touches walk
   deepest-first, so ancestors stay more recent than their descendants.
 * Dropping a node (last tier gone, or expiry) drops its subtree, which is unreachable otherwise.
-* Expiry is incremental: a heap of (expiry, id) entries, checked lazily against the node's
-  current expiry, so ``expire(limit=...)`` does work proportional to what it drops.
+* Expiry is incremental: ids sit in time buckets (``EXPIRY_BUCKET`` seconds wide) checked
+  lazily against the node's current expiry, so ``expire(limit=...)`` does work proportional to
+  what it drops (plus one pass over the bucket ids), never a scan of every block.
 """
 
 from __future__ import annotations
 
-import heapq
 from array import array
-from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 from .clock import Clock, SystemClock
 from .retention import RetentionPolicy
 
 _NONE = -1
+_KEY = 16  # bytes per block hash
+EXPIRY_BUCKET = 60.0
 
 
 @dataclass(frozen=True)
@@ -88,7 +90,8 @@ class PrefixIndex:
     def _reset(self) -> None:
         num_tiers = self.num_tiers
         self._ids: dict[bytes, int] = {}  # insertion order: parents before children
-        self._key: list[bytes | None] = []
+        self._keys = bytearray()  # id i's hash at [16 i, 16 i + 16)
+        self._alive = bytearray()
         self._parent = array("q")
         self._first_child = array("q")
         self._next_sib = array("q")
@@ -102,13 +105,18 @@ class PrefixIndex:
         self._ret = array("H")  # retention class id into ``_classes``
         self._classes: list[str] = []
         self._class_id: dict[str, int] = {}
-        self._free_ids: list[int] = []
-        self._heap: list[tuple[float, int]] = []
-        self._lru: list[OrderedDict[int, None]] = [OrderedDict() for _ in range(num_tiers)]
-        # The LRU lists of each tier bitmask, precomputed so a touch does no bit arithmetic.
-        self._lru_by_mask = [
-            tuple(self._lru[i] for i in range(num_tiers) if mask >> i & 1)
-            for mask in range(1 << num_tiers)
+        self._free_ids = array("q")
+        self._bucket_of = array("q")
+        self._buckets: dict[int, array[int]] = {}
+        # Per-tier LRU as doubly linked lists through the ids (head = least recently used).
+        self._lru_prev = [array("q") for _ in range(num_tiers)]
+        self._lru_next = [array("q") for _ in range(num_tiers)]
+        self._head = [_NONE] * num_tiers
+        self._tail = [_NONE] * num_tiers
+        self._count = [0] * num_tiers
+        # The tiers of each bitmask, precomputed so a touch does no bit arithmetic.
+        self._bits = [
+            tuple(i for i in range(num_tiers) if mask >> i & 1) for mask in range(1 << num_tiers)
         ]
 
     # ------------------------------------------------------------------ queries
@@ -141,22 +149,21 @@ class PrefixIndex:
 
     def parent_of(self, key: bytes) -> bytes | None:
         p = self._parent[self._ids[key]]
-        return self._key[p] if p != _NONE else None
+        return self._key(p) if p != _NONE else None
 
     def count_in(self, tier: int) -> int:
         """Number of blocks resident in ``tier``."""
-        return len(self._lru[self._check_tier(tier)])
+        return self._count[self._check_tier(tier)]
 
     def keys_in(self, tier: int) -> list[bytes]:
         """Blocks resident in ``tier``, least recently used first."""
-        keys = self._key
-        return [keys[i] for i in self._lru[self._check_tier(tier)]]  # type: ignore[misc]
+        return [self._key(i) for i in self._lru_ids(self._check_tier(tier))]
 
     def children_of(self, key: bytes) -> list[bytes]:
         out: list[bytes] = []
         c = self._first_child[self._ids[key]]
         while c != _NONE:
-            out.append(self._key[c])  # type: ignore[arg-type]
+            out.append(self._key(c))
             c = self._next_sib[c]
         return out
 
@@ -250,7 +257,7 @@ class PrefixIndex:
                 self._extend(i, now + float(ttl), cls)
             if self._expires[i] - self._stamp[i] >= self.persist_granularity:
                 self._stamp[i] = self._expires[i]
-                moved.append(self._key[i])  # type: ignore[arg-type]
+                moved.append(self._key(i))
         self._touch(ids)
         return moved
 
@@ -275,12 +282,12 @@ class PrefixIndex:
 
     def reorder_lru(self, tier: int, keys_oldest_first: Iterable[bytes]) -> None:
         """Move ``keys`` to the MRU end of ``tier``'s LRU in the given order (after restore)."""
-        lru = self._lru[self._check_tier(tier)]
+        t = self._check_tier(tier)
         ids = self._ids
         for k in keys_oldest_first:
             i = ids.get(k)
-            if i is not None and i in lru:
-                lru.move_to_end(i)
+            if i is not None and self._tiers[i] >> t & 1:
+                self._lru_move_to_end(t, i)
 
     def add_tier(self, key: bytes, tier: int) -> None:
         """Mark an existing block resident in ``tier`` too (promotion / demotion target)."""
@@ -314,10 +321,10 @@ class PrefixIndex:
             self._child_in[tier],
             self._tiers,
         )
-        for i in self._lru[tier]:
+        for i in self._lru_ids(tier):
             if pins[i]:
                 continue
-            key = self._key[i]
+            key = self._key(i)
             if key in skip:
                 continue
             if nchildren[i]:
@@ -355,23 +362,32 @@ class PrefixIndex:
         stop after about that many blocks (call again for more): work is proportional to what
         expires, never a scan of the whole index."""
         t = self.clock.now() if now is None else now
-        heap = self._heap
+        cur = int(t // EXPIRY_BUCKET)
         dropped: list[Dropped] = []
-        kept: list[tuple[float, int]] = []
-        while heap and heap[0][0] <= t and (limit is None or len(dropped) < limit):
-            _, i = heapq.heappop(heap)
-            if self._key[i] is None:
-                continue  # dropped already (its id may have been reused: see below)
-            exp = self._expires[i]
-            if exp > t:
-                heapq.heappush(heap, (exp, i))  # refreshed since this entry was pushed
-                continue
-            if self._pins[i]:
-                kept.append((exp, i))
-                continue
-            dropped.extend(self._drop(i))
-        for entry in kept:
-            heapq.heappush(heap, entry)
+        expires, alive, pins, bucket_of = self._expires, self._alive, self._pins, self._bucket_of
+        for b in sorted(k for k in self._buckets if k <= cur):
+            entries = self._buckets.pop(b)
+            keep = array("q")
+            for j, i in enumerate(entries):
+                if limit is not None and len(dropped) >= limit:
+                    keep.extend(entries[j:])
+                    break
+                if not alive[i] or bucket_of[i] != b:
+                    continue  # dropped, or filed under a later bucket since
+                exp = expires[i]
+                if exp <= t:
+                    if pins[i]:
+                        keep.append(i)  # in use: retried on a later call
+                    else:
+                        dropped.extend(self._drop(i))
+                elif int(exp // EXPIRY_BUCKET) == b:
+                    keep.append(i)
+                else:
+                    self._file_expiry(i, exp)  # refreshed: move to its current bucket
+            if keep:
+                self._buckets.setdefault(b, array("q")).extend(keep)
+            if limit is not None and len(dropped) >= limit:
+                break
         return dropped
 
     def drop(self, key: bytes) -> list[Dropped]:
@@ -399,11 +415,17 @@ class PrefixIndex:
             self._class_id[retention] = c
         return c
 
+    def _key(self, i: int) -> bytes:
+        return bytes(self._keys[_KEY * i : _KEY * i + _KEY])
+
     def _new_node(self, key: bytes, parent: int, expires: float, retention: str) -> int:
+        if len(key) != _KEY:
+            raise ValueError(f"block hashes must be {_KEY} bytes, got {len(key)}")
         cls = self._class(retention)
         if self._free_ids:
             i = self._free_ids.pop()
-            self._key[i] = key
+            self._keys[_KEY * i : _KEY * i + _KEY] = key
+            self._alive[i] = 1
             self._parent[i] = parent
             self._first_child[i] = _NONE
             self._next_sib[i] = _NONE
@@ -417,8 +439,9 @@ class PrefixIndex:
             self._stamp[i] = expires
             self._ret[i] = cls
         else:
-            i = len(self._key)
-            self._key.append(key)
+            i = len(self._alive)
+            self._keys += key
+            self._alive.append(1)
             self._parent.append(parent)
             self._first_child.append(_NONE)
             self._next_sib.append(_NONE)
@@ -431,6 +454,10 @@ class PrefixIndex:
             self._expires.append(expires)
             self._stamp.append(expires)
             self._ret.append(cls)
+            self._bucket_of.append(_NONE)
+            for t in range(self.num_tiers):
+                self._lru_prev[t].append(_NONE)
+                self._lru_next[t].append(_NONE)
         self._ids[key] = i
         if parent != _NONE:
             head = self._first_child[parent]
@@ -439,14 +466,66 @@ class PrefixIndex:
                 self._prev_sib[head] = i
             self._first_child[parent] = i
             self._nchildren[parent] += 1
-        heap = self._heap
-        if len(heap) > 2 * len(self._ids) + 4096:
-            # Entries of dropped nodes pile up until their time comes: rebuild from live nodes.
-            exp = self._expires
-            heap[:] = [(exp[j], j) for j in self._ids.values() if j != i]
-            heapq.heapify(heap)
-        heapq.heappush(heap, (expires, i))
+        self._file_expiry(i, expires)
         return i
+
+    def _file_expiry(self, i: int, expires: float) -> None:
+        b = int(expires // EXPIRY_BUCKET)
+        self._bucket_of[i] = b
+        entries = self._buckets.get(b)
+        if entries is None:
+            self._buckets[b] = array("q", (i,))
+        else:
+            entries.append(i)
+
+    # ------------------------------------------------------------------ LRU lists
+    def _lru_ids(self, t: int) -> Iterator[int]:
+        nxt = self._lru_next[t]
+        i = self._head[t]
+        while i != _NONE:
+            n = nxt[i]  # read first: the caller may unlink i meanwhile
+            yield i
+            i = n
+
+    def _lru_append(self, t: int, i: int) -> None:
+        last = self._tail[t]
+        self._lru_prev[t][i] = last
+        self._lru_next[t][i] = _NONE
+        if last != _NONE:
+            self._lru_next[t][last] = i
+        else:
+            self._head[t] = i
+        self._tail[t] = i
+        self._count[t] += 1
+
+    def _lru_remove(self, t: int, i: int) -> None:
+        prev, nxt = self._lru_prev[t], self._lru_next[t]
+        p, n = prev[i], nxt[i]
+        if p != _NONE:
+            nxt[p] = n
+        else:
+            self._head[t] = n
+        if n != _NONE:
+            prev[n] = p
+        else:
+            self._tail[t] = p
+        self._count[t] -= 1
+
+    def _lru_move_to_end(self, t: int, i: int) -> None:
+        last = self._tail[t]
+        if last == i:
+            return
+        prev, nxt = self._lru_prev[t], self._lru_next[t]
+        p, n = prev[i], nxt[i]
+        if p != _NONE:
+            nxt[p] = n
+        else:
+            self._head[t] = n
+        prev[n] = p  # i is not the tail, so n exists
+        prev[i] = last
+        nxt[i] = _NONE
+        nxt[last] = i
+        self._tail[t] = i
 
     def _extend(self, i: int, expires: float, retention: str) -> None:
         if expires > self._expires[i]:
@@ -457,25 +536,26 @@ class PrefixIndex:
         bit = 1 << tier
         if not self._tiers[i] & bit:
             self._tiers[i] |= bit
-            self._lru[tier][i] = None
+            self._lru_append(tier, i)
             p = self._parent[i]
             if p != _NONE:
                 self._child_in[tier][p] += 1
 
     def _clear_tier(self, i: int, tier: int) -> None:
         self._tiers[i] &= ~(1 << tier)
-        del self._lru[tier][i]
+        self._lru_remove(tier, i)
         p = self._parent[i]
         if p != _NONE:
             self._child_in[tier][p] -= 1
 
     def _touch(self, path: list[int]) -> None:
         # Deepest first: ancestors end up more recent than descendants, so LRU takes leaves.
-        by_mask = self._lru_by_mask
+        bits = self._bits
         tiers = self._tiers
+        move = self._lru_move_to_end
         for i in reversed(path):
-            for lru in by_mask[tiers[i]]:
-                lru.move_to_end(i)
+            for t in bits[tiers[i]]:
+                move(t, i)
 
     def _drop(self, i: int, force: bool = False) -> list[Dropped]:
         if self._pins[i] and not force:
@@ -502,18 +582,13 @@ class PrefixIndex:
             while c != _NONE:
                 stack.append(c)
                 c = self._next_sib[c]
-            key = self._key[n]
-            assert key is not None
+            key = self._key(n)
             mask = self._tiers[n]
             out.append(Dropped(key, mask))
-            t = 0
-            while mask:
-                if mask & 1:
-                    self._lru[t].pop(n, None)
-                mask >>= 1
-                t += 1
+            for t in self._bits[mask]:
+                self._lru_remove(t, n)
             del self._ids[key]
-            self._key[n] = None
+            self._alive[n] = 0
             self._tiers[n] = 0
             self._free_ids.append(n)
         return out

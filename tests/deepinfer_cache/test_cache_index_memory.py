@@ -1,0 +1,44 @@
+"""The index keeps no per-block object the cyclic GC must visit (#20 item 8), and a lookup that
+misses on the first block hashes only that block."""
+
+from __future__ import annotations
+
+import gc
+
+import torch
+from _cache_helpers import BS, PAGE, PAGE_BYTES
+
+import deepinfer_cache.store as store_mod
+from deepinfer_cache import HostTier, PrefixIndex, TieredKVStore, hash_token_blocks
+
+
+def test_index_adds_no_gc_tracked_objects_per_block() -> None:
+    idx = PrefixIndex(3)
+    gc.collect()
+    before = len(gc.get_objects())
+    n = 0
+    for c in range(200):
+        hs = hash_token_blocks(list(range(c * 10_000, c * 10_000 + 50 * 4)), 4)
+        idx.insert(hs, tier=c % 3)
+        n += len(hs)
+    idx.expire()  # nothing expired: touches only the heap top
+    gc.collect()
+    grown = len(gc.get_objects()) - before
+    assert n == 10_000 and len(idx) == n
+    assert grown < 100, f"{grown} tracked objects for {n} blocks"
+
+
+def test_first_block_miss_hashes_one_block(monkeypatch) -> None:
+    calls = []
+    real = store_mod.iter_block_hashes
+
+    def counting(*a, **kw):
+        for h in real(*a, **kw):
+            calls.append(h)
+            yield h
+
+    monkeypatch.setattr(store_mod, "iter_block_hashes", counting)
+    store = TieredKVStore([HostTier(PAGE, torch.float32, 8 * PAGE_BYTES)], BS)
+    res = store.lookup(list(range(1000 * BS)))
+    assert res.num_blocks == 0 and len(calls) == 1 and len(res.hashes) == 1
+    store.close()
