@@ -2,6 +2,7 @@
 
 from deepinfer_sched.policies.admission_rate_limit import RateLimit, TenantRateLimiter
 from deepinfer_sched.policies.admission_ttft import TTFTAdmission
+from deepinfer_sched.policies.autoscale import AutoscaleConfig, SLOAutoscaler
 from deepinfer_sched.policies.base import (
     AdmissionPolicy,
     CostModelLike,
@@ -38,6 +39,7 @@ __all__ = [
     "PD_MODES",
     "ROUTERS",
     "AdmissionPolicy",
+    "AutoscaleConfig",
     "BatchConfig",
     "BatchPlan",
     "ColocatedPD",
@@ -61,6 +63,7 @@ __all__ = [
     "RequestView",
     "RoundRobinRouter",
     "Router",
+    "SLOAutoscaler",
     "SchedulerConfig",
     "SeqState",
     "TTFTAdmission",

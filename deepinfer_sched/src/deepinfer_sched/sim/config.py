@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from deepinfer_sched._checks import check_bool, check_int, check_real
+from deepinfer_sched.policies.autoscale import AutoscaleConfig
 from deepinfer_sched.policies.config import SchedulerConfig
 
 __all__ = ["Fault", "SimConfig", "SpecDecodeConfig"]
@@ -78,7 +79,8 @@ class SimConfig:
     ``fast_forward`` runs each stretch of pure-decode steps of an instance as one event
     (cut short when new work arrives); False simulates every step as its own event.
     ``sample_interval_s`` spaces the KV-occupancy / queue-depth timeline samples (None:
-    the trace duration / 200; 0: no timeline).
+    the trace duration / 200; 0: no timeline). ``autoscale`` switches instances on and off
+    from observed SLO attainment (colocated only; ``num_instances`` is the most it may use).
     """
 
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
@@ -100,6 +102,7 @@ class SimConfig:
     pair_retry_s: float = 0.01
     fast_forward: bool = True
     sample_interval_s: float | None = None
+    autoscale: AutoscaleConfig | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.scheduler, SchedulerConfig):
@@ -112,6 +115,11 @@ class SimConfig:
         for name in _REAL_FIELDS:
             check_real("SimConfig", name, getattr(self, name))
         check_bool("SimConfig", "fast_forward", self.fast_forward)
+        if self.autoscale is not None:
+            if not isinstance(self.autoscale, AutoscaleConfig):
+                raise TypeError("SimConfig.autoscale must be an AutoscaleConfig")
+            if self.disaggregated:
+                raise ValueError("SimConfig.autoscale needs pd='colocated'")
         if self.sample_interval_s is not None:
             check_real("SimConfig", "sample_interval_s", self.sample_interval_s)
             if self.sample_interval_s < 0:
@@ -173,6 +181,13 @@ class SimConfig:
             if not isinstance(kw["spec"], Mapping):
                 raise TypeError(f"SimConfig.spec must be an object, got {kw['spec']!r}")
             kw["spec"] = SpecDecodeConfig(**kw["spec"])
+        if kw.get("autoscale") is not None:
+            if not isinstance(kw["autoscale"], Mapping):
+                raise TypeError(f"SimConfig.autoscale must be an object, got {kw['autoscale']!r}")
+            unknown_a = sorted(set(kw["autoscale"]) - {f.name for f in fields(AutoscaleConfig)})
+            if unknown_a:
+                raise ValueError(f"unknown SimConfig.autoscale keys: {unknown_a}")
+            kw["autoscale"] = AutoscaleConfig(**kw["autoscale"])
         if "faults" in kw:
             if not isinstance(kw["faults"], (list, tuple)):
                 raise TypeError(f"SimConfig.faults must be a list of objects, got {kw['faults']!r}")

@@ -18,6 +18,7 @@ from deepinfer_sched.policies.ttft_estimate import estimate_ttft
 from deepinfer_sched.report import SLO, Report, RequestRecord, Timeline, build_report
 from deepinfer_sched.sim.acceptance import make_steps_for
 from deepinfer_sched.sim.config import SimConfig
+from deepinfer_sched.sim.fleet import Fleet
 from deepinfer_sched.sim.instance import Instance, SimClock
 from deepinfer_sched.sim.prefix_cache import LRUBlockCache
 from deepinfer_sched.sim.request import SimRequest
@@ -25,7 +26,7 @@ from deepinfer_sched.traces.types import Trace, TraceRequest, check_chained
 
 __all__ = ["SimResult", "Simulator"]
 
-_ITER, _READY, _KV_ARRIVE, _PAIR_RETRY, _FAULT, _MIGRATE, _SAMPLE = range(7)
+_ITER, _READY, _KV_ARRIVE, _PAIR_RETRY, _FAULT, _MIGRATE, _SAMPLE, _SCALE, _STARTED = range(9)
 
 #: Timeline samples per trace when ``SimConfig.sample_interval_s`` is None.
 DEFAULT_SAMPLES = 200
@@ -46,6 +47,8 @@ class SimResult:
     instance_compute_s: dict[int, float] | None = None
     instance_memory_s: dict[int, float] | None = None
     timeline: Timeline | None = None
+    instance_seconds: float = 0.0
+    fleet_size: tuple[tuple[float, int], ...] = ()
 
     def report(self, slo: SLO, hit_price: float, miss_price: float) -> Report:
         """Summarise with :func:`deepinfer_sched.report.build_report`."""
@@ -69,6 +72,7 @@ class SimResult:
             "migrations": self.migrations,
             "rerouted": self.rerouted,
             "events": self.events,
+            "instance_hours": self.instance_seconds / 3600.0,
         }
 
 
@@ -132,6 +136,12 @@ class Simulator:
                     self.clock,
                 )
             )
+        self.fleet: Fleet | None = None
+        if config.autoscale is not None:
+            t0 = trace.requests[0].arrival_s
+            self.fleet = Fleet(config.autoscale, self.instances, config.ttft_slo_s, t0)
+        self._slo = SLO(config.ttft_slo_s, config.tpot_slo_s)
+        self._waiting_first: dict[int, float] = {}
         self._refresh_pools()
         self.events: list[tuple[float, int, int, object, object, int]] = []
         self._seq = 0
@@ -147,7 +157,12 @@ class Simulator:
 
     # ------------------------------------------------------------------ helpers
     def _refresh_pools(self) -> None:
-        alive = [x for x in self.instances if x.alive]
+        fleet = self.fleet
+        alive = [
+            x
+            for x in self.instances
+            if x.alive and (fleet is None or x.instance_id in fleet.routable)
+        ]
         self.pool_both = [x for x in alive if x.role == "both"]
         self.pool_prefill = [x for x in alive if x.role == "prefill"]
         self.pool_decode = [x for x in alive if x.role == "decode"]
@@ -179,6 +194,10 @@ class Simulator:
         self.outstanding -= 1
         r.epoch += 1
         r.inst = None
+        self._waiting_first.pop(rid, None)
+        if self.fleet is not None:
+            rec = self.records[rid]
+            self.fleet.finished(r.arrival_s if rejected else r.finish_s, rec.meets(self._slo))
 
     def _reject(self, r: SimRequest, reason: str) -> None:
         rej = self.result.rejections
@@ -318,11 +337,14 @@ class Simulator:
         for r in done_prefill:
             self._on_prefilled(inst, r, now)
         self._start(inst, now)
+        if self.fleet is not None and inst.instance_id in self.fleet.draining:
+            self.fleet.maybe_off(inst, now)
 
     def _on_prefilled(self, inst: Instance, r: SimRequest, now: float) -> None:
         r.inst = None
         if r.first_token_s < 0:
             r.first_token_s = now
+            self._waiting_first.pop(r.request_id, None)
         if r.generated == 0:
             r.generated = 1
         if r.generated >= r.output_len:
@@ -405,6 +427,28 @@ class Simulator:
         if self.outstanding > 0 or self._next_arrival < len(self.trace):
             self._push(now + mig.interval_s, _MIGRATE, None, None, 0)
 
+    def _on_scale(self, now: float) -> None:
+        fleet = self.fleet
+        assert fleet is not None
+        wf = self._waiting_first
+        oldest = now - next(iter(wf.values())) if wf else 0.0
+        delta = fleet.decide(now, oldest)
+        for _ in range(max(0, delta)):
+            i, ready = fleet.add(now)
+            if i < 0:
+                break
+            if not ready:
+                self._push(now + fleet.cfg.startup_s, _STARTED, self.instances[i], None, 0)
+        if delta < 0:
+            victim = fleet.remove()
+            if victim is not None:
+                fleet.maybe_off(victim, now)
+        if delta:
+            self._refresh_pools()
+            fleet.record(now)
+        if self.outstanding > 0 or self._next_arrival < len(self.trace):
+            self._push(now + fleet.cfg.interval_s, _SCALE, None, None, 0)
+
     def _on_sample(self, now: float) -> None:
         occ: list[float] = []
         depth: list[int] = []
@@ -439,6 +483,8 @@ class Simulator:
             self._push(reqs[0].arrival_s + self.migration.interval_s, _MIGRATE, None, None, 0)
         if self.sample_interval_s > 0 and n:
             self._push(reqs[0].arrival_s, _SAMPLE, None, None, 0)
+        if self.fleet is not None and n:
+            self._push(reqs[0].arrival_s + self.fleet.cfg.interval_s, _SCALE, None, None, 0)
         events = self.events
         pop = heapq.heappop
         self._next_arrival = 0
@@ -453,6 +499,9 @@ class Simulator:
                 self.clock.now = now
                 self._next_arrival = i + 1
                 self.outstanding += 1
+                self._waiting_first[tr.request_id] = tr.arrival_s
+                if self.fleet is not None:
+                    self.fleet.arrived(now)
                 self._dispatch(SimRequest(tr), now, admit=True)
             elif events:
                 now, _, kind, a, b, tag = pop(events)
@@ -486,6 +535,12 @@ class Simulator:
                     self._on_fault(a, now)
                 elif kind == _SAMPLE:
                     self._on_sample(now)
+                elif kind == _SCALE:
+                    self._on_scale(now)
+                elif kind == _STARTED:
+                    assert isinstance(a, Instance) and self.fleet is not None
+                    self.fleet.started(a.instance_id)
+                    self._refresh_pools()
                 else:
                     self._on_migrate(now)
             else:
@@ -506,7 +561,20 @@ class Simulator:
             res.instance_compute_s = {x.instance_id: x.compute_s for x in self.instances}
             res.instance_memory_s = {x.instance_id: x.memory_s for x in self.instances}
         res.timeline = self._timeline()
-        first = reqs[0].arrival_s if n else 0.0
+        first = reqs[0].arrival_s
+        end = max(now, reqs[-1].arrival_s)
+        if self.fleet is not None:
+            self.fleet.close(end)
+            res.instance_seconds = self.fleet.on_s
+            res.fleet_size = tuple(self.fleet.log)
+        else:
+            # A fixed fleet is on from the first arrival to the end, or to its fault.
+            died: dict[int, float] = {}
+            for f in self.cfg.faults:
+                died[f.instance_id] = min(died.get(f.instance_id, end), f.time_s)
+            res.instance_seconds = sum(
+                max(0.0, min(died.get(x.instance_id, end), end) - first) for x in self.instances
+            )
         res.duration_s = max(now - first, self.trace.duration_s, 1e-9)
         res.events = n_events
         return res

@@ -9,7 +9,7 @@ Example::
     print(len(trace), stats.mean_input_len, stats.reusable_fraction)
 """
 
-from deepinfer_sched.traces.arrivals import ARRIVAL_PROCESSES, arrival_times
+from deepinfer_sched.traces.arrivals import ARRIVAL_PROCESSES, arrival_times, daily_swing
 from deepinfer_sched.traces.azure import load_azure
 from deepinfer_sched.traces.burstgpt import load_burstgpt
 from deepinfer_sched.traces.load import TRACE_FORMATS, load_trace
@@ -27,6 +27,7 @@ from deepinfer_sched.traces.types import (
 
 __all__ = [
     "check_chained",
+    "daily_swing",
     "rechain",
     "rechain_ids",
     "ARRIVAL_PROCESSES",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["ARRIVAL_PROCESSES", "arrival_times"]
+__all__ = ["ARRIVAL_PROCESSES", "arrival_times", "daily_swing"]
 
 ARRIVAL_PROCESSES = ("poisson", "gamma", "mmpp")
 
@@ -60,3 +60,27 @@ def arrival_times(
             seg *= 2
         return np.asarray(np.interp(points, lam_edges, t_edges), dtype=np.float64)
     raise ValueError(f"process must be one of {ARRIVAL_PROCESSES}, got {process!r}")
+
+
+def daily_swing(
+    times: npt.NDArray[np.float64], period_s: float, amplitude: float, phase: float = 0.0
+) -> npt.NDArray[np.float64]:
+    """Warp arrival ``times`` of a steady process so the rate follows a daily swing.
+
+    The new rate is ``r (1 + amplitude sin(2 pi t / period_s + phase))`` with ``r`` the
+    original mean rate: each time ``t`` maps to ``Lambda^-1(t)`` where ``Lambda`` is the
+    swing's integrated intensity (normalised to rate 1), so the count, order and mean rate
+    are kept and only the spacing changes. ``amplitude`` in ``[0, 1)``.
+    """
+    if not period_s > 0:
+        raise ValueError(f"period_s must be > 0, got {period_s}")
+    if not 0.0 <= amplitude < 1.0:
+        raise ValueError(f"amplitude must be in [0, 1), got {amplitude}")
+    t = np.asarray(times, dtype=np.float64)
+    if t.size == 0:
+        return t.copy()
+    w = 2.0 * np.pi / period_s
+    span = float(t.max()) * 1.05 + period_s
+    grid = np.linspace(0.0, span, max(4096, int(64 * span / period_s)))
+    lam = grid + amplitude / w * (np.cos(phase) - np.cos(w * grid + phase))
+    return np.interp(t, lam, grid)
