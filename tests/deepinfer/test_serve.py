@@ -347,3 +347,32 @@ def test_second_turn_lands_on_the_replica_holding_its_prefix(base: str) -> None:
         assert r.status_code == 200
         assert int(r.headers["x-deepinfer-replica"]) == first
         assert r.json()["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
+
+
+def test_admission_rejects_with_429_when_the_queue_is_full(gguf: Path, tmp_path: Path) -> None:
+    config = ServeConfig(
+        model=str(gguf),
+        served_model_name=MODEL,
+        replicas=1,
+        in_process=True,
+        engine=ENGINE,
+        prefix_cache=None,
+        cache_dir=str(tmp_path),
+        max_waiting=1,
+    )
+
+    async def burst(url: str) -> list[httpx.Response]:
+        body = {"model": MODEL, "prompt": SYSTEM, "max_tokens": 8, "ignore_eos": True}
+        async with httpx.AsyncClient(timeout=60) as c:
+            return await asyncio.gather(
+                *(c.post(f"{url}/v1/completions", json=body) for _ in range(8))
+            )
+
+    with thread_server(config) as url:
+        responses = asyncio.run(burst(url))
+        codes = sorted(r.status_code for r in responses)
+        assert 200 in codes and 429 in codes and set(codes) <= {200, 429}, codes
+        rejected = next(r for r in responses if r.status_code == 429).json()["error"]
+        assert rejected["type"] == "rate_limit_error"
+        assert "queues" in rejected["message"]
+        assert health(url)["in_flight"] == 0
