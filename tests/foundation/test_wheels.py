@@ -29,7 +29,7 @@ SIBLINGS = {
 # DESIGN.md's table: the runtime (non-extra) requirements each distribution may declare.
 ALLOWED_RUNTIME = {
     "deepinfer-kernels": {"torch", "triton", "numpy"},
-    "deepinfer-cache": {"torch", "numpy"},
+    "deepinfer-cache": {"torch", "numpy", "xxhash"},  # xxhash: block payload checksums
     "deepinfer-sched": {"numpy"},
     "deepinfer-spec": {"torch", "numpy", "safetensors", "tqdm", "deepinfer-kernels"},
     "deepinfer": {

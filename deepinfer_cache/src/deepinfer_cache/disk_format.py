@@ -6,9 +6,12 @@ One file per block::
     offset 8   version u16 LE   (FORMAT_VERSION)
     offset 10  meta_len u32 LE
     offset 14  meta    meta_len bytes of UTF-8 JSON: hash, parent, dtype, shape, layout,
-                       retention, expires_at, tenant, payload_len, payload_crc32
+                       retention, expires_at, tenant, payload_len, payload_xxh3
     ...        hdr_crc u32 LE   zlib.crc32 of bytes [0, 14 + meta_len)
     ...        payload payload_len raw little-endian element bytes of the contiguous page
+
+Version 2 checks the payload with XXH3-64 (the ``xxhash`` package: about 15x less CPU than
+CRC32 on a 2 MiB block, and a 64-bit check); version 1 files (``payload_crc32``) still read.
 
 A file is written under a temporary name, fsynced, renamed into place and the directory is
 fsynced, so after a crash a block file is either complete or absent. Anything that fails a
@@ -28,11 +31,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import xxhash
 
 from .meta import BlockMeta
 
 MAGIC = b"DIKVBLK\x00"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+READABLE_VERSIONS = (1, 2)
 _PREFIX = struct.Struct("<8sHI")
 _CRC = struct.Struct("<I")
 _MAX_META = 1 << 16
@@ -51,8 +56,14 @@ class BlockHeader:
     shape: tuple[int, ...]
     layout: str
     payload_len: int
-    payload_crc32: int
+    payload_check: int  # XXH3-64 (version 2) or CRC32 (version 1) of the payload
     header_len: int
+    version: int = FORMAT_VERSION
+
+    def payload_ok(self, payload: bytes | memoryview) -> bool:
+        if self.version == 1:
+            return zlib.crc32(payload) == self.payload_check
+        return bool(xxhash.xxh3_64_intdigest(payload) == self.payload_check)
 
     @property
     def file_len(self) -> int:
@@ -105,7 +116,7 @@ def encode_header(
         "expires_at": meta.expires_at,
         "tenant": meta.tenant.hex() if meta.tenant is not None else None,
         "payload_len": payload.nbytes,
-        "payload_crc32": zlib.crc32(payload),
+        "payload_xxh3": xxhash.xxh3_64_intdigest(payload),
     }
     body = json.dumps(doc, separators=(",", ":"), sort_keys=True).encode()
     fixed = _PREFIX.size + _CRC.size
@@ -122,8 +133,8 @@ def max_header_len(
     meta = BlockMeta(b"\xff" * 16, "r" * retention_len, -1.7976931348623157e308, b"\xff" * 16)
     doc_payload = memoryview(b"")
     head = encode_header(b"\xff" * 16, meta, page, layout, doc_payload, align=1)
-    # payload_len and payload_crc32 grow to at most 20 and 10 digits.
-    fixed = len(head) + 20 + 10
+    # payload_len and payload_xxh3 grow to at most 20 digits each.
+    fixed = len(head) + 20 + 20
     return fixed + (-fixed % HEADER_ALIGN)
 
 
@@ -134,7 +145,7 @@ def decode_header(buf: bytes | memoryview, file_len: int | None = None) -> Block
     magic, version, meta_len = _PREFIX.unpack_from(buf, 0)
     if magic != MAGIC:
         raise CorruptBlockError("bad magic")
-    if version != FORMAT_VERSION:
+    if version not in READABLE_VERSIONS:
         raise CorruptBlockError(f"unsupported format version {version}")
     if meta_len > _MAX_META:
         raise CorruptBlockError("header too long")
@@ -158,8 +169,9 @@ def decode_header(buf: bytes | memoryview, file_len: int | None = None) -> Block
             shape=shape,
             layout=str(doc["layout"]),
             payload_len=int(doc["payload_len"]),
-            payload_crc32=int(doc["payload_crc32"]),
+            payload_check=int(doc["payload_crc32" if version == 1 else "payload_xxh3"]),
             header_len=end + _CRC.size,
+            version=version,
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise CorruptBlockError(f"bad header fields: {exc}") from exc
@@ -245,7 +257,7 @@ def read_block_file(path: str) -> tuple[BlockHeader, torch.Tensor]:
         raise CorruptBlockError("file changed size while reading")
     header = decode_header(view, size)
     payload = view[header.header_len :]
-    if zlib.crc32(payload) != header.payload_crc32:
+    if not header.payload_ok(payload):
         raise CorruptBlockError("payload checksum mismatch")
     flat = torch.frombuffer(
         buf, dtype=torch.uint8, offset=header.header_len, count=header.payload_len
