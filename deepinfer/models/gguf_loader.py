@@ -1,4 +1,5 @@
-"""Read a llama.cpp GGUF file into float tensors under Hugging Face names."""
+"""Read a llama.cpp GGUF file under Hugging Face names: as float tensors, or with its matrices
+kept in their block formats (:func:`load_gguf_blocks`)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import numpy as np
 import torch
 
 from deepinfer.models.config import LlamaConfig
+from deepinfer_kernels.quant import QuantType, QuantWeight
 
 _LAYER_NAMES = {
     "attn_q": "self_attn.q_proj",
@@ -27,6 +29,8 @@ _GLOBAL_NAMES = {
     "output_norm.weight": "model.norm.weight",
     "output.weight": "lm_head.weight",
 }
+# GGUF types kept as raw blocks (F32 matrices are already the compute format).
+_BLOCK_TYPES = {int(t) for t in QuantType if t != QuantType.F32}
 _BLOCK = re.compile(r"^blk\.(\d+)\.([a-z_]+)\.(weight|bias)$")
 
 
@@ -119,3 +123,52 @@ def load_gguf(path: str | os.PathLike[str]) -> tuple[LlamaConfig, dict[str, torc
     reader = open_gguf(path)
     config = LlamaConfig.from_gguf_metadata(reader)
     return config, load_gguf_state_dict(reader, config), reader
+
+
+def raw_rows(tensor: Any) -> torch.Tensor:
+    """The bytes of a GGUF matrix as uint8 ``[rows, row_bytes]`` (a copy out of the mmap)."""
+    rows = 1
+    for d in tensor.shape[1:]:
+        rows *= int(d)
+    raw = np.ascontiguousarray(tensor.data).view(np.uint8).reshape(rows, -1)
+    return torch.from_numpy(raw.copy())
+
+
+def load_gguf_blocks(
+    reader: Any, config: LlamaConfig
+) -> tuple[dict[str, torch.Tensor], dict[str, QuantWeight]]:
+    """Every used tensor of a GGUF file under HF names, matrices kept in their file format.
+
+    Returns ``(floats, blocks)``: ``blocks`` holds each 2-d weight stored in a format
+    :mod:`deepinfer_kernels.quant` runs (Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K, F16, BF16) as its
+    raw bytes; ``floats`` holds the rest as fp32 (norms, biases, F32 matrices, and matrices in
+    other formats dequantised by ``gguf`` itself). Q/K rows are un-permuted on the bytes (rows
+    are independent in every block format), as :func:`load_gguf_state_dict` does on floats.
+    """
+    arch_field = reader.fields.get("general.architecture")
+    permuted = arch_field is None or arch_field.contents() == "llama"
+    floats: dict[str, torch.Tensor] = {}
+    blocks: dict[str, QuantWeight] = {}
+    for tensor in reader.tensors:
+        name = hf_name(tensor.name)
+        if name is None:
+            continue
+        heads = None
+        if permuted and ".self_attn.q_proj." in name:
+            heads = config.num_heads
+        elif permuted and ".self_attn.k_proj." in name:
+            heads = config.num_kv_heads
+        kind = int(tensor.tensor_type)
+        if len(tensor.shape) == 2 and kind in _BLOCK_TYPES:
+            data = raw_rows(tensor)
+            if heads is not None and name.endswith(".weight"):
+                data = unpermute_rotary(data, heads).contiguous()
+            blocks[name] = QuantWeight(data, QuantType(kind), int(tensor.shape[0]))
+            continue
+        weight = torch.from_numpy(dequantize_tensor(tensor))
+        if heads is not None:
+            weight = unpermute_rotary(weight, heads)
+        floats[name] = weight.contiguous()
+    if "model.embed_tokens.weight" not in floats and "model.embed_tokens.weight" not in blocks:
+        raise ValueError("GGUF file has no token_embd.weight tensor")
+    return floats, blocks

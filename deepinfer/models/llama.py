@@ -229,7 +229,7 @@ class LlamaModel(nn.Module):
             )
         wanted = self._check_layer_ids(layer_ids)
         cos, sin = self.rope.cos_sin(positions, self.norm.weight.dtype)
-        residual = self.embed_tokens(input_ids)
+        residual = self.embed_tokens.forward(input_ids)
         captured: dict[int, torch.Tensor] = {}
         layers = self.decoder_layers()
         # Every layer sees the same metadata: validate it and plan the attention and the KV
@@ -346,7 +346,7 @@ class LlamaModel(nn.Module):
         self._check_ids(input_ids)
         positions = torch.arange(input_ids.shape[1], device=input_ids.device)
         cos, sin = self.rope.cos_sin(positions, self.norm.weight.dtype)
-        residual = self.embed_tokens(input_ids)
+        residual = self.embed_tokens.forward(input_ids)
         captured: dict[int, torch.Tensor] = {}
         layers = self.decoder_layers()
         first_norm = layers[0].input_layernorm if layers else self.norm
@@ -381,7 +381,7 @@ class LlamaModel(nn.Module):
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         self._check_ids(input_ids)
-        return self.embed_tokens(input_ids)
+        return self.embed_tokens.forward(input_ids)
 
     @property
     def lm_head_weight(self) -> torch.Tensor:

@@ -12,6 +12,7 @@ import torch
 from deepinfer.models.chat_template import ChatTemplate
 from deepinfer.models.config import LlamaConfig
 from deepinfer.models.convert import convert_gguf
+from deepinfer.models.gguf_model import load_gguf_model_cached
 from deepinfer.models.llama import LlamaModel
 from deepinfer.models.registry import default_model_path
 from deepinfer.models.safetensors_loader import load_hf_dir
@@ -68,12 +69,15 @@ def load_model(
 ) -> LoadedModel:
     """Load a Llama-family model.
 
-    ``path`` is a ``.gguf`` file (converted once into the cache, see
+    ``path`` is a ``.gguf`` file (its tokenizer and config converted once into the cache, see
     :func:`deepinfer.models.convert.convert_gguf`), a Hugging Face model directory, or None for
-    the embedded SmolLM2-135M-Instruct.
+    the embedded SmolLM2-135M-Instruct. In fp32 a GGUF file's matrices stay in their block
+    formats (:mod:`deepinfer.models.gguf_model`): the checkpoint's exact values, computed in
+    fp32, 4-8x less memory than fp32 copies.
     """
     source = default_model_path() if path is None else Path(path)
-    if source.is_file() and source.suffix == ".gguf":
+    gguf_source = source.is_file() and source.suffix == ".gguf"
+    if gguf_source:
         model_dir = convert_gguf(source, cache_dir)
     elif source.is_dir():
         model_dir = source
@@ -81,11 +85,21 @@ def load_model(
         raise ValueError(
             f"model path {os.fspath(source)!r} must be a .gguf file or a model directory"
         )
-    config, state = load_hf_dir(model_dir)
+    model: LlamaModel
+    if gguf_source and dtype == torch.float32:
+        # The file's own weights: block formats kept as they are, fp32 arithmetic.
+        model = load_gguf_model_cached(source, model_dir).to(device)
+        config = model.config
+    else:
+        # A checkpoint's own dtype (bf16/fp16 safetensors) converts to ``dtype`` exactly
+        # when ``dtype`` is wider; a GGUF file asked for in another dtype runs from its
+        # converted copy.
+        config, state = load_hf_dir(model_dir)
+        model = build_model(config, state, dtype=dtype, device=device)
+        del state
     tokenizer = Tokenizer.from_file(model_dir / "tokenizer.json")
     if not tokenizer.eos_token_ids and config.eos_token_ids:
         tokenizer.eos_token_ids = config.eos_token_ids
-    model = build_model(config, state, dtype=dtype, device=device)
     return LoadedModel(
         model=model,
         tokenizer=tokenizer,

@@ -113,8 +113,12 @@ def write_tiny_gguf(
     *,
     quantize_embedding: bool = False,
     chat_template: str | None = CHAT_TEMPLATE,
+    extra_raw: dict[str, tuple[np.ndarray, Any]] | None = None,
 ) -> Path:
-    """Write ``state`` as llama.cpp would: GGUF names, Q/K rows permuted, tokenizer metadata."""
+    """Write ``state`` as llama.cpp would: GGUF names, Q/K rows permuted, tokenizer metadata.
+
+    ``extra_raw``: more tensors by GGUF name, as ``(uint8 bytes [rows, row_bytes], GGML type)``
+    written as they are (already in llama.cpp's row order)."""
     import gguf
 
     writer = gguf.GGUFWriter(str(path), "llama")
@@ -161,6 +165,8 @@ def write_tiny_gguf(
             writer.add_tensor(gname, gguf.quants.quantize(arr, q8), raw_dtype=q8)
         else:
             writer.add_tensor(gname, np.ascontiguousarray(arr, dtype=np.float32))
+    for gname, (raw, kind) in (extra_raw or {}).items():
+        writer.add_tensor(gname, raw, raw_dtype=kind)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -224,7 +230,7 @@ def greedy_paged(model, prompt: list[int], max_new: int, eos: tuple[int, ...] = 
         model.config,
         -(-(len(prompt) + max_new) // block),
         block,
-        dtype=model.embed_tokens.weight.dtype,
+        dtype=model.norm.weight.dtype,  # the embedding may hold GGUF block bytes
     )
     table = pool.allocate(pool.num_blocks)
     out: list[int] = []

@@ -1,0 +1,126 @@
+"""Projections and embeddings whose weights stay in their checkpoint's format (GGUF blocks).
+
+:class:`QuantLinear` holds the raw bytes of one or more row blocks (a fused QKV projection
+may join a Q4_K query with a Q6_K value, as llama.cpp's mixed quantisations do) and computes
+``x W^T`` with :func:`deepinfer_kernels.quant.quant_linear`: the values are exactly the
+format's (bit-identical to ``gguf.quants.dequantize``), the arithmetic fp32, and the bytes in
+memory are the file's (Q4_1: 5 bits a weight instead of fp32's 32). :class:`QuantEmbedding`
+dequantises only the rows it looks up, and serves as the tied LM head through the same
+product, so the table is held once, in its file format.
+
+Both are drop-in subclasses of the float modules (``isinstance`` checks and module paths stay
+as they are); their ``weight`` parameter is the uint8 bytes, which no float kernel accepts (the
+compiled bf16 layer reports itself inapplicable and the model runs its per-layer path).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+from deepinfer.models.layers import Embedding, Linear
+from deepinfer_kernels.cpu import PackedWeight
+from deepinfer_kernels.quant import QuantType, QuantWeight, dequantize, quant_linear, row_bytes
+
+
+class QuantLinear(Linear):
+    """``y = x W^T (+ b)`` with ``W`` the row-wise concatenation of ``parts`` (each a
+    :class:`QuantWeight` of ``in_features`` columns, any supported type).
+
+    Example::
+
+        lin = QuantLinear([q, k, v])  # QuantWeights from a GGUF file
+        y = lin(x)                    # [..., q.rows + k.rows + v.rows]
+    """
+
+    def __init__(self, parts: Sequence[QuantWeight], bias: torch.Tensor | None = None) -> None:
+        nn.Module.__init__(self)  # not Linear.__init__: no float storage is allocated
+        if not parts:
+            raise ValueError("parts: expected at least one QuantWeight")
+        cols = parts[0].cols
+        if any(p.cols != cols for p in parts):
+            raise ValueError(f"parts: every part must have {cols} columns")
+        device = parts[0].data.device
+        self.in_features = cols
+        self.out_features = sum(p.rows for p in parts)
+        self.layout: tuple[tuple[QuantType, int], ...] = tuple((p.qtype, p.rows) for p in parts)
+        if len(parts) == 1:
+            flat = parts[0].data.reshape(-1)
+        elif device.type == "cpu":
+            # numpy: torch.cat / copy_ run OpenMP loops that stalled 25x on a busy 2-core box
+            flat = torch.from_numpy(np.concatenate([p.data.reshape(-1).numpy() for p in parts]))
+        else:
+            flat = torch.cat([p.data.reshape(-1) for p in parts])
+        self.weight = nn.Parameter(flat, requires_grad=False)
+        if bias is not None and tuple(bias.shape) != (self.out_features,):
+            raise ValueError(f"bias: expected [{self.out_features}], got {tuple(bias.shape)}")
+        self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
+        self.packed = PackedWeight()  # unused: kept so code that sets its kernel still works
+
+    def parts(self) -> list[QuantWeight]:
+        """The blocks as :class:`QuantWeight` views of :attr:`weight` (no copy)."""
+        out, start = [], 0
+        flat = self.weight.detach()
+        for qtype, rows in self.layout:
+            size = rows * row_bytes(qtype, self.in_features)
+            out.append(
+                QuantWeight(flat[start : start + size].view(rows, -1), qtype, self.in_features)
+            )
+            start += size
+        return out
+
+    def forward(self, x: torch.Tensor, contiguous: bool = True) -> torch.Tensor:
+        parts = self.parts()
+        bias = self.bias
+        if len(parts) == 1:
+            return quant_linear(x, parts[0], bias)
+        ys, start = [], 0
+        for part in parts:
+            b = None if bias is None else bias[start : start + part.rows]
+            ys.append(quant_linear(x, part, b))
+            start += part.rows
+        return torch.cat(ys, dim=-1)
+
+    def head_product(self, x: torch.Tensor) -> torch.Tensor:
+        """The product as an LM head (same as :meth:`forward`; ``LlamaModel.compute_logits``
+        calls a head's ``head_product`` when it has one)."""
+        return self.forward(x)
+
+    def dequantized(self) -> torch.Tensor:
+        """The fp32 weight ``[out_features, in_features]`` (a new tensor; for tests and tools)."""
+        return torch.cat([dequantize(p) for p in self.parts()])
+
+    def extra_repr(self) -> str:
+        kinds = "+".join(f"{q.name}x{r}" for q, r in self.layout)
+        return f"in_features={self.in_features}, out_features={self.out_features}, {kinds}"
+
+
+class QuantEmbedding(Embedding):
+    """Token table ``[vocab, dim]`` kept as ``table``'s bytes; a lookup dequantises its rows.
+
+    :meth:`head_product` is the tied LM head ``x E^T`` on the same bytes.
+    """
+
+    def __init__(self, table: QuantWeight) -> None:
+        nn.Module.__init__(self)
+        self.num_embeddings, self.embedding_dim = table.rows, table.cols
+        self.qtype = table.qtype
+        self.weight = nn.Parameter(table.data, requires_grad=False)
+
+    def table(self) -> QuantWeight:
+        return QuantWeight(self.weight.detach(), self.qtype, self.embedding_dim)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        rows = self.weight.detach().index_select(0, ids.reshape(-1))
+        values = dequantize(QuantWeight(rows, self.qtype, self.embedding_dim))
+        return values.view(*ids.shape, self.embedding_dim)
+
+    def head_product(self, x: torch.Tensor) -> torch.Tensor:
+        """``x E^T``: the tied LM head on the table's bytes."""
+        return quant_linear(x, self.table())
+
+    def extra_repr(self) -> str:
+        return f"{self.num_embeddings}, {self.embedding_dim}, {self.qtype.name}"
