@@ -38,7 +38,7 @@ def penalty_cases(draw: st.DrawFn) -> tuple[torch.Tensor, ...]:
     return logits, prompt, output, presence, frequency, repetition
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=30, deadline=None)
 @given(case=penalty_cases(), dtype=st.sampled_from(list(DTYPES)))
 def test_penalties_match_reference(case: tuple[torch.Tensor, ...], dtype: torch.dtype) -> None:
     logits, *rest = case
@@ -129,20 +129,17 @@ def test_token_bitmask_edges() -> None:
         dk.sample(dk.apply_token_bitmask(logits, torch.zeros(2, 2, dtype=torch.int32)), 1.0, 0, 1.0)
 
 
-def test_ops_opcheck_and_compile() -> None:
+def test_ops_opcheck() -> None:
+    # The op's schema and its fake (shapes and dtypes under FakeTensor) against the real op.
+    # opcheck's AOT-dispatch test (a torch.compile pass) costs ~10 s here and is left out.
+    utils = ("test_schema", "test_autograd_registration", "test_faketensor")
     ops = torch.ops.deepinfer
     logits = torch.randn(3, 20)
     ids = torch.tensor([[1, 2, -1], [4, 4, 4], [-1, -1, -1]])
     rows = (torch.full((3,), 0.5), torch.full((3,), 0.2), torch.full((3,), 1.3))
-    torch.library.opcheck(ops.apply_penalties.default, (logits, ids, ids, *rows))
+    torch.library.opcheck(ops.apply_penalties.default, (logits, ids, ids, *rows), test_utils=utils)
     mask = torch.tensor([[0x0F0F0], [-1], [5]], dtype=torch.int32)
-    torch.library.opcheck(ops.apply_token_bitmask.default, (logits, mask))
-
-    def step(logits: torch.Tensor) -> torch.Tensor:
-        return dk.apply_token_bitmask(dk.apply_penalties(logits, ids, ids, *rows), mask)
-
-    compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
-    torch.testing.assert_close(compiled(logits), step(logits))
+    torch.library.opcheck(ops.apply_token_bitmask.default, (logits, mask), test_utils=utils)
 
 
 @pytest.mark.parametrize("penalties", [(0.8, 0.0, 1.0), (0.0, 0.6, 1.0), (0.0, 0.0, 1.8)])

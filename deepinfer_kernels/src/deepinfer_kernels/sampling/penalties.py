@@ -134,8 +134,5 @@ def apply_penalties(
 def pad_token_ids(rows: list[list[int]], device: torch.device | str = "cpu") -> torch.Tensor:
     """``[B, max len]`` int64 matrix of ``rows``, padded with ``-1`` (the penalties' input)."""
     width = max((len(r) for r in rows), default=0)
-    out = torch.full((len(rows), width), -1, dtype=torch.int64)
-    for i, r in enumerate(rows):
-        if r:
-            out[i, : len(r)] = torch.as_tensor(r, dtype=torch.int64)
-    return out.to(device)
+    padded = [list(r) + [-1] * (width - len(r)) for r in rows]
+    return torch.tensor(padded, dtype=torch.int64).reshape(len(rows), width).to(device)

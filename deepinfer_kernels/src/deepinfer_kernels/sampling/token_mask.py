@@ -13,14 +13,12 @@ import torch
 from deepinfer_kernels._dispatch import eager_or_op
 from deepinfer_kernels._interop import result_converter, to_torch
 
-# Bit b of a word, as int32 (bit 31 is the sign bit).
-_BITS = torch.tensor([1 << b if b < 31 else -(1 << 31) for b in range(32)], dtype=torch.int32)
-
 
 def unpack_bitmask(bitmask: torch.Tensor, vocab: int) -> torch.Tensor:
     """``[B, V]`` bool: True where the packed ``bitmask`` ``[B, W]`` allows the token."""
-    bits = _BITS.to(bitmask.device)
-    allowed = (bitmask[:, :, None] & bits) != 0
+    # An arithmetic shift keeps bit b in place at position 0 (the sign bit 31 included).
+    shifts = torch.arange(32, dtype=torch.int32, device=bitmask.device)
+    allowed = ((bitmask[:, :, None] >> shifts) & 1) != 0
     return allowed.reshape(bitmask.shape[0], -1)[:, :vocab]
 
 
