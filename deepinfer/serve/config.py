@@ -22,7 +22,8 @@ class ServeConfig:
     predicted TTFT on the chosen replica exceeds it. ``max_waiting``: reject (429) when the
     chosen replica already queues this many requests. ``drain_timeout_s``: on SIGTERM, how long
     in-flight requests may run before they are aborted. ``restart``: restart a replica that
-    died.
+    died. ``pd``: ``(P, D)`` runs the first P replicas as prefill and the other D as decode
+    replicas (``replicas`` must be P + D), paired per request with the PD KV transfer.
     """
 
     model: str | None = None
@@ -42,6 +43,7 @@ class ServeConfig:
     drain_timeout_s: float = 30.0
     restart: bool = True
     startup_timeout_s: float = 600.0
+    pd: tuple[int, int] | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.replicas, int) or self.replicas < 1:
@@ -60,5 +62,11 @@ class ServeConfig:
             raise ValueError(f"max_waiting must be >= 1, got {self.max_waiting}")
         if not self.drain_timeout_s >= 0:
             raise ValueError(f"drain_timeout_s must be >= 0, got {self.drain_timeout_s}")
+        if self.pd is not None:
+            p, d = self.pd
+            if not (isinstance(p, int) and isinstance(d, int) and p >= 1 and d >= 1):
+                raise ValueError(f"pd must be (P, D) with P, D >= 1, got {self.pd!r}")
+            if self.replicas != p + d:
+                raise ValueError(f"replicas must be P + D = {p + d} with pd={self.pd}")
         if not self.startup_timeout_s > 0:
             raise ValueError(f"startup_timeout_s must be > 0, got {self.startup_timeout_s}")

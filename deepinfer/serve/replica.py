@@ -4,6 +4,7 @@ The replica receives JSON messages on its end of a pipe (no pickle crosses it)::
 
     {"op": "add", "request_id", "prompt_ids", "params", "namespace"}   queue a request
     {"op": "abort", "request_id"}                                     drop it, free its KV
+    {"op": "prefill", ...} / {"op": "decode", ..., "kv"}              PD roles (replica_pd.py)
     {"op": "shutdown"}                                                flush the cache, exit
 
 and answers with ``info`` and ``ready`` once its engine is built (``fatal`` if that fails),
@@ -32,6 +33,7 @@ from deepinfer.engine.engine import LLMEngine
 from deepinfer.engine.outputs import RequestOutput
 from deepinfer.engine.sampling_params import SamplingParams
 from deepinfer.pd.messages import params_from_json, recv, send
+from deepinfer.serve.replica_pd import PDRole
 from deepinfer.serve.step_model import StepTimeFit
 from deepinfer_cache import AllBlocksCleared, BlockStored
 
@@ -74,6 +76,7 @@ class Replica:
         self.engine = engine
         self.store = store
         self.fit = StepTimeFit()
+        self.pd = PDRole(engine)
         self._events = store.subscribe() if store is not None else None
         self._resync = True
         self._last_load: tuple[int, ...] = ()
@@ -95,10 +98,33 @@ class Replica:
                 send(self.conn, {"op": "rejected", "request_id": rid, "error": str(exc)})
         elif op == "abort":
             self.engine.abort(str(message["request_id"]))
+            self.pd.abort(str(message["request_id"]))
+        elif op == "prefill":
+            try:
+                self.pd.start_prefill(message)
+            except (ValueError, TypeError) as exc:
+                rid = str(message["request_id"])
+                send(self.conn, {"op": "rejected", "request_id": rid, "error": str(exc)})
+        elif op == "decode":
+            self.pd.pending.append(message)
+            self.admit_decodes()
         else:
             raise ValueError(f"replica got unknown op {op!r}")
 
+    def admit_decodes(self) -> None:
+        for result in self.pd.admit_decodes():
+            if isinstance(result, RequestOutput):
+                self.on_output(result)
+            else:
+                rid, error = result
+                send(self.conn, {"op": "rejected", "request_id": rid, "error": error})
+
     def on_output(self, out: RequestOutput) -> None:
+        if out.request_id in self.pd.prefilling:
+            handoff = self.pd.finish_prefill(out)
+            if handoff is not None:
+                send(self.conn, handoff)
+                return
         m = out.metrics
         send(
             self.conn,
@@ -191,13 +217,15 @@ class Replica:
     def run(self) -> None:
         e = self.engine
         while True:
-            timeout = 0.0 if e.has_unfinished() else IDLE_POLL_S
+            timeout = 0.0 if e.has_unfinished() or self.pd.busy() else IDLE_POLL_S
             while self.conn.poll(timeout):
                 message = recv(self.conn)
                 if message["op"] == "shutdown":
                     return
                 self.on_message(message)
                 timeout = 0.0
+            if self.pd.busy():
+                self.admit_decodes()
             self.publish()
             if e.has_unfinished():
                 before = e.num_forward_tokens
@@ -289,6 +317,7 @@ def replica_main(conn: Connection, settings_json: str, set_threads: bool = True)
                 },
             )
     finally:
+        replica.pd.shutdown()
         if replica._events is not None:
             replica._events.close()
         if store is not None:

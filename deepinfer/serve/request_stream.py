@@ -50,6 +50,8 @@ class Tracked:
     streamed: int = 0
     attempts: int = 0
     done: bool = False
+    kv: dict[str, Any] | None = None  # with --pd: the KV handle sent to the decode replica
+    cached_tokens: int = 0  # with --pd: the prefix hits of its prefill
 
 
 class DeltaMaker:
@@ -88,7 +90,7 @@ class DeltaMaker:
             finished=done,
             prompt_tokens=int(message.get("prompt_tokens", len(t.prompt_ids))),
             completion_tokens=self.completion,
-            cached_tokens=int(message.get("cached_tokens", 0)),
+            cached_tokens=max(int(message.get("cached_tokens", 0)), t.cached_tokens),
         )
         if done:
             reason = "stop" if self.stop.stopped else message.get("finish_reason")

@@ -32,7 +32,9 @@ def add_serve_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--replicas", type=int, default=1, help="engine replicas (processes)")
     p.add_argument("--router", default="cost", choices=list(ROUTERS))
-    p.add_argument("--pd", default=None, metavar="P:D", help="prefill:decode replicas")
+    p.add_argument(
+        "--pd", default=None, metavar="P:D", help="P prefill + D decode replicas (not --replicas)"
+    )
     p.add_argument("--speculative", default=None, help="'dspark' or a drafter checkpoint dir")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--device", default="cpu")
@@ -52,8 +54,14 @@ def add_serve_parser(sub: Any) -> argparse.ArgumentParser:
 
 
 def config_from_args(args: argparse.Namespace) -> ServeConfig:
+    pd = None
+    replicas = args.replicas
     if args.pd is not None:
-        raise SystemExit("--pd: online prefill/decode pairing is not implemented yet")
+        try:
+            p, d = (int(x) for x in args.pd.split(":"))
+        except ValueError:
+            raise SystemExit(f"--pd: expected P:D (e.g. 1:2), got {args.pd!r}") from None
+        pd, replicas = (p, d), p + d
     model = args.model or args.model_opt
     cache = None
     if not args.no_prefix_cache:
@@ -62,7 +70,8 @@ def config_from_args(args: argparse.Namespace) -> ServeConfig:
     return ServeConfig(
         model=model,
         served_model_name=args.served_model_name,
-        replicas=args.replicas,
+        replicas=replicas,
+        pd=pd,
         router=args.router,
         in_process=args.in_process,
         dtype=args.dtype,

@@ -19,6 +19,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from deepinfer.pd.messages import params_to_json
+from deepinfer.pd.transport import discard
 from deepinfer.serve.config import ServeConfig
 from deepinfer.serve.errors import APIError, bad_request, overloaded, unavailable
 from deepinfer.serve.frontend import Frontend, load_frontend
@@ -26,8 +27,10 @@ from deepinfer.serve.metrics import ServeMetrics
 from deepinfer.serve.params import RequestSpec
 from deepinfer.serve.replica import ReplicaSettings
 from deepinfer.serve.replica_handle import ReplicaHandle, ReplicaStatus
+from deepinfer.serve.replica_view import ReplicaView
 from deepinfer.serve.request_stream import Delta, DeltaMaker, Tracked
 from deepinfer.serve.routing import ReplicaRouter, RoutedRequest, prompt_hashes
+from deepinfer_sched.policies import LeastLoadedPairing
 
 MAX_ATTEMPTS = 3  # routings of one request (the first plus retries after replica deaths)
 RESTART_DELAYS_S = (0.5, 2.0, 5.0, 15.0, 30.0)
@@ -52,6 +55,7 @@ class ServeService:
         self.metrics = ServeMetrics()
         self.replicas: list[ReplicaHandle] = []
         self.router = ReplicaRouter(config.router, self._up_views, ttft_slo_s=config.ttft_slo_s)
+        self._pairing = LeastLoadedPairing()
         self.draining = False
         self.closed = False
         self.created = int(time.time())
@@ -118,6 +122,7 @@ class ServeService:
             "replicas": [
                 {
                     "index": h.index,
+                    "role": self.role(h),
                     "status": h.status.value,
                     "pid": h.pid,
                     "restarts": h.restarts,
@@ -200,13 +205,27 @@ class ServeService:
         self._dispatch(tracked, admit=True)
         return tracked
 
+    def role(self, handle: ReplicaHandle) -> str:
+        """``prefill`` / ``decode`` with ``--pd`` (the first P replicas prefill), else ``both``."""
+        if self.config.pd is None:
+            return "both"
+        return "prefill" if handle.index < self.config.pd[0] else "decode"
+
+    def _up(self, role: str) -> list[ReplicaHandle]:
+        return [
+            h
+            for h in self.replicas
+            if h.status is ReplicaStatus.UP and self.role(h) in (role, "both")
+        ]
+
     def _up_views(self) -> list[Any]:
-        return [h.view for h in self.replicas if h.status is ReplicaStatus.UP]
+        return [h.view for h in self._up("prefill")]
 
     def _dispatch(self, tracked: Tracked, *, admit: bool) -> None:
-        """Pick a replica for ``tracked`` and send it there; raise `APIError` if none can."""
-        up = [h for h in self.replicas if h.status is ReplicaStatus.UP]
-        if not up:
+        """Pick a replica for ``tracked`` and send it there; raise `APIError` if none can.
+        With ``--pd`` that is a prefill replica; ``_hand_off`` pairs a decode one later."""
+        up = self._up("prefill")
+        if not up or (self.config.pd is not None and not self._up("decode")):
             raise unavailable("no replica is up")
         bs = up[0].view.block_size
         if not tracked.routed.block_hashes and tracked.prompt_ids:
@@ -233,13 +252,14 @@ class ServeService:
         hashes = tracked.routed.block_hashes
         cached = chosen_view.cached_prefix_blocks(hashes) * bs
         tracked.replica = handle
+        tracked.kv = None
         tracked.attempts += 1
         self._tracked[tracked.request_id] = tracked
         chosen_view.on_routed(tracked.request_id, hashes, len(tracked.prompt_ids) - cached)
         self.metrics.routed.labels(str(handle.index)).inc()
         sent = handle.send(
             {
-                "op": "add",
+                "op": "add" if self.config.pd is None else "prefill",
                 "request_id": tracked.request_id,
                 "prompt_ids": tracked.prompt_ids,
                 "params": params_to_json(tracked.spec.params),
@@ -249,6 +269,45 @@ class ServeService:
         if not sent:
             # The pipe is gone: its exit message retries or fails this request shortly.
             return
+
+    def _hand_off(self, prefill: ReplicaHandle, message: dict[str, Any]) -> None:
+        """A prefill replica exported a request's KV: pair a decode replica
+        (`LeastLoadedPairing`, or the least loaded when none has room yet: it queues the
+        transfer until blocks free up) and send the pages there."""
+        tracked = self._tracked.get(str(message["request_id"]))
+        if tracked is None or tracked.replica is not prefill:
+            discard(message["kv"])  # aborted meanwhile
+            return
+        prefill.view.on_finished(tracked.request_id)
+        decodes = self._up("decode")
+        if not decodes:
+            discard(message["kv"])
+            self._fail(tracked, "no decode replica is up")
+            return
+        views = [h.view for h in decodes]
+        kv_tokens = len(tracked.prompt_ids) + 1
+        picked = self._pairing.pick(tracked.routed, views, kv_tokens)
+        view = (
+            picked
+            if isinstance(picked, ReplicaView)
+            else min(views, key=lambda v: (v.num_waiting + v.num_running, v.kv_used_tokens))
+        )
+        handle = decodes[views.index(view)]
+        tracked.replica = handle
+        tracked.kv = message["kv"]
+        tracked.cached_tokens = int(message.get("cached_tokens", 0))
+        view.on_routed(tracked.request_id, (), 0)
+        handle.send(
+            {
+                "op": "decode",
+                "request_id": tracked.request_id,
+                "prompt_ids": tracked.prompt_ids,
+                "first_token": int(message["first_token"]),
+                "params": params_to_json(tracked.spec.params),
+                "namespace": tracked.spec.namespace.hex(),
+                "kv": message["kv"],
+            }
+        )
 
     def abort(self, tracked: Tracked) -> None:
         """Drop a request (its client left): the replica frees its KV blocks."""
@@ -320,6 +379,8 @@ class ServeService:
                 if delta > 0:
                     self.metrics.prefix_hit_tokens.labels(tier).inc(delta)
                 seen[tier] = int(total)
+        elif op == "prefilled":
+            self._hand_off(handle, message)
         elif op == "rejected":
             tracked = self._tracked.get(str(message["request_id"]))
             if tracked is not None and tracked.replica is handle:
@@ -345,6 +406,8 @@ class ServeService:
         self.metrics.up.labels(str(handle.index)).set(0)
         for tracked in [t for t in self._tracked.values() if t.replica is handle]:
             self._tracked.pop(tracked.request_id, None)
+            if tracked.kv is not None:
+                discard(tracked.kv)  # pages in transit to the dead replica, if not imported
             if tracked.streamed == 0 and tracked.attempts < MAX_ATTEMPTS and not self.closed:
                 try:
                     self._dispatch(tracked, admit=False)

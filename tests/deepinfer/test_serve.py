@@ -376,3 +376,64 @@ def test_admission_rejects_with_429_when_the_queue_is_full(gguf: Path, tmp_path:
         assert rejected["type"] == "rate_limit_error"
         assert "queues" in rejected["message"]
         assert health(url)["in_flight"] == 0
+
+
+def test_pd_one_prefill_one_decode_replica_matches_llm_generate(gguf: Path, tmp_path: Path) -> None:
+    """``--pd 1:1``: every request prefills on replica 0, its KV pages move through shared
+    memory to replica 1, which streams the rest; greedy text equals the offline engine's and
+    no shared-memory segment is left behind."""
+    import os
+
+    from deepinfer.llm import LLM
+
+    def segments() -> set[str]:
+        shm = "/dev/shm"
+        return {n for n in os.listdir(shm) if n.startswith("psm_")} if os.path.isdir(shm) else set()
+
+    before = segments()
+    prompts = [[(7 * i + 5 * j + 3) % 200 + 3 for j in range(n)] for i, n in enumerate((3, 9, 33))]
+    params = SamplingParams(temperature=0.0, max_tokens=7, ignore_eos=True)
+    with LLM(
+        str(gguf), engine_config=ENGINE, enable_prefix_caching=False, cache_dir=tmp_path
+    ) as llm:
+        offline = [o.text for o in llm.generate(prompts, params)]
+    config = ServeConfig(
+        model=str(gguf),
+        served_model_name=MODEL,
+        replicas=2,
+        pd=(1, 1),
+        in_process=True,
+        engine=ENGINE,
+        prefix_cache=PrefixCacheConfig(device_blocks=16, host_bytes=1 << 22, disk_bytes=0),
+        cache_dir=str(tmp_path),
+    )
+    with thread_server(config) as url:
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0)
+        assert [r["role"] for r in health(url)["replicas"]] == ["prefill", "decode"]
+        for prompt, expected in zip(prompts, offline):
+            assert _greedy(client, prompt, 7) == expected
+            stream = client.completions.create(
+                model=MODEL,
+                prompt=prompt,
+                max_tokens=7,
+                temperature=0,
+                stream=True,
+                extra_body={"ignore_eos": True},
+            )
+            assert "".join(c.choices[0].text for c in stream) == expected
+        r = httpx.post(
+            f"{url}/v1/completions",
+            json={
+                "model": MODEL,
+                "prompt": prompts[2],
+                "max_tokens": 7,
+                "temperature": 0,
+                "ignore_eos": True,
+            },
+            timeout=30,
+        )
+        assert r.json()["choices"][0]["text"] == offline[2]
+        assert r.headers["x-deepinfer-replica"] == "1"  # decoded on the decode replica
+        metrics = httpx.get(f"{url}/metrics", timeout=10).text
+        assert 'deepinfer_router_decisions_total{replica="0"} 7.0' in metrics
+    assert segments() <= before
