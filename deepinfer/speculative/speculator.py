@@ -40,17 +40,18 @@ from dataclasses import dataclass, field
 import torch
 
 from deepinfer.engine.chunk import Chunk, StepBatch
-from deepinfer.engine.sampler import sampling_tensors
+from deepinfer.engine.sampler import prepare_verify_logits, sampling_tensors
 from deepinfer.engine.sequence import Sequence
 from deepinfer.engine.speculation import Drafts, ForwardOutput
-from deepinfer_kernels import greedy_verify, sampling_probs, speculative_verify
+from deepinfer_kernels import sampling_probs
 from deepinfer_spec import (
     ContextRing,
+    DraftBlock,
     DraftGate,
     DSparkDrafter,
     VerifyScheduler,
-    apply_temperatures,
-    propose,
+    draft_block,
+    verify_block,
 )
 
 
@@ -100,7 +101,7 @@ class DSparkDrafts(Drafts):
 
     works: list[_Work] = field(default_factory=list)
     drafting: list[_Work] = field(default_factory=list)
-    draft: dict[str, torch.Tensor] | None = None
+    draft: DraftBlock | None = None
     gated: bool = False
     start: float = 0.0
 
@@ -268,8 +269,9 @@ class DSparkSpeculator:
     def _in_sync(self, w: _Work) -> bool:
         return w.base == w.chunk.start and w.seq.seq_id in self._slots
 
-    def _propose(self, drafting: list[_Work]) -> dict[str, torch.Tensor] | None:
-        """Draft for every sequence in ``drafting`` and schedule how many to verify."""
+    def _propose(self, drafting: list[_Work]) -> DraftBlock | None:
+        """Draft for every sequence in ``drafting`` and schedule how many to verify (the DSpark
+        step's first half, ``deepinfer_spec.draft_block``, as ``SpecDecoder`` runs it)."""
         if not drafting:
             return None
         slot_ids = [self._slots[w.seq.seq_id] for w in drafting]
@@ -279,55 +281,36 @@ class DSparkSpeculator:
             [w.seq.all_ids[w.chunk.start] for w in drafting], dtype=torch.int64, device=self.device
         )
         context, valid = self.ring.view(slots)
-        batch, gamma = len(drafting), self.gamma
-        tokens = torch.zeros(batch, gamma, dtype=torch.int64, device=self.device)
-        probs: torch.Tensor | None = None
-        conf = torch.zeros(batch, gamma, dtype=torch.float32, device=self.device)
-        temps = [float(w.seq.params.temperature) for w in drafting]
-        for temp in sorted(set(temps)):
-            rows = torch.tensor([i for i, t in enumerate(temps) if t == temp], device=self.device)
-            d = propose(
-                self.drafter,
-                anchors[rows],
-                context[rows],
-                valid[rows],
-                temperature=temp,
-                context_is_kv=True,
-            )
-            tokens[rows] = d.token_ids
-            sts = self.sts_greedy if temp == 0 else self.sts_sampling
-            conf[rows] = apply_temperatures(d.confidence, sts) if sts is not None else d.confidence
-            if temp > 0:
-                if probs is None:
-                    probs = torch.zeros(batch, gamma, d.probs.shape[-1], device=self.device)
-                probs[rows] = d.probs
-        n = self.scheduler.schedule(conf).to(torch.int64).cpu()
-        caps = torch.tensor([w.chunk.max_drafts for w in drafting])
-        n = torch.minimum(n.clamp(0, gamma), caps)
-        token_lists = tokens.cpu().tolist()
+        block = draft_block(
+            self.drafter,
+            anchors,
+            context,
+            valid,
+            [float(w.seq.params.temperature) for w in drafting],
+            self.scheduler,
+            sts_greedy=self.sts_greedy,
+            sts_sampling=self.sts_sampling,
+            max_drafts=[w.chunk.max_drafts for w in drafting],
+            context_is_kv=True,
+        )
         for i, w in enumerate(drafting):
             w.draft_row = i
-            w.drafts = [int(t) for t in token_lists[i][: int(n[i])]]
-        out = {"tokens": tokens, "n": n}
-        if probs is not None:
-            out["probs"] = probs
-        return out
+            w.drafts = block.drafts(i)
+        return block
 
     def _verify(
         self,
         works: list[_Work],
         outputs: ForwardOutput,
-        draft: dict[str, torch.Tensor] | None,
+        block: DraftBlock | None,
         generator: torch.Generator,
     ) -> dict[int, tuple[int, list[int]]]:
-        """``draft_row -> (num_accepted, emitted tokens)`` for every drafting sequence."""
-        if draft is None:
+        """``draft_row -> (num_accepted, emitted tokens)`` for every drafting sequence (the
+        DSpark step's second half, ``deepinfer_spec.verify_block``)."""
+        if block is None:
             return {}
         rows = [(w, off) for w, off in zip(works, outputs.offsets) if w.draft_row >= 0]
-        n = draft["n"]
-        # At least one draft column: the verify kernels take [B, G >= 1] (n = 0 rows are fine).
-        width = max(int(n.max()), 1) + 1
-        batch = len(rows)
+        width = block.width
         # Row b's verify block: the anchor's row then its drafts', padded by repeating the last.
         index = torch.tensor(
             [
@@ -338,42 +321,35 @@ class DSparkSpeculator:
         )
         logits = outputs.logits(index.reshape(-1)).float()
         vocab = logits.shape[-1]
-        logits = logits.reshape(batch, width, vocab).cpu()
-        drafts = draft["tokens"][:, : width - 1].cpu()
-        result: dict[int, tuple[int, list[int]]] = {}
-        greedy = [i for i, (w, _) in enumerate(rows) if w.seq.params.temperature == 0]
-        sampled = [i for i, (w, _) in enumerate(rows) if w.seq.params.temperature > 0]
-        if greedy:
-            g = torch.tensor(greedy)
-            # The engine built these operands (ids from the drafter, counts from the
-            # scheduler): the value checks (a scan of every logit for NaN) are skipped.
-            res = greedy_verify(drafts[g], logits[g], n[g], check_values=False)
-            self._collect(result, [rows[i][0] for i in greedy], res)
-        if sampled:
-            s = torch.tensor(sampled)
-            params = [rows[i][0].seq.params for i in sampled]
-            flat = logits[s].reshape(-1, vocab)
+        logits = logits.reshape(len(rows), width, vocab).cpu()
+        # Penalties, bias, min_tokens bans, structured-output masks and logits processors act on
+        # the target's distribution at every block position (sampler.prepare_verify_logits):
+        # verification then stays lossless w.r.t. what plain sampling would draw.
+        logits = prepare_verify_logits(
+            [w.seq for w, _ in rows], [w.drafts for w, _ in rows], logits
+        )
+        params = [w.seq.params for w, _ in rows]
+        target: torch.Tensor | None = None
+        if any(p.temperature > 0 for p in params):
+            # Sampled rows verify against exactly the filtered distribution they sample from.
+            flat = logits.reshape(-1, vocab)
             target = sampling_probs(flat, *sampling_tensors(params, repeat=width)).reshape(
-                len(sampled), width, vocab
+                len(rows), width, vocab
             )
-            assert "probs" in draft
-            res = speculative_verify(
-                drafts[s],
-                draft["probs"][s, : width - 1].cpu(),
-                target,
-                n[s],
-                generator=generator,
-            )
-            self._collect(result, [rows[i][0] for i in sampled], res)
-        return result
-
-    @staticmethod
-    def _collect(result: dict[int, tuple[int, list[int]]], works: list[_Work], res: object) -> None:
-        out_ids = res.output_ids.tolist()  # type: ignore[attr-defined]
-        num_acc = res.num_accepted.tolist()  # type: ignore[attr-defined]
-        num_emit = res.num_emitted.tolist()  # type: ignore[attr-defined]
-        for i, w in enumerate(works):
-            result[w.draft_row] = (int(num_acc[i]), [int(t) for t in out_ids[i][: num_emit[i]]])
+        # The engine built these operands (ids from the drafter, counts from the scheduler):
+        # the value checks (a scan of every logit for NaN) are skipped.
+        verdict = verify_block(
+            block,
+            logits,
+            [p.temperature for p in params],
+            target_probs=target,
+            generator=generator,
+            check_values=False,
+        )
+        return {
+            w.draft_row: (int(verdict.num_accepted[i]), verdict.tokens(i))
+            for i, (w, _) in enumerate(rows)
+        }
 
     def _append_features(self, w: _Work, features: torch.Tensor) -> None:
         """Queue the raw features of the sequence's new positions (projected by _flush)."""

@@ -18,16 +18,18 @@ from deepinfer.engine.config import EngineConfig
 from deepinfer.engine.engine import LLMEngine
 from deepinfer.engine.sampling_params import SamplingParams
 from deepinfer.models import KVPool, build_model
-from deepinfer.models.module_linear import ModuleLinear
 from deepinfer.models.spec_adapter import LlamaTargetAdapter
 from deepinfer.speculative import DSparkSpeculator, build_speculator, profile_target_sps
+from deepinfer_kernels.cpu.module_linear import ModuleLinear
 from deepinfer_spec import (
     DraftGate,
     DSparkConfig,
     DSparkDrafter,
     FixedGammaScheduler,
     PrefixScheduler,
+    SpecDecoder,
     SPSCurve,
+    apply_temperatures,
     module_linear,
 )
 
@@ -431,3 +433,52 @@ def test_lazily_projected_context_equals_the_eager_projection(model, greedy_refe
         raw = features.features[0, len(history) - context.shape[0] :]
         eager = drafter.context_kv(drafter.project_context(raw))
         torch.testing.assert_close(context, eager.to(context.dtype), atol=1e-5, rtol=1e-5)
+
+
+class _SeenConfidence:
+    """A ``FixedGammaScheduler`` that keeps the confidences it was asked to schedule."""
+
+    def __init__(self, gamma: int) -> None:
+        self.inner = FixedGammaScheduler(gamma)
+        self.seen: list[torch.Tensor] = []
+
+    def schedule(self, confidence: torch.Tensor) -> torch.Tensor:
+        self.seen.append(confidence.detach().clone())
+        return self.inner.schedule(confidence)
+
+
+def test_spec_decoder_and_engine_run_one_dspark_step(model, greedy_reference) -> None:
+    """``SpecDecoder`` and the engine's speculator run the same DSpark step
+    (``deepinfer_spec.step``): the same drafter, target and STS temperatures give identical
+    tokens, and on both paths the scheduler sees the STS-calibrated confidences."""
+    reqs, expected = greedy_reference
+    drafter = oracle_drafter(model, expected)
+    sts = torch.tensor([0.05, 0.5, 2.0, 4.0])
+    assert drafter.config.gamma == sts.numel()
+
+    def engine_run(sts: torch.Tensor | None) -> tuple[list[list[int]], _SeenConfidence]:
+        seen = _SeenConfidence(3)
+        spec = DSparkSpeculator(drafter, seen, max_seqs=8, sts_greedy=sts)
+        outs = run(LLMEngine(model, None, CFG, speculator=spec), reqs)
+        assert spec.stats.num_accepted > 0
+        return [o.token_ids for o in outs], seen
+
+    def decoder_run(sts: torch.Tensor | None) -> tuple[list[list[int]], _SeenConfidence]:
+        seen = _SeenConfidence(3)
+        target = LlamaTargetAdapter(model, KVPool.for_model(model.config, 256, 4))
+        decoder = SpecDecoder(
+            drafter, target, seen, max_requests=8, temperature=0.0, sts_greedy=sts
+        )
+        return decoder.generate([p for p, _ in reqs], max_new_tokens=24), seen
+
+    for path in (engine_run, decoder_run):
+        calibrated_tokens, calibrated = path(sts)
+        raw_tokens, raw = path(None)
+        assert calibrated_tokens == raw_tokens == expected
+        # Greedy drafts and a fixed schedule: both runs take the same steps, so each step's
+        # confidences are the raw ones passed through the STS temperatures.
+        assert len(calibrated.seen) == len(raw.seen) > 0
+        for got, base in zip(calibrated.seen, raw.seen):
+            torch.testing.assert_close(got, apply_temperatures(base, sts))
+    with pytest.raises(ValueError, match="sts_greedy"):
+        SpecDecoder(drafter, drafter.target, _SeenConfidence(1), sts_greedy=torch.ones(2))

@@ -44,6 +44,7 @@ from deepinfer_spec.scheduling import (
     profile_sps,
 )
 from deepinfer_spec.state import ContextRing
+from deepinfer_spec.step import DraftBlock, Verdict, draft_block, verify_block
 
 __version__ = "0.5.0"
 
@@ -54,6 +55,7 @@ __all__ = [
     "DSparkConfig",
     "DSparkDrafter",
     "Draft",
+    "DraftBlock",
     "LinearFn",
     "RecomputeTarget",
     "RequestState",
@@ -64,8 +66,11 @@ __all__ = [
     "SupportsLmHeadRows",
     "TargetAdapter",
     "TargetOutput",
+    "Verdict",
+    "draft_block",
     "module_linear",
     "propose",
+    "verify_block",
     # calibration and verification scheduling (spec-B)
     "DraftGate",
     "FixedGammaScheduler",

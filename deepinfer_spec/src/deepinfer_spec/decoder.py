@@ -1,8 +1,10 @@
 """Speculative decoding with a DSpark drafter: propose -> schedule -> verify -> update.
 
-One :meth:`SpecDecoder.step` for a batch of requests:
+One :meth:`SpecDecoder.step` for a batch of requests (the DSpark step of ``deepinfer_spec.step``,
+which the engine's speculator runs too):
 
-1. the drafter proposes ``gamma`` tokens per request from its ring-buffer state;
+1. the drafter proposes ``gamma`` tokens per request from its ring-buffer state, and the
+   confidences are calibrated with the STS temperatures when given;
 2. the verification scheduler picks how many of them to verify, ``n_b`` in ``[0, gamma]``
    (ragged across the batch);
 3. the target runs once over ``[anchor ; d_1 .. d_{n_b}]`` per request (``TargetAdapter.extend``);
@@ -23,12 +25,11 @@ from dataclasses import dataclass
 
 import torch
 
-from deepinfer_kernels import greedy_verify, speculative_verify
 from deepinfer_spec.adapter import TargetAdapter, check_target_output
 from deepinfer_spec.drafter import DSparkDrafter
-from deepinfer_spec.propose import propose
 from deepinfer_spec.scheduling import VerifyScheduler
 from deepinfer_spec.state import ContextRing
+from deepinfer_spec.step import draft_block, verify_block
 
 
 @dataclass(frozen=True)
@@ -36,7 +37,7 @@ class StepOutput:
     """Result of one decoding step for ``request_ids`` (row ``b`` is ``request_ids[b]``).
 
     ``output_ids [B, G+1]`` holds ``num_emitted[b]`` tokens then -1 padding; ``confidence
-    [B, G]`` is the drafter's per-position confidence for the proposed block.
+    [B, G]`` is the drafter's per-position confidence for the proposed block (after STS).
     """
 
     request_ids: list[Hashable]
@@ -71,6 +72,8 @@ class SpecDecoder:
         max_requests: ring-buffer slots.
         temperature: ``> 0`` samples (lossless rejection sampling), ``0`` is greedy.
         generator: randomness for drafting and verification.
+        sts_greedy / sts_sampling: STS temperatures ``[gamma]`` calibrating the confidence the
+            scheduler sees, at temperature 0 / above (``None``: raw confidence), as the engine.
     """
 
     def __init__(
@@ -82,7 +85,14 @@ class SpecDecoder:
         max_requests: int = 64,
         temperature: float = 1.0,
         generator: torch.Generator | None = None,
+        sts_greedy: torch.Tensor | None = None,
+        sts_sampling: torch.Tensor | None = None,
     ) -> None:
+        gamma = drafter.config.gamma
+        for name, temps in (("sts_greedy", sts_greedy), ("sts_sampling", sts_sampling)):
+            if temps is not None and tuple(temps.shape) != (gamma,):
+                raise ValueError(f"{name}: expected shape ({gamma},), got {tuple(temps.shape)}")
+        self.sts_greedy, self.sts_sampling = sts_greedy, sts_sampling
         if not isinstance(temperature, (int, float)) or temperature < 0:
             raise ValueError(f"temperature: expected a float >= 0, got {temperature!r}")
         if target.vocab_size != drafter.vocab_size or target.hidden_size != drafter.hidden_size:
@@ -189,33 +199,26 @@ class SpecDecoder:
         slots = torch.tensor([r.slot for r in reqs], dtype=torch.int64, device=dev)
         anchors = torch.tensor([r.anchor for r in reqs], dtype=torch.int64, device=dev)
         context, valid = self.ring.view(slots)
-        draft = propose(
+        temps = [self.temperature] * batch
+        block = draft_block(
             self.drafter,
             anchors,
             context,
             valid,
-            temperature=self.temperature,
+            temps,
+            self.scheduler,
+            sts_greedy=self.sts_greedy,
+            sts_sampling=self.sts_sampling,
             generator=self.generator,
         )
-        n = self._check_schedule(self.scheduler.schedule(draft.confidence), batch, gamma)
-        width = int(n.max()) + 1
-        drafts = draft.token_ids[:, : width - 1]
-        inputs = torch.cat((anchors[:, None], drafts), dim=1)
+        n = block.num_draft_tokens.to(dev)
+        width = block.width
+        inputs = torch.cat((anchors[:, None], block.token_ids[:, : width - 1]), dim=1)
         cols = torch.arange(width, device=dev)[None, :]
         inputs = torch.where(cols <= n[:, None], inputs, torch.zeros_like(inputs))
         out = self.target.extend(rids, inputs, n + 1, self.layer_ids)
         check_target_output(out, batch, width, vocab, self.drafter.feature_dim)
-        live = (cols <= n[:, None])[..., None]
-        if self.temperature == 0:
-            # Padding rows may hold anything; make them finite so verification can check values.
-            logits = torch.where(live, out.logits.float(), torch.zeros((), device=dev))
-            res = greedy_verify(drafts, logits, n)
-        else:
-            probs = torch.softmax(out.logits.float() / self.temperature, dim=-1)
-            probs = torch.where(live, probs, torch.full((), 1.0 / vocab, device=dev))
-            res = speculative_verify(
-                drafts, draft.probs[:, : width - 1], probs, n, generator=self.generator
-            )
+        res = verify_block(block, out.logits, temps, generator=self.generator)
         num_acc, num_emit = res.num_accepted.to(dev), res.num_emitted.to(dev)
         output_ids = torch.full((batch, gamma + 1), -1, dtype=torch.int64, device=dev)
         output_ids[:, :width] = res.output_ids.to(dev)
@@ -232,8 +235,8 @@ class SpecDecoder:
             num_accepted=num_acc,
             num_emitted=num_emit,
             num_draft_tokens=n,
-            draft_token_ids=draft.token_ids,
-            confidence=draft.confidence,
+            draft_token_ids=block.token_ids,
+            confidence=block.confidence,
         )
 
     def generate(
@@ -268,16 +271,6 @@ class SpecDecoder:
             for rid in active:
                 self.release(rid)
         return [outputs[rid] for rid in ids]
-
-    @staticmethod
-    def _check_schedule(n: torch.Tensor, batch: int, gamma: int) -> torch.Tensor:
-        if not isinstance(n, torch.Tensor) or tuple(n.shape) != (batch,):
-            raise ValueError(f"scheduler: expected num_draft_tokens of shape [{batch}], got {n!r}")
-        if n.dtype.is_floating_point or n.dtype == torch.bool:
-            raise TypeError(f"scheduler: expected integer num_draft_tokens, got {n.dtype}")
-        if int(n.min()) < 0 or int(n.max()) > gamma:
-            raise ValueError(f"scheduler: num_draft_tokens must lie in [0, {gamma}], got {n}")
-        return n.to(torch.int64)
 
 
 def _finished(tokens: list[int], max_new_tokens: int, stops: set[int]) -> bool:

@@ -1,0 +1,188 @@
+"""One DSpark step, in two halves around the target's forward: propose -> schedule, then
+verify -> accept. `SpecDecoder` and the engine's speculator (``deepinfer.speculative``) both
+run exactly these functions; only where the target's forward happens differs.
+
+1. :func:`draft_block`: the drafter proposes ``gamma`` tokens per row (rows grouped by their
+   sampling temperature), the confidences are calibrated with the STS temperatures of greedy or
+   sampled rows, the verification scheduler picks ``n_b`` drafts per row, capped per row;
+2. the caller runs the target over ``[anchor ; d_1 .. d_{n_b}]`` of every row;
+3. :func:`verify_block`: ``greedy_verify`` (temperature 0) or ``speculative_verify`` accepts a
+   prefix of each row's drafts and emits the correction or bonus token.
+
+Example::
+
+    block = draft_block(drafter, anchors, context, valid, [0.0] * B, FixedGammaScheduler(3))
+    logits = ...  # target logits at the anchor and drafts, [B, block.width, V]
+    verdict = verify_block(block, logits, [0.0] * B)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from deepinfer_kernels import greedy_verify, speculative_verify
+from deepinfer_spec.calibration import apply_temperatures
+from deepinfer_spec.drafter import DSparkDrafter
+from deepinfer_spec.propose import propose
+from deepinfer_spec.scheduling import VerifyScheduler
+
+
+@dataclass(frozen=True)
+class DraftBlock:
+    """Drafts of ``B`` rows and how many of each to verify.
+
+    ``token_ids [B, G]``; ``confidence [B, G]`` after STS calibration; ``num_draft_tokens [B]``
+    int64 on the CPU, in ``[0, G]``; ``probs [B, G, V]`` the draft distributions of sampled rows
+    (zeros on greedy rows), ``None`` when every row is greedy.
+    """
+
+    token_ids: torch.Tensor
+    confidence: torch.Tensor
+    num_draft_tokens: torch.Tensor
+    probs: torch.Tensor | None
+
+    @property
+    def width(self) -> int:
+        """Verify positions per row: the anchor plus at least one draft column (the verify
+        kernels take ``G >= 1``; rows with fewer drafts are padded)."""
+        return max(int(self.num_draft_tokens.max()), 1) + 1
+
+    def drafts(self, row: int) -> list[int]:
+        """The drafts of ``row`` that go to verification."""
+        n = int(self.num_draft_tokens[row])
+        return [int(t) for t in self.token_ids[row, :n].tolist()]
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Per row: ``num_accepted`` drafts, ``num_emitted = num_accepted + 1`` tokens in
+    ``output_ids [B, width]`` (then -1 padding)."""
+
+    output_ids: torch.Tensor
+    num_accepted: torch.Tensor
+    num_emitted: torch.Tensor
+
+    def tokens(self, row: int) -> list[int]:
+        return [int(t) for t in self.output_ids[row, : int(self.num_emitted[row])].tolist()]
+
+
+@torch.no_grad()
+def draft_block(
+    drafter: DSparkDrafter,
+    anchors: torch.Tensor,
+    context: torch.Tensor,
+    valid: torch.Tensor,
+    temperatures: Sequence[float],
+    scheduler: VerifyScheduler,
+    *,
+    sts_greedy: torch.Tensor | None = None,
+    sts_sampling: torch.Tensor | None = None,
+    max_drafts: Sequence[int] | None = None,
+    context_is_kv: bool = False,
+    generator: torch.Generator | None = None,
+) -> DraftBlock:
+    """Propose and schedule one block for every row (see the module docstring).
+
+    ``temperatures[b]``: row ``b``'s sampling temperature (0: greedy); ``sts_greedy`` /
+    ``sts_sampling``: STS temperatures ``[G]`` for greedy / sampled rows (``None``: raw
+    confidence); ``max_drafts[b]``: cap on row ``b``'s verified drafts.
+    """
+    batch, gamma = int(anchors.shape[0]), drafter.config.gamma
+    if len(temperatures) != batch:
+        raise ValueError(f"temperatures: expected {batch} values, got {len(temperatures)}")
+    if max_drafts is not None and len(max_drafts) != batch:
+        raise ValueError(f"max_drafts: expected {batch} values, got {len(max_drafts)}")
+    device = anchors.device
+    tokens = torch.zeros(batch, gamma, dtype=torch.int64, device=device)
+    conf = torch.zeros(batch, gamma, dtype=torch.float32, device=device)
+    probs: torch.Tensor | None = None
+    temps = [float(t) for t in temperatures]
+    for temp in sorted(set(temps)):
+        rows = torch.tensor([i for i, t in enumerate(temps) if t == temp], device=device)
+        d = propose(
+            drafter,
+            anchors[rows],
+            context[rows],
+            valid[rows],
+            temperature=temp,
+            generator=generator,
+            context_is_kv=context_is_kv,
+        )
+        tokens[rows] = d.token_ids
+        sts = sts_greedy if temp == 0 else sts_sampling
+        conf[rows] = apply_temperatures(d.confidence, sts) if sts is not None else d.confidence
+        if temp > 0:
+            if probs is None:
+                probs = torch.zeros(batch, gamma, d.probs.shape[-1], device=device)
+            probs[rows] = d.probs
+    n = _checked_schedule(scheduler.schedule(conf), batch, gamma).cpu()
+    if max_drafts is not None:
+        n = torch.minimum(n, torch.tensor([int(m) for m in max_drafts], dtype=torch.int64))
+    return DraftBlock(tokens, conf, n.clamp(min=0), probs)
+
+
+def verify_block(
+    block: DraftBlock,
+    logits: torch.Tensor,
+    temperatures: Sequence[float],
+    *,
+    target_probs: torch.Tensor | None = None,
+    generator: torch.Generator | None = None,
+    check_values: bool = True,
+) -> Verdict:
+    """Accept a prefix of every row's drafts (lossless; greedy rows token-exact).
+
+    ``logits [B, width, V]``: the target at each row's anchor and drafts (positions past a
+    row's ``n_b`` may hold anything). Sampled rows verify against ``target_probs [B, width, V]``
+    when given (the exact distribution the request samples from, filters included), else
+    ``softmax(logits / T)``. ``check_values=False`` skips the kernels' value scans when the
+    caller built the operands itself.
+    """
+    batch, width = block.token_ids.shape[0], block.width
+    if tuple(logits.shape[:2]) != (batch, width):
+        raise ValueError(f"logits: expected [{batch}, {width}, V], got {tuple(logits.shape)}")
+    if len(temperatures) != batch:
+        raise ValueError(f"temperatures: expected {batch} values, got {len(temperatures)}")
+    n = block.num_draft_tokens
+    logits = logits.float().cpu()
+    drafts = block.token_ids[:, : width - 1].cpu()
+    # Positions past a row's drafts are not verified: make them harmless for the value checks.
+    live = (torch.arange(width)[None, :] <= n[:, None])[..., None]
+    output_ids = torch.full((batch, width), -1, dtype=torch.int64)
+    num_acc = torch.zeros(batch, dtype=torch.int64)
+    num_emit = torch.zeros(batch, dtype=torch.int64)
+    greedy = [i for i, t in enumerate(temperatures) if t == 0]
+    sampled = [i for i, t in enumerate(temperatures) if t > 0]
+    if greedy:
+        g = torch.tensor(greedy)
+        rows = logits[g] if not check_values else torch.where(live[g], logits[g], 0.0)
+        res = greedy_verify(drafts[g], rows, n[g], check_values=check_values)
+        output_ids[g], num_acc[g], num_emit[g] = res.output_ids, res.num_accepted, res.num_emitted
+    if sampled:
+        s = torch.tensor(sampled)
+        if block.probs is None:
+            raise ValueError("block: sampled rows need the draft distributions (probs)")
+        if target_probs is not None:
+            target = target_probs[s].float().cpu()
+        else:
+            temps = torch.tensor([float(temperatures[i]) for i in sampled])[:, None, None]
+            target = torch.softmax(logits[s] / temps, dim=-1)
+        target = torch.where(live[s], target, torch.full((), 1.0 / target.shape[-1]))
+        res = speculative_verify(
+            drafts[s], block.probs[s, : width - 1].cpu(), target, n[s], generator=generator
+        )
+        output_ids[s], num_acc[s], num_emit[s] = res.output_ids, res.num_accepted, res.num_emitted
+    return Verdict(output_ids, num_acc, num_emit)
+
+
+def _checked_schedule(n: torch.Tensor, batch: int, gamma: int) -> torch.Tensor:
+    if not isinstance(n, torch.Tensor) or tuple(n.shape) != (batch,):
+        raise ValueError(f"scheduler: expected num_draft_tokens of shape [{batch}], got {n!r}")
+    if n.dtype.is_floating_point or n.dtype == torch.bool:
+        raise TypeError(f"scheduler: expected integer num_draft_tokens, got {n.dtype}")
+    if batch and (int(n.min()) < 0 or int(n.max()) > gamma):
+        raise ValueError(f"scheduler: num_draft_tokens must lie in [0, {gamma}], got {n}")
+    return n.to(torch.int64)
