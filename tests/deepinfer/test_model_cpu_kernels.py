@@ -7,7 +7,10 @@ import torch
 from model_helpers import built, greedy_paged, tiny_config
 
 from deepinfer.models import AttentionMetadata, KVPool, LlamaModel
-from deepinfer_kernels.cpu import CpuKernels
+from deepinfer_kernels.cpu import CpuKernels, PagedAttentionTiles
+from deepinfer_kernels.cpu.add_rms_norm import AddRmsNorm
+from deepinfer_kernels.cpu.bf16_weight_linear import Bf16WeightLinear
+from deepinfer_kernels.cpu.decoder_layer import DecoderLayerKernel
 
 
 @pytest.fixture(scope="module")
@@ -21,8 +24,11 @@ def kernels(tmp_path_factory: pytest.TempPathFactory) -> CpuKernels:
 def test_a_new_model_starts_with_every_kernel() -> None:
     model = LlamaModel(tiny_config(), init=False)
     kernels = model.cpu_kernels
-    assert kernels.linear is not None and kernels.norm is not None
-    assert kernels.attention is not None and kernels.layer is not None
+    # Each field holds its own kernel (a swapped or missing one would run the wrong code).
+    assert isinstance(kernels.linear, Bf16WeightLinear)
+    assert isinstance(kernels.norm, AddRmsNorm)
+    assert isinstance(kernels.attention, PagedAttentionTiles)
+    assert isinstance(kernels.layer, DecoderLayerKernel)
 
 
 def test_model_on_every_kernel_decodes_like_torch(kernels: CpuKernels) -> None:
