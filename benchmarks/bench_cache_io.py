@@ -69,7 +69,7 @@ def bench_disk(directory: str, n: int, threads: int) -> None:
     meta = BlockMeta(None, "chat", 4e9)
     t0 = time.perf_counter()
     for i, p in enumerate(pages):
-        tier.put(key(i), p, meta)
+        assert tier.put(key(i), p, meta, block=True)
     tier.flush()
     t_tier_w = time.perf_counter() - t0
     t_raw_r = raw_read(raw, n)

@@ -223,8 +223,13 @@ class DiskTier:
         hx = key.hex()
         return os.path.join(self._blocks, hx[:2], hx)
 
-    def put(self, key: bytes, page: torch.Tensor, meta: BlockMeta | None) -> bool:
-        """Queue a durable write; False when there is no room (the caller evicts first).
+    def put(
+        self, key: bytes, page: torch.Tensor, meta: BlockMeta | None, *, block: bool = False
+    ) -> bool:
+        """Queue a durable write; False when there is no room (the caller evicts first) or,
+        unless ``block``, when the write queue is full (counted in ``writeback_dropped``).
+        ``block=True`` waits for room in the queue instead: only for callers that hold no lock
+        other threads need (the store never does).
 
         The page is copied once (to a private CPU buffer) before returning, so the caller may
         reuse its memory at once; checksum and file I/O run on the I/O threads."""
@@ -235,7 +240,7 @@ class DiskTier:
         size = self.file_bytes
         if key in self or self._used + size > self.capacity_bytes:
             return key in self
-        if self.backlogged():
+        if self.backlogged() and not block:
             with self._lock:
                 self.counters.writeback_dropped += 1
             return False
@@ -252,7 +257,7 @@ class DiskTier:
             self._pending[key] = (gen, cpu_page, size)
         try:
             # Never block: the caller may hold the store lock (back-pressure drops, counted).
-            self._workers.submit(self._write, key, gen, cpu_page, meta, size, block=False)
+            self._workers.submit(self._write, key, gen, cpu_page, meta, size, block=block)
         except queue.Full:
             with self._lock:
                 cur = self._pending.get(key)
