@@ -115,6 +115,7 @@ class DiskTier:
         # deleted blocks to unlink and expiry times to persist in mtimes.
         self._unlinks: deque[bytes] = deque()
         self._touches: dict[bytes, float] = {}
+        self._kicked = False  # a deferred-work job is queued (one is enough)
         self._dirlock = DirectoryLock(self.directory)
         try:
             self._scan()
@@ -351,12 +352,20 @@ class DiskTier:
     def _kick(self) -> None:
         """Have a writer thread run the deferred work soon (skipped when the queue is full:
         the next write, ``flush`` or ``close`` runs it)."""
-        with contextlib.suppress(queue.Full, RuntimeError):
+        with self._lock:
+            if self._kicked:
+                return
+            self._kicked = True
+        try:
             self._workers.submit(self._run_deferred, block=False)
+        except (queue.Full, RuntimeError):
+            with self._lock:
+                self._kicked = False
 
     def _run_deferred(self) -> None:
         while True:
             with self._lock:
+                self._kicked = False
                 unlinks: list[str] = []
                 while self._unlinks:
                     key = self._unlinks.popleft()
