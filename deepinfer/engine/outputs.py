@@ -15,7 +15,6 @@ class RequestMetrics:
     finish_time: float | None = None
     num_prompt_tokens: int = 0
     num_cached_tokens: int = 0
-    cached_tokens_per_tier: dict[str, int] = field(default_factory=dict)
     num_spec_steps: int = 0
     num_verified_drafts: int = 0
     num_accepted_drafts: int = 0

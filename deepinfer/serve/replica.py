@@ -139,7 +139,6 @@ class Replica:
                 "error": out.error,
                 "prompt_tokens": len(out.prompt_token_ids),
                 "cached_tokens": m.num_cached_tokens if m else 0,
-                "cached_per_tier": dict(m.cached_tokens_per_tier) if m else {},
                 "spec": [m.num_spec_steps, m.num_accepted_drafts] if m else [0, 0],
             },
         )
