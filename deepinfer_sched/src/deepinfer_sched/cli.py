@@ -5,6 +5,8 @@ Example::
     deepinfer-sched simulate --config cfg.json --trace synthetic --requests 5000 \\
         --rate 4 --out runs/a
     deepinfer-sched simulate --config cfg.json --trace mooncake.jsonl --out runs/b
+    deepinfer-sched calibrate --profile profile.json --out costmodel.json
+    deepinfer-sched simulate --cost-model costmodel.json --trace t.jsonl --out runs/c
 
 ``--config`` is a JSON :class:`~deepinfer_sched.sim.SimConfig` (nested ``scheduler``);
 without it the defaults run. tqdm and matplotlib are imported lazily (``[cli]`` extra).
@@ -63,6 +65,19 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--out", type=Path, required=True, help="output directory")
     s.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     s.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    s.add_argument(
+        "--cost-model",
+        type=Path,
+        default=None,
+        help="fitted cost model JSON from 'calibrate' (default: the roofline of the config)",
+    )
+    c = sub.add_parser("calibrate", help="fit a cost model to an engine's step profile")
+    c.add_argument("--profile", type=Path, required=True, help="deepinfer bench --profile JSON")
+    c.add_argument("--out", type=Path, required=True, help="fitted cost model JSON to write")
+    c.add_argument("--link-gbps", type=float, default=200.0, help="KV link, Gbit/s")
+    c.add_argument("--link-latency-us", type=float, default=20.0, help="KV link latency, us")
+    c.add_argument("--ssd-gbps", type=float, default=40.0, help="SSD tier read, Gbit/s")
+    c.add_argument("--ssd-latency-us", type=float, default=100.0, help="SSD read latency, us")
     return p
 
 
@@ -98,7 +113,15 @@ def _simulate(args: argparse.Namespace) -> int:
             limit=args.limit,
             rechain=args.rechain,
         )
-    sim = Simulator(trace, cfg, args.seed)
+    cm = None
+    if args.cost_model is not None:
+        from deepinfer_sched.costmodel import FittedCostModel
+
+        try:
+            cm = FittedCostModel.from_json(args.cost_model.read_text())
+        except (OSError, ValueError, TypeError) as e:
+            raise ValueError(f"--cost-model {args.cost_model}: {e}") from None
+    sim = Simulator(trace, cfg, args.seed, cm)
     tqdm = None if args.no_progress else _optional("tqdm", "the progress bar")
     if tqdm is None:
         res = sim.run()
@@ -143,11 +166,39 @@ def _optional(module: str, purpose: str) -> Any:
         return None
 
 
+def _calibrate(args: argparse.Namespace) -> int:
+    from deepinfer_sched.costmodel import fit_profile, load_profile
+
+    for name in ("link_gbps", "ssd_gbps"):
+        if not getattr(args, name) > 0:
+            raise ValueError(f"--{name.replace('_', '-')} must be > 0")
+    cm = fit_profile(
+        load_profile(args.profile),
+        link_bandwidth=args.link_gbps * 1e9 / 8,
+        link_latency_s=args.link_latency_us * 1e-6,
+        ssd_bandwidth=args.ssd_gbps * 1e9 / 8,
+        ssd_latency_s=args.ssd_latency_us * 1e-6,
+    )
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(cm.to_json())
+    p0, p1, p2 = cm.prefill_coef
+    d0, d1, d2 = cm.decode_coef
+    print(
+        f"prefill(n, c) = {p0 * 1e3:.3f} ms + {p1 * 1e6:.3f} us n + {p2 * 1e9:.4f} ns n (c + n/2)"
+        f" [max rel err {cm.fit_error['prefill_max_rel']:.3f}]\n"
+        f"decode(B, T) = {d0 * 1e3:.3f} ms + {d1 * 1e6:.3f} us B + {d2 * 1e9:.4f} ns T"
+        f" [max rel err {cm.fit_error['decode_max_rel']:.3f}] -> {args.out}"
+    )
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``deepinfer-sched``: 0 ok, 1 failed (I/O), 2 bad arguments or input.
     Errors are one line on stderr."""
     args = _parser().parse_args(argv)
     try:
+        if args.command == "calibrate":
+            return _calibrate(args)
         return _simulate(args)
     except (ValueError, TypeError) as e:
         print(f"deepinfer-sched: error: {' '.join(str(e).split())}", file=sys.stderr)

@@ -9,6 +9,12 @@ Example::
 """
 
 from deepinfer_sched.costmodel.base import CostModel, WorkParts
+from deepinfer_sched.costmodel.fitted import (
+    PROFILE_FORMAT,
+    FittedCostModel,
+    fit_profile,
+    load_profile,
+)
 from deepinfer_sched.costmodel.roofline import RooflineCostModel
 from deepinfer_sched.costmodel.specs import (
     HardwareSpec,
@@ -20,6 +26,10 @@ from deepinfer_sched.costmodel.specs import (
 )
 
 __all__ = [
+    "PROFILE_FORMAT",
+    "FittedCostModel",
+    "fit_profile",
+    "load_profile",
     "CostModel",
     "HardwareSpec",
     "ModelSpec",

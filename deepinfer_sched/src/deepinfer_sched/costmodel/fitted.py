@@ -1,0 +1,221 @@
+"""A cost model fitted to an engine's measured step times (a profile file).
+
+The profile is JSON written by ``deepinfer bench --profile out.json`` (or any engine that
+times its own steps): prefill steps over prompt lengths and decode steps over batch sizes
+and total contexts. :func:`fit_profile` fits, by least squares with non-negative terms,
+
+- ``prefill_time(n, c) = p0 + p1 n + p2 n (c + (n + 1) / 2)`` (per-step cost, linear
+  layers per token, causal attention per (query, key) pair);
+- ``decode_step_time(B, T) = d0 + d1 B + d2 T`` (per-step cost, per sequence, per
+  context token read);
+
+and keeps the fit's worst relative error per kind, so a caller can see how far to trust it.
+KV transfers and SSD reads use the link and SSD figures given to the fit (the profile of
+one engine cannot measure them).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+__all__ = ["PROFILE_FORMAT", "FittedCostModel", "fit_profile", "load_profile"]
+
+PROFILE_FORMAT = "deepinfer-step-profile"
+
+
+@dataclass(frozen=True)
+class FittedCostModel:
+    """Implements :class:`~deepinfer_sched.costmodel.CostModel` and ``WorkParts`` from
+    fitted coefficients (seconds). ``kv_capacity`` is the profiled engine's KV pool in
+    tokens; ``kv_memory_fraction`` requests scale it relative to 0.9 (the default)."""
+
+    prefill_coef: tuple[float, float, float]
+    decode_coef: tuple[float, float, float]
+    kv_bytes_per_token: int
+    kv_capacity: int
+    link_bandwidth: float = 25e9
+    link_latency_s: float = 20e-6
+    ssd_bandwidth: float = 5e9
+    ssd_latency_s: float = 100e-6
+    source: str = ""
+    fit_error: dict[str, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for name in ("prefill_coef", "decode_coef"):
+            coef = getattr(self, name)
+            if len(coef) != 3 or not all(math.isfinite(v) and v >= 0 for v in coef):
+                raise ValueError(f"FittedCostModel.{name} must be 3 finite numbers >= 0")
+        if self.kv_bytes_per_token < 1 or self.kv_capacity < 1:
+            raise ValueError("FittedCostModel.kv_bytes_per_token and kv_capacity must be >= 1")
+        for name in ("link_bandwidth", "ssd_bandwidth"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"FittedCostModel.{name} must be > 0")
+        for name in ("link_latency_s", "ssd_latency_s"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"FittedCostModel.{name} must be >= 0")
+
+    # ------------------------------------------------------------------ CostModel
+    def prefill_parts(self, new_tokens: int, cached_tokens: int = 0) -> tuple[float, float]:
+        """(token-proportional seconds, fixed per-step seconds): the first grows with the
+        work, the second is the step's floor (weights read, launch and framework overhead)."""
+        if new_tokens <= 0:
+            return 0.0, 0.0
+        p0, p1, p2 = self.prefill_coef
+        n, c = float(new_tokens), float(cached_tokens)
+        return p1 * n + p2 * n * (c + (n + 1.0) / 2.0), p0
+
+    def decode_parts(self, batch_size: int, total_context_tokens: int) -> tuple[float, float]:
+        if batch_size <= 0:
+            return 0.0, 0.0
+        d0, d1, d2 = self.decode_coef
+        return d1 * batch_size + d2 * total_context_tokens, d0
+
+    def prefill_time(self, new_tokens: int, cached_tokens: int = 0) -> float:
+        a, b = self.prefill_parts(new_tokens, cached_tokens)
+        return a + b
+
+    def decode_step_time(self, batch_size: int, total_context_tokens: int) -> float:
+        a, b = self.decode_parts(batch_size, total_context_tokens)
+        return a + b
+
+    def kv_transfer_time(self, num_tokens: int) -> float:
+        if num_tokens <= 0:
+            return 0.0
+        return self.link_latency_s + num_tokens * self.kv_bytes_per_token / self.link_bandwidth
+
+    def ssd_fetch_time(self, num_tokens: int) -> float:
+        if num_tokens <= 0:
+            return 0.0
+        return self.ssd_latency_s + num_tokens * self.kv_bytes_per_token / self.ssd_bandwidth
+
+    def kv_capacity_tokens(self, memory_fraction: float = 0.9) -> int:
+        if not 0.0 < memory_fraction <= 1.0:
+            raise ValueError(f"memory_fraction must be in (0, 1], got {memory_fraction}")
+        return max(1, int(self.kv_capacity * memory_fraction / 0.9))
+
+    # ------------------------------------------------------------------ files
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2, sort_keys=True, allow_nan=False)
+
+    @classmethod
+    def from_json(cls, text: str) -> FittedCostModel:
+        data = json.loads(text)
+        if not isinstance(data, dict):
+            raise ValueError("fitted cost model JSON must be an object")
+        known = set(cls.__dataclass_fields__)
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"unknown FittedCostModel keys: {unknown}")
+        for name in ("prefill_coef", "decode_coef"):
+            if name in data:
+                data[name] = tuple(float(v) for v in data[name])
+        return cls(**data)
+
+
+def load_profile(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Read and check a step profile; errors name the file and the bad entry."""
+    p = os.fspath(path)
+    try:
+        with open(p, encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, json.JSONDecodeError) as e:
+        raise ValueError(f"{p}: cannot read a JSON profile ({e})") from None
+    if not isinstance(data, dict) or data.get("format") != PROFILE_FORMAT:
+        raise ValueError(f"{p}: not a step profile (expected format {PROFILE_FORMAT!r})")
+    _rows(data, "prefill", ("new_tokens", "cached_tokens"), p)
+    _rows(data, "decode", ("batch_size", "context_tokens"), p)
+    for key in ("kv_bytes_per_token", "kv_capacity_tokens"):
+        v = data.get(key)
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"{p}: {key} must be an integer >= 1, got {v!r}")
+    return data
+
+
+def _rows(data: Mapping[str, Any], kind: str, keys: Sequence[str], path: str) -> None:
+    rows = data.get(kind)
+    if not isinstance(rows, list) or len(rows) < 3:
+        raise ValueError(f"{path}: {kind} must list at least 3 measured steps")
+    for i, row in enumerate(rows):
+        ok = isinstance(row, dict) and all(
+            isinstance(row.get(k), int) and not isinstance(row.get(k), bool) and row[k] >= 0
+            for k in keys
+        )
+        secs = row.get("seconds") if isinstance(row, dict) else None
+        if not isinstance(secs, list) or not secs:
+            ok = False
+        else:
+            ok = ok and all(
+                isinstance(s, (int, float)) and math.isfinite(s) and s > 0 for s in secs
+            )
+        if not ok:
+            raise ValueError(
+                f"{path}: {kind}[{i}] must have integer {', '.join(keys)} >= 0 and a non-empty "
+                f"list of positive 'seconds', got {row!r:.120}"
+            )
+
+
+def _nnls(a: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Least squares with non-negative coefficients for a handful of columns: try every
+    subset of active columns, keep the best feasible fit (exact for 3 columns)."""
+    best: tuple[float, np.ndarray] | None = None
+    k = a.shape[1]
+    for mask in range(1, 1 << k):
+        cols = [j for j in range(k) if mask >> j & 1]
+        coef, *_ = np.linalg.lstsq(a[:, cols], y, rcond=None)
+        if np.any(coef < 0):
+            continue
+        full = np.zeros(k)
+        full[cols] = coef
+        err = float(np.sum((a @ full - y) ** 2))
+        if best is None or err < best[0]:
+            best = (err, full)
+    assert best is not None
+    return best[1]
+
+
+def fit_profile(
+    profile: Mapping[str, Any],
+    *,
+    link_bandwidth: float = 25e9,
+    link_latency_s: float = 20e-6,
+    ssd_bandwidth: float = 5e9,
+    ssd_latency_s: float = 100e-6,
+) -> FittedCostModel:
+    """Fit :class:`FittedCostModel` to a profile (see :func:`load_profile`). Each row's
+    median time is fitted with relative weights (every row counts alike whether it takes
+    1 ms or 1 s); ``fit_error`` holds the worst relative error per kind."""
+    pre = profile["prefill"]
+    n = np.array([r["new_tokens"] for r in pre], dtype=np.float64)
+    c = np.array([r["cached_tokens"] for r in pre], dtype=np.float64)
+    yp = np.array([float(np.median(r["seconds"])) for r in pre])
+    ap = np.stack([np.ones_like(n), n, n * (c + (n + 1.0) / 2.0)], axis=1)
+    pc = _nnls(ap / yp[:, None], np.ones_like(yp))
+    dec = profile["decode"]
+    b = np.array([r["batch_size"] for r in dec], dtype=np.float64)
+    t = np.array([r["context_tokens"] for r in dec], dtype=np.float64)
+    yd = np.array([float(np.median(r["seconds"])) for r in dec])
+    ad = np.stack([np.ones_like(b), b, t], axis=1)
+    dc = _nnls(ad / yd[:, None], np.ones_like(yd))
+    err = {
+        "prefill_max_rel": float(np.max(np.abs(ap @ pc - yp) / yp)),
+        "decode_max_rel": float(np.max(np.abs(ad @ dc - yd) / yd)),
+    }
+    return FittedCostModel(
+        (float(pc[0]), float(pc[1]), float(pc[2])),
+        (float(dc[0]), float(dc[1]), float(dc[2])),
+        int(profile["kv_bytes_per_token"]),
+        int(profile["kv_capacity_tokens"]),
+        link_bandwidth,
+        link_latency_s,
+        ssd_bandwidth,
+        ssd_latency_s,
+        str(profile.get("engine", {}).get("model", "")),
+        err,
+    )
