@@ -67,10 +67,11 @@ def _fingerprint(source: Path, dtype: torch.dtype) -> dict[str, Any]:
     }
 
 
-def _file_digests(directory: Path) -> dict[str, str]:
-    """SHA-256 of every file of a conversion but the marker (hashed in parallel: hashlib
-    releases the GIL)."""
-    names = sorted(p.name for p in directory.iterdir() if p.is_file() and p.name != MARKER)
+def _file_digests(directory: Path, names: list[str] | None = None) -> dict[str, str]:
+    """SHA-256 of ``names`` in ``directory`` (default: every file but the marker), hashed in
+    parallel: hashlib releases the GIL."""
+    if names is None:
+        names = sorted(p.name for p in directory.iterdir() if p.is_file() and p.name != MARKER)
     with ThreadPoolExecutor(max_workers=min(4, max(1, len(names)))) as pool:
         digests = list(pool.map(lambda n: _sha256(directory / n), names))
     return dict(zip(names, digests))
@@ -91,8 +92,12 @@ def is_converted(directory: Path, fingerprint: dict[str, Any]) -> bool:
     files = recorded.pop("files", None)
     if recorded != fingerprint or not isinstance(files, dict) or not files:
         return False
+    # Only the files the conversion wrote: others may keep their own files beside them.
+    names = sorted(str(n) for n in files)
+    if any(Path(n).name != n or n == MARKER for n in names):
+        return False
     try:
-        return _file_digests(directory) == files
+        return _file_digests(directory, names) == files
     except OSError:
         return False
 

@@ -27,6 +27,9 @@ class PDConfig:
     that worker is overloaded, else to the least loaded.
     ``startup_timeout_s`` bounds model loading in a worker; ``request_timeout_s`` bounds how long
     the coordinator waits without hearing from any busy worker before it reports a failure.
+    A worker that dies is started again; ``max_failed_starts`` consecutive starts that die
+    before reporting ready take its slot out of service (PD mode stops only when no decode
+    slot is left).
 
     Example::
 
@@ -41,9 +44,15 @@ class PDConfig:
     worker_threads: int = 1
     startup_timeout_s: float = 120.0
     request_timeout_s: float = 120.0
+    max_failed_starts: int = 3
 
     def __post_init__(self) -> None:
-        for name in ("num_prefill_workers", "num_decode_workers", "worker_threads"):
+        for name in (
+            "num_prefill_workers",
+            "num_decode_workers",
+            "worker_threads",
+            "max_failed_starts",
+        ):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {value!r}")

@@ -4,14 +4,16 @@ Per request: the PD policy (``deepinfer_sched``'s `DisaggregatedPD` or `PerReque
 whether it prefills on a prefill worker (chosen by a ``deepinfer_sched`` router) or locally on
 its decode worker; a prefilled request's KV is then paired to a decode worker by
 `LeastLoadedPairing`. The coordinator relays JSON messages only; KV pages go from worker to
-worker through shared memory. A worker that dies, or silence longer than the request timeout
-while work is outstanding, raises `PDWorkerError` instead of hanging.
+worker through shared memory. A worker that dies fails only the requests it had streamed from
+(the others run again elsewhere) and is started again; silence longer than the request timeout
+while work is outstanding raises `PDWorkerError` instead of hanging.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import itertools
+import json
 import multiprocessing as mp
 import time
 from collections.abc import Iterator
@@ -42,11 +44,22 @@ from deepinfer_sched.policies.base import PDPolicy
 
 
 class PDWorkerError(RuntimeError):
-    """A PD worker process failed (crashed, failed to start, or stopped answering)."""
+    """PD mode cannot serve: it is closed, no decode worker can be started, or no worker
+    answered within the request timeout."""
+
+
+# Times one request is sent again after the worker holding it died before it streamed.
+MAX_REQUEST_RETRIES = 2
 
 
 class PDCoordinator:
     """Run ``config.num_prefill_workers`` + ``config.num_decode_workers`` worker processes.
+
+    A worker that dies (killed, crashed, or reporting a fatal error) costs only the requests it
+    held: those that had not streamed a token yet are sent again to a live worker, the others
+    finish with ``error`` set. The dead worker is started again in its slot; until it reports
+    ready, requests go to the other workers (with no live prefill worker, prompts are
+    prefilled on a decode worker; with no live decode worker, they wait for one).
 
     Example::
 
@@ -99,31 +112,23 @@ class PDCoordinator:
         )
         self._ids = itertools.count()
         self._requests: dict[str, RequestState] = {}
+        self._backlog: list[str] = []  # requests waiting for a live worker
         self._failed: str | None = None
         self._closed = False
-        ctx = mp.get_context("spawn")
+        self._ctx = mp.get_context("spawn")
+        self._build = build
+        self.num_restarts = 0  # workers started again after dying
         self.prefill: list[WorkerProc] = []
         self.decode: list[WorkerProc] = []
-        targets = [
-            (prefill_main, "prefill", cfg.num_prefill_workers, self.prefill),
-            (decode_main, "decode", cfg.num_decode_workers, self.decode),
-        ]
         try:
-            for target, role, count, procs in targets:
-                for i in range(count):
-                    parent, child = ctx.Pipe(duplex=True)
-                    settings = base
-                    if role == "prefill" and prefix_cache is not None:
-                        settings = replace(base, cache=worker_cache_fields(prefix_cache, i))
-                    if role == "decode" and speculative:
-                        settings = replace(base, speculative=speculative)
-                    args = (child, settings.to_json(), build)
-                    proc = ctx.Process(
-                        target=target, args=args, daemon=True, name=f"deepinfer-pd-{role}-{i}"
-                    )
-                    proc.start()
-                    child.close()
-                    procs.append(WorkerProc(WorkerView(len(procs), 1, 0, role), proc, parent))
+            for i in range(cfg.num_prefill_workers):
+                settings = base
+                if prefix_cache is not None:
+                    settings = replace(base, cache=worker_cache_fields(prefix_cache, i))
+                self.prefill.append(self._start("prefill", i, settings.to_json()))
+            for i in range(cfg.num_decode_workers):
+                settings = replace(base, speculative=speculative) if speculative else base
+                self.decode.append(self._start("decode", i, settings.to_json()))
             self._await_ready()
         except BaseException:
             self.close()
@@ -133,6 +138,25 @@ class PDCoordinator:
     @property
     def workers(self) -> list[WorkerProc]:
         return self.prefill + self.decode
+
+    def _start(self, role: str, index: int, settings_json: str) -> WorkerProc:
+        parent, child = self._ctx.Pipe(duplex=True)
+        target = prefill_main if role == "prefill" else decode_main
+        proc = self._ctx.Process(
+            target=target,
+            args=(child, settings_json, self._build),
+            daemon=True,
+            name=f"deepinfer-pd-{role}-{index}",
+        )
+        proc.start()
+        child.close()
+        return WorkerProc(
+            WorkerView(index, 1, 0, role),
+            proc,
+            parent,
+            settings_json=settings_json,
+            started_at=time.monotonic(),
+        )
 
     def _await_ready(self) -> None:
         deadline = time.monotonic() + self.config.startup_timeout_s
@@ -157,13 +181,18 @@ class PDCoordinator:
                 if not proc.conn.poll():
                     continue
                 message = self._recv(proc)
+                if message is None:
+                    continue  # its sentinel reports the exit on the next pass
                 if message["op"] == "fatal":
                     raise PDWorkerError(f"{proc.process.name} failed to start: {message['error']}")
-                proc.view.block_size = int(message["block_size"])
-                proc.view.kv_capacity_tokens = int(message["capacity_blocks"]) * int(
-                    message["block_size"]
-                )
+                self._mark_ready(proc, message)
                 del waiting[id(proc.conn)]
+
+    def _mark_ready(self, proc: WorkerProc, message: dict[str, Any]) -> None:
+        proc.view.block_size = int(message["block_size"])
+        proc.view.kv_capacity_tokens = int(message["capacity_blocks"]) * int(message["block_size"])
+        proc.ready = True
+        proc.failed_starts = 0
 
     def close(self) -> None:
         """Stop every worker (politely, then by force) and unlink undelivered KV segments."""
@@ -186,12 +215,66 @@ class PDCoordinator:
             if req.shm is not None:
                 discard(req.shm)
         self._requests.clear()
+        self._backlog.clear()
 
     def __enter__(self) -> PDCoordinator:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    # ------------------------------------------------------------------ worker failures
+    def _on_death(self, proc: WorkerProc, reason: str) -> list[RequestOutput]:
+        """``proc`` is gone: fail or re-queue the requests it held, and start it again."""
+        if proc.process.is_alive():  # a fatal report: make sure it is gone
+            proc.process.kill()
+        proc.process.join(timeout=5.0)
+        proc.conn.close()
+        name = proc.process.name
+        outputs: list[RequestOutput] = []
+        for rid, req in list(self._requests.items()):
+            holds = req.decode is proc or (req.prefill is proc and req.decode is None)
+            if not holds:
+                continue
+            if req.shm is not None:  # pages exported for it that nobody will import now
+                discard(req.shm)
+                req.shm = None
+            proc.view.in_flight.pop(rid, None)
+            if req.delivered == 0 and req.retries < MAX_REQUEST_RETRIES:
+                # Nothing reached the caller: run it again elsewhere from the start.
+                req.retries += 1
+                req.prefill = req.decode = None
+                req.handoff = None
+                self._backlog.append(rid)
+            else:
+                outputs.append(
+                    self._error_output(
+                        rid,
+                        req,
+                        f"{name} died ({reason}) after {req.delivered} token(s) of this "
+                        "request were streamed; send it again",
+                    )
+                )
+        self._restart(proc)
+        return outputs
+
+    def _restart(self, dead: WorkerProc) -> None:
+        role, index = dead.view.role, dead.view.instance_id
+        slots = self.prefill if role == "prefill" else self.decode
+        failed_starts = dead.failed_starts + (0 if dead.ready else 1)
+        if failed_starts >= self.config.max_failed_starts:
+            dead.retired = True
+            dead.ready = False
+            if not any(not p.retired for p in self.decode):
+                self._fail(f"no decode worker can be started ({dead.process.name} failed)")
+            return
+        fresh = self._start(role, index, dead.settings_json)
+        fresh.failed_starts = failed_starts
+        slots[index] = fresh
+        self.num_restarts += 1
+
+    def _live(self, procs: list[WorkerProc]) -> list[WorkerProc]:
+        return [p for p in procs if p.ready and not p.retired]
 
     # ------------------------------------------------------------------ requests
     def submit(
@@ -206,40 +289,84 @@ class PDCoordinator:
             namespace,
             RequestMetrics(arrival_time=time.perf_counter(), num_prompt_tokens=len(prompt_ids)),
         )
+        block_size = next((p.view.block_size for p in self.prefill if p.ready), 0)
         req.block_hashes = (
-            prompt_block_hashes(prompt_ids, self.prefill[0].view.block_size, namespace)
-            if self.prefix_cache is not None
+            prompt_block_hashes(prompt_ids, block_size, namespace)
+            if self.prefix_cache is not None and block_size
             else ()
         )
-        view = PDRequestView(
-            int(rid[3:]), len(prompt_ids), params.max_tokens, namespace.hex(), 0, req.block_hashes
-        )
-        body = {
-            "request_id": rid,
-            "prompt_ids": req.prompt_ids,
-            "params": params_to_json(params),
-            "namespace": namespace.hex(),
-        }
-        # Decode workers keep no prefix cache: there the whole prompt is uncached.
-        local = self.pd_policy.prefill_on_decode(len(prompt_ids))
         try:
-            if local:
-                req.decode = self._pair(view, len(prompt_ids))
-                self._send(req.decode, {"op": "generate", **body})
-                req.decode.view.in_flight[rid] = len(prompt_ids)
-            else:
-                req.prefill = self.prefill[
-                    self.router.route(view, [p.view for p in self.prefill]).instance_id
-                ]
-                self._send(req.prefill, {"op": "prefill", **body})
-                req.prefill.view.in_flight[rid] = len(prompt_ids)
+            params_to_json(params)
+            json.dumps(req.prompt_ids)
         except (TypeError, ValueError) as exc:  # not JSON-serialisable prompt ids
             return rid, self._error_output(rid, req, str(exc))
         self._requests[rid] = req
+        self._dispatch(rid, req)
         return rid, None
 
+    def _dispatch(self, rid: str, req: RequestState) -> None:
+        """Send a request (or a prefilled request's hand-off) to a live worker, or keep it in
+        the backlog until one is ready."""
+        decoders = self._live(self.decode)
+        if req.handoff is not None:
+            if not decoders:
+                self._backlog.append(rid)
+                return
+            req.decode = self._pair(
+                PDRequestView(int(rid[3:]), len(req.prompt_ids), req.params.max_tokens),
+                int(req.handoff["num_tokens"]),
+            )
+            message, req.handoff = req.handoff, None
+            del message["num_tokens"]
+            if not self._send(req.decode, message):
+                req.handoff, req.decode = {**message, "num_tokens": len(req.prompt_ids)}, None
+                self._backlog.append(rid)
+                return
+            req.decode.view.in_flight[rid] = len(req.prompt_ids)
+            return
+        body = {
+            "request_id": rid,
+            "prompt_ids": req.prompt_ids,
+            "params": params_to_json(req.params),
+            "namespace": req.namespace.hex(),
+        }
+        view = PDRequestView(
+            int(rid[3:]),
+            len(req.prompt_ids),
+            req.params.max_tokens,
+            req.namespace.hex(),
+            0,
+            req.block_hashes,
+        )
+        prefillers = self._live(self.prefill)
+        # Decode workers keep no prefix cache: there the whole prompt is uncached. Without a
+        # live prefill worker, prefilling there keeps the mode serving.
+        local = self.pd_policy.prefill_on_decode(len(req.prompt_ids)) or not prefillers
+        if local and not decoders:
+            self._backlog.append(rid)
+            return
+        if local:
+            target = req.decode = self._pair(view, len(req.prompt_ids))
+            op = "generate"
+        else:
+            pick = self.router.route(view, [p.view for p in prefillers]).instance_id
+            target = req.prefill = self.prefill[pick]
+            op = "prefill"
+        if not self._send(target, {"op": op, **body}):
+            req.decode = req.prefill = None
+            self._backlog.append(rid)  # its death is handled on the next poll
+            return
+        target.view.in_flight[rid] = len(req.prompt_ids)
+
+    def _drain_backlog(self) -> None:
+        backlog, self._backlog = self._backlog, []
+        for rid in backlog:
+            req = self._requests.get(rid)
+            if req is not None:
+                self._dispatch(rid, req)
+
     def _pair(self, view: PDRequestView, kv_tokens: int) -> WorkerProc:
-        views = [p.view for p in self.decode]
+        views = [p.view for p in self._live(self.decode)]
         chosen = self.pairing.pick(view, views, kv_tokens)
         if chosen is None:
             # Nobody has room right now: the decode worker queues it until blocks free up.
@@ -249,40 +376,73 @@ class PDCoordinator:
     def poll(self, timeout: float) -> list[RequestOutput]:
         """Wait up to ``timeout`` s for worker messages; return the user-facing outputs."""
         self._check_usable()
-        conns = {p.conn: p for p in self.workers}
-        sentinels = {p.process.sentinel: p for p in self.workers}
+        self._drain_backlog()
+        active = [p for p in self.workers if not p.retired]
+        by_object: dict[Any, WorkerProc] = {p.conn: p for p in active}
+        by_object.update({p.process.sentinel: p for p in active})
         outputs: list[RequestOutput] = []
-        for obj in wait(list(conns) + list(sentinels), timeout=timeout):
-            if obj in sentinels and not sentinels[obj].conn.poll():
-                proc = sentinels[obj]
-                self._fail(f"{proc.process.name} died (exit code {proc.process.exitcode})")
-            proc = conns.get(obj)  # type: ignore[call-overload]
-            while proc is not None and proc.conn.poll():
-                out = self._handle(proc, self._recv(proc))
-                if out is not None:
-                    outputs.append(out)
+        seen: set[int] = set()
+        for obj in wait(list(by_object), timeout=timeout):
+            proc = by_object[obj]
+            if id(proc) in seen:
+                continue
+            seen.add(id(proc))
+            death: str | None = None
+            while death is None and proc.conn.poll():
+                message = self._recv(proc)
+                if message is None:
+                    death = "its pipe closed"
+                elif message["op"] == "fatal":
+                    death = f"fatal error: {message['error']}"
+                elif message["op"] == "ready":
+                    self._mark_ready(proc, message)
+                else:
+                    out = self._handle(proc, message)
+                    if out is not None:
+                        outputs.append(out)
+            if death is None and not proc.process.is_alive():
+                death = f"exit code {proc.process.exitcode}"
+            if death is None and not proc.ready:
+                waited = time.monotonic() - proc.started_at
+                if waited > self.config.startup_timeout_s:
+                    death = f"not ready after {self.config.startup_timeout_s} s"
+            if death is not None:
+                outputs.extend(self._on_death(proc, death))
+        self._check_startups()
+        self._drain_backlog()
         return outputs
 
-    def _send(self, proc: WorkerProc, message: dict[str, Any]) -> None:
+    def _check_startups(self) -> None:
+        """Kill workers stuck in start-up beyond the start-up timeout (handled as deaths)."""
+        now = time.monotonic()
+        for proc in self.workers:
+            if proc.retired or proc.ready or not proc.process.is_alive():
+                continue
+            if now - proc.started_at > self.config.startup_timeout_s:
+                proc.process.kill()  # its sentinel fires on the next poll
+
+    def _send(self, proc: WorkerProc, message: dict[str, Any]) -> bool:
+        """Send, or return False when the worker is gone (its death is handled by poll)."""
         try:
             send(proc.conn, message)
-        except OSError as exc:  # broken pipe: the worker is gone
-            self._fail(f"{proc.process.name} is unreachable ({type(exc).__name__})")
+        except OSError:  # broken pipe: the worker is gone
+            return False
+        return True
 
-    def _recv(self, proc: WorkerProc) -> dict[str, Any]:
+    def _recv(self, proc: WorkerProc) -> dict[str, Any] | None:
+        """The next message, or None when the worker closed its pipe."""
         try:
             return recv(proc.conn)
-        except (EOFError, OSError) as exc:
-            self._fail(f"{proc.process.name} closed its pipe ({type(exc).__name__})")
-            raise AssertionError("unreachable") from exc
+        except (EOFError, OSError):
+            return None
 
     def _handle(self, proc: WorkerProc, message: dict[str, Any]) -> RequestOutput | None:
         op = message["op"]
-        if op == "fatal":
-            self._fail(f"{proc.process.name} failed: {message['error']}")
         rid = str(message.get("request_id"))
         req = self._requests.get(rid)
         if req is None:
+            if op == "prefilled":  # its request is gone (failed meanwhile): free the pages
+                discard(message["kv"])
             return None
         if op == "error":
             return self._error_output(rid, req, str(message["error"]))
@@ -291,23 +451,17 @@ class PDCoordinator:
             req.shm = message["kv"]
             req.metrics.num_cached_tokens = int(message.get("num_cached_tokens", 0))
             proc.view.remember(req.block_hashes)  # the worker stored the prompt's full blocks
-            req.decode = self._pair(
-                PDRequestView(int(rid[3:]), len(req.prompt_ids), req.params.max_tokens),
-                int(message["num_tokens"]),
-            )
-            self._send(
-                req.decode,
-                {
-                    "op": "decode",
-                    "request_id": rid,
-                    "prompt_ids": req.prompt_ids,
-                    "params": params_to_json(req.params),
-                    "namespace": req.namespace.hex(),
-                    "first_token": message["first_token"],
-                    "kv": message["kv"],
-                },
-            )
-            req.decode.view.in_flight[rid] = len(req.prompt_ids)
+            req.handoff = {
+                "op": "decode",
+                "request_id": rid,
+                "prompt_ids": req.prompt_ids,
+                "params": params_to_json(req.params),
+                "namespace": req.namespace.hex(),
+                "first_token": message["first_token"],
+                "kv": message["kv"],
+                "num_tokens": int(message["num_tokens"]),
+            }
+            self._dispatch(rid, req)
             return self._advance(
                 rid, req, [int(message["first_token"])], str(message["first_text"]), None
             )
@@ -388,7 +542,8 @@ class PDCoordinator:
         pending = set(rids) & set(self._requests)
         while pending:
             outs = self.poll(timeout=min(1.0, self.config.request_timeout_s))
-            if outs:
+            starting = any(not p.ready and not p.retired for p in self.workers)
+            if outs or starting:  # a worker in start-up is bounded by the start-up timeout
                 last = time.monotonic()
             elif time.monotonic() - last > self.config.request_timeout_s:
                 self._fail(

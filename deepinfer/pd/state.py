@@ -18,6 +18,11 @@ class WorkerProc:
     view: WorkerView
     process: Any  # multiprocessing's SpawnProcess
     conn: Connection
+    settings_json: str = ""  # what it was started with, to start it again
+    ready: bool = False  # reported ready; only ready workers get requests
+    started_at: float = 0.0  # time.monotonic() of the start
+    failed_starts: int = 0  # consecutive starts that died before ready
+    retired: bool = False  # out of service for good (too many failed starts)
 
 
 @dataclass
@@ -35,3 +40,5 @@ class RequestState:
     token_ids: list[int] = field(default_factory=list)
     shm: dict[str, Any] | None = None
     block_hashes: tuple[int, ...] = ()  # the prompt's, when prefill workers keep a cache
+    handoff: dict[str, Any] | None = None  # a prefilled request's decode message, unsent
+    retries: int = 0  # times it was sent again after its worker died

@@ -2,7 +2,7 @@
 
 Greedy output must equal the colocated engine's token for token, on the transfer path and on the
 per-request local-prefill path; bad requests fail alone; no shared-memory segment outlives a
-request; a dead worker surfaces as `PDWorkerError`, not a hang.
+request; a dead worker is started again, not a hang.
 """
 
 from __future__ import annotations
@@ -170,7 +170,9 @@ def test_stop_token_at_first_position_needs_no_transfer(
     assert out.token_ids == [first] and out.finish_reason == "stop"
 
 
-def test_dead_worker_raises_instead_of_hanging(gguf_path: Path, tmp_path: Path) -> None:
+def test_dead_worker_is_started_again_instead_of_hanging(gguf_path: Path, tmp_path: Path) -> None:
+    """The only decode worker is dead when the request comes: it waits for the restarted one
+    (tests/deepinfer/test_pd_faults.py covers requests caught by a death)."""
     model_dir = _model_dir(gguf_path, tmp_path)
     pd = PDCoordinator(
         model_dir,
@@ -182,11 +184,10 @@ def test_dead_worker_raises_instead_of_hanging(gguf_path: Path, tmp_path: Path) 
         pd.decode[0].process.kill()
         pd.decode[0].process.join(10)
         start = time.monotonic()
-        with pytest.raises(PDWorkerError, match="decode"):
-            pd.generate([[1, 2, 3]], [SamplingParams(temperature=0, max_tokens=4)], [b""])
-        assert time.monotonic() - start < 30.0
-        with pytest.raises(PDWorkerError, match="down"):
-            pd.generate([[1, 2, 3]], [SamplingParams(temperature=0, max_tokens=4)], [b""])
+        (out,) = pd.generate([[1, 2, 3]], [SamplingParams(temperature=0, max_tokens=4)], [b""])
+        assert out.error is None and len(out.token_ids) == 4
+        assert pd.num_restarts == 1
+        assert time.monotonic() - start < 120.0
     finally:
         pd.close()
     assert not pd.prefill[0].process.is_alive()

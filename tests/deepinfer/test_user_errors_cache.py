@@ -37,6 +37,8 @@ def test_marker_records_every_converted_file(tiny, tmp_path: Path) -> None:
     assert set(files) == {p.name for p in out.iterdir() if p.name != MARKER}
     assert all(len(digest) == 64 for digest in files.values())
     assert is_converted(out, _fingerprint(out))
+    (out / "blocks.safetensors").write_bytes(b"another loader's own file")
+    assert is_converted(out, _fingerprint(out))  # files beside the conversion are not its own
 
 
 @pytest.mark.parametrize("damage", ["flip", "truncate", "delete", "marker"])
@@ -55,11 +57,12 @@ def test_damaged_conversion_is_detected_and_rebuilt(tiny, tmp_path: Path, damage
         (out / "tokenizer.json").unlink()
     else:
         (out / MARKER).write_text("{not json")
-    loaded = load_model(path, cache_dir=tmp_path)
+    # bf16: the weights come from the converted model.safetensors itself.
+    loaded = load_model(path, cache_dir=tmp_path, dtype=torch.bfloat16)
     assert loaded.path == out
     assert weights.read_bytes() == original
     assert (out / "tokenizer.json").is_file()
-    expected = state["model.embed_tokens.weight"].to(torch.bfloat16).float()
+    expected = state["model.embed_tokens.weight"].to(torch.bfloat16)
     assert torch.equal(loaded.model.embed_tokens.weight, expected)
 
 
