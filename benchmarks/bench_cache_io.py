@@ -14,8 +14,10 @@ import os
 import shutil
 import tempfile
 import time
+import zlib
 
 import torch
+import xxhash
 
 from deepinfer_cache import BlockMeta, DiskTier, HostTier
 
@@ -106,6 +108,18 @@ def bench_disk(directory: str, n: int, threads: int) -> None:
     )
 
 
+def bench_checksum(reps: int = 50) -> None:
+    """CPU per 2 MiB block of the payload checks: format v2 (XXH3-64) and v1 (CRC32)."""
+    data = torch.randn(PAGE).to(torch.bfloat16).view(torch.uint8).numpy().tobytes()
+    print("payload check, CPU per 2 MiB block")
+    for name, fn in (("xxh3_64 (v2)", xxhash.xxh3_64_intdigest), ("crc32 (v1)", zlib.crc32)):
+        fn(data)
+        t0 = time.thread_time()
+        for _ in range(reps):
+            fn(data)
+        print(f"  {name:14s} {(time.thread_time() - t0) / reps * 1e3:6.3f} ms")
+
+
 def bench_host(n: int, reps: int) -> None:
     src = [torch.randn(PAGE).to(torch.bfloat16) for _ in range(n)]
     dst = torch.empty((n, *PAGE), dtype=torch.bfloat16)
@@ -144,6 +158,7 @@ def main() -> None:
     finally:
         shutil.rmtree(base, ignore_errors=True)
     bench_host(args.host_blocks, args.reps)
+    bench_checksum()
 
 
 if __name__ == "__main__":
