@@ -24,6 +24,8 @@ def estimate_ttft(
     [+ kv_transfer(input_len) when the KV then moves to a decode instance]``, where
     ``queue`` is ``inst.estimated_queue_time_s()`` (it prices the running decode batch too).
     """
+    # An instance of a mixed pool may carry its own cost model (the simulator's do).
+    cost_model = getattr(inst, "cost_model", None) or cost_model
     bs = inst.block_size
     hashes = request.block_hashes
     local = inst.cached_prefix_blocks(hashes)

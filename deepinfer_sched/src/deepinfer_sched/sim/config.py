@@ -11,7 +11,7 @@ from deepinfer_sched._checks import check_bool, check_int, check_real
 from deepinfer_sched.policies.autoscale import AutoscaleConfig
 from deepinfer_sched.policies.config import SchedulerConfig
 
-__all__ = ["Fault", "SimConfig", "SpecDecodeConfig"]
+__all__ = ["Fault", "InstanceType", "SimConfig", "SpecDecodeConfig"]
 
 
 @dataclass(frozen=True)
@@ -38,6 +38,27 @@ class SpecDecodeConfig:
             raise ValueError(f"alpha must be in [0, 1], got {self.alpha}")
         if self.acceptance not in ("geometric", "fixed"):
             raise ValueError(f"acceptance must be 'geometric' or 'fixed', got {self.acceptance!r}")
+
+
+@dataclass(frozen=True)
+class InstanceType:
+    """``count`` instances of ``num_gpus`` x ``hardware`` serving ``model`` (None: the
+    config's model), for mixed pools; entries fill instance ids in order."""
+
+    count: int
+    hardware: str
+    num_gpus: int = 1
+    model: str | None = None
+
+    def __post_init__(self) -> None:
+        check_int("InstanceType", "count", self.count)
+        check_int("InstanceType", "num_gpus", self.num_gpus)
+        if self.count < 1 or self.num_gpus < 1:
+            raise ValueError("InstanceType.count and num_gpus must be >= 1")
+        if not isinstance(self.hardware, str) or not (
+            self.model is None or isinstance(self.model, str)
+        ):
+            raise TypeError("InstanceType.hardware and model must be strings")
 
 
 @dataclass(frozen=True)
@@ -81,6 +102,9 @@ class SimConfig:
     ``sample_interval_s`` spaces the KV-occupancy / queue-depth timeline samples (None:
     the trace duration / 200; 0: no timeline). ``autoscale`` switches instances on and off
     from observed SLO attainment (colocated only; ``num_instances`` is the most it may use).
+    ``link_contention``: KV transfers and SSD reads into an instance share its link (one at
+    a time, FIFO). ``instance_types`` makes a mixed pool (counts must add up to
+    ``num_instances``; ``hardware``/``num_gpus`` then only name the default).
     """
 
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
@@ -103,6 +127,8 @@ class SimConfig:
     fast_forward: bool = True
     sample_interval_s: float | None = None
     autoscale: AutoscaleConfig | None = None
+    link_contention: bool = True
+    instance_types: tuple[InstanceType, ...] = ()
 
     def __post_init__(self) -> None:
         if not isinstance(self.scheduler, SchedulerConfig):
@@ -115,6 +141,18 @@ class SimConfig:
         for name in _REAL_FIELDS:
             check_real("SimConfig", name, getattr(self, name))
         check_bool("SimConfig", "fast_forward", self.fast_forward)
+        check_bool("SimConfig", "link_contention", self.link_contention)
+        if not isinstance(self.instance_types, tuple) or not all(
+            isinstance(t, InstanceType) for t in self.instance_types
+        ):
+            raise TypeError("SimConfig.instance_types must be a tuple of InstanceType")
+        if self.instance_types and sum(t.count for t in self.instance_types) != (
+            self.num_instances
+        ):
+            raise ValueError(
+                "SimConfig.instance_types counts must add up to num_instances "
+                f"({self.num_instances}), got {sum(t.count for t in self.instance_types)}"
+            )
         if self.autoscale is not None:
             if not isinstance(self.autoscale, AutoscaleConfig):
                 raise TypeError("SimConfig.autoscale must be an AutoscaleConfig")
@@ -188,6 +226,11 @@ class SimConfig:
             if unknown_a:
                 raise ValueError(f"unknown SimConfig.autoscale keys: {unknown_a}")
             kw["autoscale"] = AutoscaleConfig(**kw["autoscale"])
+        if "instance_types" in kw:
+            its = kw["instance_types"]
+            if not isinstance(its, (list, tuple)) or not all(isinstance(t, Mapping) for t in its):
+                raise TypeError("SimConfig.instance_types must be a list of objects")
+            kw["instance_types"] = tuple(InstanceType(**t) for t in its)
         if "faults" in kw:
             if not isinstance(kw["faults"], (list, tuple)):
                 raise TypeError(f"SimConfig.faults must be a list of objects, got {kw['faults']!r}")
@@ -199,6 +242,7 @@ class SimConfig:
         d = asdict(self)
         d["scheduler"] = self.scheduler.to_dict()
         d["faults"] = [asdict(f) for f in self.faults]
+        d["instance_types"] = [asdict(t) for t in self.instance_types]
         return d
 
 

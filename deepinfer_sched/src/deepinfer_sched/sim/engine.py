@@ -8,7 +8,7 @@ has at most one iteration event in flight, so the heap stays small.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -17,7 +17,7 @@ from deepinfer_sched.costmodel import CostModel, RooflineCostModel, load_hardwar
 from deepinfer_sched.policies.ttft_estimate import estimate_ttft
 from deepinfer_sched.report import SLO, Report, RequestRecord, Timeline, build_report
 from deepinfer_sched.sim.acceptance import make_steps_for
-from deepinfer_sched.sim.config import SimConfig
+from deepinfer_sched.sim.config import InstanceType, SimConfig
 from deepinfer_sched.sim.fleet import Fleet
 from deepinfer_sched.sim.instance import Instance, SimClock
 from deepinfer_sched.sim.prefix_cache import LRUBlockCache
@@ -84,7 +84,7 @@ class Simulator:
         trace: Trace,
         config: SimConfig,
         seed: int = 0,
-        cost_model: CostModel | None = None,
+        cost_model: CostModel | Sequence[CostModel] | None = None,
     ) -> None:
         if len(trace) == 0:
             raise ValueError("trace has no requests: nothing to simulate")
@@ -93,15 +93,10 @@ class Simulator:
         check_chained(trace.requests)
         self.trace = trace
         self.cfg = config
-        cm = cost_model or RooflineCostModel(
-            load_hardware(config.hardware), load_model(config.model), num_gpus=config.num_gpus
-        )
+        models = self._cost_models(config, cost_model)
+        cm = models[0]
         self.cm = cm
-        kv_cap = config.kv_capacity_tokens or cm.kv_capacity_tokens(config.kv_memory_fraction)
         bs = trace.block_size
-        cache_blocks = (
-            config.prefix_cache_blocks if config.prefix_cache_blocks is not None else kv_cap // bs
-        )
         sched = config.scheduler
         policies = sched.build(cm)
         self.router = policies.router
@@ -120,11 +115,18 @@ class Simulator:
                 role = "both"
             else:
                 role = "prefill" if i < config.num_prefill else "decode"
+            m = models[i]
+            kv_cap = config.kv_capacity_tokens or m.kv_capacity_tokens(config.kv_memory_fraction)
+            cache_blocks = (
+                config.prefix_cache_blocks
+                if config.prefix_cache_blocks is not None
+                else kv_cap // bs
+            )
             self.instances.append(
                 Instance(
                     i,
                     role,
-                    cm,
+                    m,
                     policies.batch,
                     bs,
                     kv_cap,
@@ -154,6 +156,36 @@ class Simulator:
             interval = max(trace.duration_s / DEFAULT_SAMPLES, 1e-3)
         self.sample_interval_s = interval
         self._samples: list[tuple[float, float, float, int, int]] = []
+
+    @staticmethod
+    def _cost_models(
+        config: SimConfig, cost_model: CostModel | Sequence[CostModel] | None
+    ) -> list[CostModel]:
+        """One cost model per instance: the one given (or one per instance, for a mixed
+        pool of fitted models), else a roofline per ``instance_types`` entry, else one
+        roofline of ``hardware``/``model``/``num_gpus`` for all."""
+        n = config.num_instances
+        if cost_model is not None:
+            if isinstance(cost_model, Sequence):
+                if len(cost_model) != n:
+                    raise ValueError(
+                        f"cost_model: {len(cost_model)} models given for {n} instances"
+                    )
+                return list(cost_model)
+            return [cost_model] * n
+        out: list[CostModel] = []
+        cache: dict[tuple[str, str, int], CostModel] = {}
+        types = config.instance_types or (
+            InstanceType(n, config.hardware, config.num_gpus, config.model),
+        )
+        for t in types:
+            key = (t.hardware, t.model or config.model, t.num_gpus)
+            if key not in cache:
+                cache[key] = RooflineCostModel(
+                    load_hardware(key[0]), load_model(key[1]), num_gpus=key[2]
+                )
+            out.extend([cache[key]] * t.count)
+        return out
 
     # ------------------------------------------------------------------ helpers
     def _refresh_pools(self) -> None:
@@ -240,11 +272,10 @@ class Simulator:
                     chosen = self._route(r, dec)
             inst = chosen
         if admit and self.admission:
-            cm = self.cm
             transfer = not local
 
             def predicted() -> float:
-                return estimate_ttft(r, inst, cm, transfer)
+                return estimate_ttft(r, inst, inst.cm, transfer)
 
             for pol in self.admission:
                 reason = pol.check(r, now, predicted)
@@ -294,9 +325,9 @@ class Simulator:
         r.prefill_instance = inst.instance_id
         r.inst = inst
         if reach > local:
-            fetch = self.cm.ssd_fetch_time((reach - local) * bs)
+            fetch = inst.cm.ssd_fetch_time((reach - local) * bs)
             inst.begin_fetch(r)
-            self._push(now + fetch, _READY, inst, r, r.epoch)
+            self._push(self._link(now, fetch, inst, None), _READY, inst, r, r.epoch)
             return
         self._touch(inst, now)
         inst.enqueue(r)
@@ -368,14 +399,32 @@ class Simulator:
             self._push(now + self.cfg.pair_retry_s, _PAIR_RETRY, src, r, r.epoch)
             return
         assert isinstance(dst, Instance)
-        self._send(dst, r, now)
+        self._send(dst, r, now, src)
 
-    def _send(self, dst: Instance, r: SimRequest, now: float) -> None:
+    def _link(self, now: float, seconds: float, dst: Instance, src: Instance | None) -> float:
+        """When a KV transfer or SSD read of ``seconds`` (uncontended) into ``dst`` ends.
+
+        With ``link_contention`` each instance's link carries one transfer at a time, in
+        arrival order (FIFO sharing of its bandwidth): KV received from a prefill instance
+        or a migration and prefixes read from the SSD tier queue behind each other, and a
+        sender's link is busy while it sends.
+        """
+        if not self.cfg.link_contention or seconds <= 0.0:
+            return now + seconds
+        start = max(now, dst.link_free_s, src.link_free_s if src is not None else now)
+        end = start + seconds
+        dst.link_free_s = end
+        if src is not None:
+            src.link_free_s = end
+        return end
+
+    def _send(self, dst: Instance, r: SimRequest, now: float, src: Instance | None = None) -> None:
         tokens = r.prompt_len + r.generated
         dst.inbound[r.request_id] = r
         dst.inbound_tokens += tokens
         r.inst = dst
-        self._push(now + self.cm.kv_transfer_time(tokens), _KV_ARRIVE, dst, r, r.epoch)
+        seconds = (src.cm if src is not None else dst.cm).kv_transfer_time(tokens)
+        self._push(self._link(now, seconds, dst, src), _KV_ARRIVE, dst, r, r.epoch)
 
     def _on_kv_arrive(self, dst: Instance, r: SimRequest, now: float) -> None:
         del dst.inbound[r.request_id]
@@ -423,7 +472,7 @@ class Simulator:
                 src.remove_running(r)
                 moved += size
                 self.result.migrations += 1
-                self._send(dst, r, now)
+                self._send(dst, r, now, src)
         if self.outstanding > 0 or self._next_arrival < len(self.trace):
             self._push(now + mig.interval_s, _MIGRATE, None, None, 0)
 

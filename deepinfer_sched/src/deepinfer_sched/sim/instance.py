@@ -68,6 +68,7 @@ class Instance:
         "instance_id",
         "iter_count",
         "kv_capacity_tokens",
+        "link_free_s",
         "memory_s",
         "pending_pair",
         "preemptions",
@@ -114,6 +115,7 @@ class Instance:
         # Seconds the work done here keeps the attainable compute / HBM bandwidth busy
         # (only when the cost model can split a step; see WorkParts).
         self.compute_s = 0.0
+        self.link_free_s = 0.0
         self.memory_s = 0.0
         self._parts = cm if isinstance(cm, WorkParts) else None
         self.version = 0
@@ -144,6 +146,12 @@ class Instance:
         self._step_batch = 0
         probe = 8192
         self._s_per_token = cm.prefill_time(probe, 0) / probe
+
+    @property
+    def cost_model(self) -> CostModelLike:
+        """This instance's own cost model (instances of a mixed pool differ); routers that
+        price work (``ttft_estimate``) use it when an instance exposes it."""
+        return self.cm
 
     # ------------------------------------------------------------------ InstanceView
     # Every signal counts every request this instance has accepted (queued, fetching its
