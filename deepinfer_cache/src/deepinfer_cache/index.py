@@ -550,12 +550,28 @@ class PrefixIndex:
 
     def _touch(self, path: list[int]) -> None:
         # Deepest first: ancestors end up more recent than descendants, so LRU takes leaves.
-        bits = self._bits
+        # The list moves are inlined per tier (this runs for every block of every lookup).
         tiers = self._tiers
-        move = self._lru_move_to_end
-        for i in reversed(path):
-            for t in bits[tiers[i]]:
-                move(t, i)
+        for t in range(self.num_tiers):
+            if not self._count[t]:
+                continue
+            bit = 1 << t
+            prev, nxt = self._lru_prev[t], self._lru_next[t]
+            head, tail = self._head[t], self._tail[t]
+            for i in reversed(path):
+                if not tiers[i] & bit or i == tail:
+                    continue
+                p, n = prev[i], nxt[i]
+                if p != _NONE:
+                    nxt[p] = n
+                else:
+                    head = n
+                prev[n] = p  # i is not the tail, so n exists
+                prev[i] = tail
+                nxt[i] = _NONE
+                nxt[tail] = i
+                tail = i
+            self._head[t], self._tail[t] = head, tail
 
     def _drop(self, i: int, force: bool = False) -> list[Dropped]:
         if self._pins[i] and not force:
