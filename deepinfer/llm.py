@@ -9,6 +9,7 @@ one engine in this process, or a :class:`~deepinfer.pd.PDCoordinator` over worke
 
 from __future__ import annotations
 
+import gc
 import itertools
 import os
 from collections.abc import Iterator, Mapping
@@ -24,6 +25,7 @@ from deepinfer.engine.engine import LLMEngine
 from deepinfer.engine.fanout import fan_out, merge
 from deepinfer.engine.outputs import RequestMetrics, RequestOutput
 from deepinfer.engine.sampling_params import SamplingParams
+from deepinfer.models.kv_pool import blocks_for_memory
 from deepinfer.models.loader import LoadedModel, load_model
 from deepinfer.pd import PDConfig, PDCoordinator
 from deepinfer.pd.worker import WorkerSettings
@@ -179,6 +181,21 @@ class LocalClient:
         self.built.close()
 
 
+class ClosedClient:
+    """The client of a closed :class:`LLM`: every request is refused."""
+
+    def submit(
+        self, prompt_ids: list[int], params: SamplingParams, namespace: bytes = b""
+    ) -> tuple[str, RequestOutput | None]:
+        raise RuntimeError("this LLM is closed")
+
+    def run_until(self, request_ids: set[str]) -> Iterator[RequestOutput]:
+        raise RuntimeError("this LLM is closed")
+
+    def close(self) -> None:
+        pass
+
+
 class LLM:
     """Load a model once and generate for many prompts with continuous batching.
 
@@ -201,10 +218,14 @@ class LLM:
         cache_dir: str | os.PathLike[str] | None = None,
         speculative: SpeculativeSpec = None,
         pd: PDConfig | bool | None = None,
+        kv_memory: int | None = None,
     ) -> None:
         """``speculative``: as in :func:`build_engine`. ``pd``: ``True`` or a
         :class:`~deepinfer.pd.PDConfig` runs prefill and decode in separate worker processes
-        (see ``deepinfer.pd``); ``generate``/``stream`` then go through them."""
+        (see ``deepinfer.pd``); ``generate``/``stream`` then go through them.
+        ``kv_memory``: bytes for the KV pool; its block count replaces
+        ``engine_config.num_blocks``. The pool's memory is committed only as blocks are
+        written, whatever its size."""
         if dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
         if isinstance(model, LoadedModel):
@@ -213,6 +234,11 @@ class LLM:
             self.loaded = load_model(model, dtype=DTYPES[dtype], device=device, cache_dir=cache_dir)
         self.tokenizer = self.loaded.tokenizer
         config = engine_config or EngineConfig()
+        if kv_memory is not None:
+            blocks = blocks_for_memory(
+                self.loaded.config, kv_memory, config.block_size, DTYPES[dtype]
+            )
+            config = replace(config, num_blocks=blocks)
         cache_config = (
             prefix_cache_config or PrefixCacheConfig(device_blocks=config.num_blocks // 8)
             if enable_prefix_caching
@@ -243,9 +269,16 @@ class LLM:
         self.client = LocalClient(built)
 
     def close(self) -> None:
-        """Flush the prefix cache (its disk tier survives for the next engine); stop PD workers."""
+        """Flush the prefix cache (its disk tier survives for the next engine), stop PD
+        workers, and release the model and the KV pool: their memory returns now, not when
+        this object is collected. Generating afterwards raises ``RuntimeError``."""
         self.client.close()
         self.store = None
+        self.client = ClosedClient()
+        # The engine holds the model and the pool; the loaded model is the weights.
+        for name in ("engine", "loaded"):
+            self.__dict__.pop(name, None)
+        gc.collect()
 
     def __enter__(self) -> LLM:
         return self

@@ -1,11 +1,19 @@
-"""The engine's paged KV pool: one tensor for all layers plus a ref-counted block allocator."""
+"""The engine's paged KV pool: one tensor for all layers plus a ref-counted block allocator.
+
+The tensor is zero but lazily committed on CPU (:func:`lazy_zeros`): memory grows with the
+blocks written, not the pool's size. :func:`blocks_for_memory` and :func:`blocks_for_context`
+size a pool from a byte budget or a context limit.
+"""
 
 from __future__ import annotations
 
+import ctypes
+import sys
 from collections import deque
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
 
 from deepinfer.models.config import LlamaConfig
@@ -16,6 +24,68 @@ if TYPE_CHECKING:
 
 class OutOfBlocksError(RuntimeError):
     """The pool has fewer free blocks than an allocation asked for."""
+
+
+def lazy_zeros(
+    shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | str
+) -> torch.Tensor:
+    """A zero tensor whose CPU memory is committed only where it is written.
+
+    ``torch.zeros`` writes every byte at start (a 2048-block SmolLM2 pool: 1.44 GB resident
+    before the first request). NumPy's zeros come from ``calloc``, which for large sizes maps
+    fresh zero pages from the OS: reads see zeros, and a page becomes resident when a block in
+    it is first written. Other devices get ``torch.zeros``.
+    """
+    if torch.device(device).type != "cpu":
+        return torch.zeros(shape, dtype=dtype, device=device)
+    size = torch.empty((), dtype=dtype).element_size()
+    raw = np.zeros(int(np.prod(shape)) * size, dtype=np.uint8)
+    _no_huge_pages(raw)
+    return torch.from_numpy(raw).view(dtype).view(shape)
+
+
+def _no_huge_pages(raw: np.ndarray) -> None:
+    """Ask Linux not to back ``raw`` with transparent huge pages: a block's K/V rows lie in
+    ``2 * num_layers`` places, and with 2 MB pages the first block written would commit
+    ``2 * num_layers * 2 MB`` (120 MB for SmolLM2) instead of a few 4 kB pages each."""
+    if not sys.platform.startswith("linux") or raw.nbytes < (4 << 20):
+        return
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        page = 4096
+        start = -(-raw.ctypes.data // page) * page
+        length = (raw.ctypes.data + raw.nbytes - start) // page * page
+        libc.madvise(ctypes.c_void_p(start), ctypes.c_size_t(length), 14)  # MADV_NOHUGEPAGE
+    except (OSError, AttributeError):  # advice only: the pool works either way
+        pass
+
+
+def blocks_for_memory(
+    config: LlamaConfig, nbytes: int, block_size: int = 16, dtype: torch.dtype = torch.float32
+) -> int:
+    """How many KV blocks of ``block_size`` tokens fit in ``nbytes`` (at least 1)."""
+    if nbytes <= 0:
+        raise ValueError(f"kv memory must be > 0 bytes, got {nbytes}")
+    per_block = bytes_per_block(config, block_size, dtype)
+    if nbytes < per_block:
+        raise ValueError(
+            f"kv memory {nbytes} B is less than one block ({per_block} B for {block_size} tokens)"
+        )
+    return nbytes // per_block
+
+
+def blocks_for_context(max_model_len: int, max_num_seqs: int, block_size: int = 16) -> int:
+    """Blocks for one request of ``max_model_len`` tokens, plus one per other batch slot (their
+    current block): a pool sized for the context limit rather than a fixed count."""
+    if max_model_len < 1 or max_num_seqs < 1:
+        raise ValueError("max_model_len and max_num_seqs must be >= 1")
+    return -(-max_model_len // block_size) + max_num_seqs
+
+
+def bytes_per_block(config: LlamaConfig, block_size: int, dtype: torch.dtype) -> int:
+    """Bytes one block of K and V takes across all layers."""
+    size = torch.empty((), dtype=dtype).element_size()
+    return config.num_layers * 2 * block_size * config.num_kv_heads * config.head_dim * size
 
 
 class KVPool:
@@ -55,10 +125,8 @@ class KVPool:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
         self.block_size = block_size
         self.num_blocks = num_blocks
-        self.tensor = torch.zeros(
-            (num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim),
-            dtype=dtype,
-            device=device,
+        self.tensor = lazy_zeros(
+            (num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim), dtype, device
         )
         # Per-layer (K, V) views made once: indexing the 6-d tensor per layer per step costs
         # more than the decode attention of a short sequence on CPU.
@@ -88,8 +156,9 @@ class KVPool:
 
     @classmethod
     def for_weights(cls, model: LlamaModel, num_blocks: int, block_size: int = 16) -> KVPool:
-        """A pool for ``model`` in the dtype and on the device of its weights."""
-        weight = model.embed_tokens.weight
+        """A pool for ``model`` in the dtype and on the device of its weights (its norms':
+        a GGUF model's projections and table hold block bytes)."""
+        weight = model.norm.weight
         return cls.for_model(
             model.config, num_blocks, block_size, dtype=weight.dtype, device=weight.device
         )

@@ -15,7 +15,7 @@ compiled bf16 layer reports itself inapplicable and the model runs its per-layer
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
@@ -89,6 +89,16 @@ class QuantLinear(Linear):
         calls a head's ``head_product`` when it has one)."""
         return self.forward(x)
 
+    def head_rows(self, ids: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
+        """``x -> (x W^T)[..., ids]`` from a copy of those rows (their bytes when the head is
+        one block, else their fp32 values)."""
+        parts = self.parts()
+        if len(parts) == 1:
+            rows = parts[0].select_rows(ids)
+            return lambda x: quant_linear(x, rows)
+        w = self.dequantized()[ids]
+        return lambda x: x.float() @ w.t()
+
     def dequantized(self) -> torch.Tensor:
         """The fp32 weight ``[out_features, in_features]`` (a new tensor; for tests and tools)."""
         return torch.cat([dequantize(p) for p in self.parts()])
@@ -121,6 +131,11 @@ class QuantEmbedding(Embedding):
     def head_product(self, x: torch.Tensor) -> torch.Tensor:
         """``x E^T``: the tied LM head on the table's bytes."""
         return quant_linear(x, self.table())
+
+    def head_rows(self, ids: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
+        """``x -> (x E^T)[..., ids]`` from a copy of those rows' bytes."""
+        rows = self.table().select_rows(ids)
+        return lambda x: quant_linear(x, rows)
 
     def extra_repr(self) -> str:
         return f"{self.num_embeddings}, {self.embedding_dim}, {self.qtype.name}"

@@ -80,6 +80,11 @@ class LlamaTargetAdapter:
             ids.numel() and not 0 <= int(ids.min()) <= int(ids.max()) < self.vocab_size
         ):
             raise ValueError(f"token_ids: expected a 1-D tensor of ids in [0, {self.vocab_size})")
+        head_module = model.embed_tokens if model.lm_head is None else model.lm_head
+        if (head_rows := getattr(head_module, "head_rows", None)) is not None:
+            # A head kept in a GGUF block format: the rows' own bytes (deepinfer.models.quant_layers).
+            product = head_rows(ids)
+            return lambda hidden: product(model.norm(hidden)).float()
         rows = weight.detach()[ids].contiguous()
         packed = PackedWeight(model.cpu_kernels.linear)
 

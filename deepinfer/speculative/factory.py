@@ -160,7 +160,7 @@ def build_speculator(
                 f"speculative: {os.fspath(directory)!r} is not a drafter checkpoint directory"
             )
         target = LlamaTargetAdapter(model, pool)
-        weight = model.embed_tokens.weight
+        weight = model.norm.weight  # the model's float dtype (a GGUF table holds bytes)
         drafter = load_drafter(directory, target, weight.device).to(weight.dtype)
         sts = load_sts(directory)
     if drafter.linear is module_linear and drafter.context_proj.weight.device.type == "cpu":
