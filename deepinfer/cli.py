@@ -8,6 +8,7 @@ import os
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import NoReturn
 
 from deepinfer.cli_errors import error_line, package_version
@@ -22,6 +23,42 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see --help)\n")
 
 
+_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": 2**20,
+          "gib": 2**30}  # fmt: skip
+
+
+def _byte_size(text: str) -> int:
+    """``"1.5GB"``, ``"512MiB"``, ``"1000000"`` -> bytes (argparse type)."""
+    raw = text.strip().lower()
+    number = raw.rstrip("kmgib")
+    unit = raw[len(number) :]
+    try:
+        value = float(number) * _UNITS[unit]
+    except (KeyError, ValueError):
+        raise argparse.ArgumentTypeError(
+            f"expected a size like 512MiB or 1.5GB, got {text!r}"
+        ) from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive size, got {text!r}")
+    return int(value)
+
+
+def _engine_config(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    """The engine config the pool flags ask for (None: the defaults)."""
+    from deepinfer.engine.config import EngineConfig
+    from deepinfer.models.kv_pool import blocks_for_context
+
+    if args.num_blocks is None and args.max_model_len is None:
+        return None
+    config = EngineConfig(max_model_len=args.max_model_len)
+    if args.num_blocks is not None:
+        return replace(config, num_blocks=args.num_blocks)
+    if args.kv_memory is None:  # sized to the context limit
+        blocks = blocks_for_context(args.max_model_len, config.max_num_seqs, config.block_size)
+        return replace(config, num_blocks=blocks)
+    return config
+
+
 def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None, help="GGUF file or HF directory (default: embedded)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
@@ -29,6 +66,16 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-prefix-cache", action="store_true", help="disable the prefix cache")
     p.add_argument("--cache-dir", default=None, help="prefix cache directory (disk tier)")
     p.add_argument("--speculative", default=None, help="'dspark' or a drafter checkpoint dir")
+    p.add_argument("--num-blocks", type=int, default=None, help="KV pool size in blocks")
+    p.add_argument(
+        "--max-model-len",
+        type=int,
+        default=None,
+        help="context limit per request; sizes the pool to it unless --num-blocks/--kv-memory",
+    )
+    p.add_argument(
+        "--kv-memory", type=_byte_size, default=None, help="KV pool budget, e.g. 512MiB or 1.5GB"
+    )
 
 
 def _add_sampling_args(p: argparse.ArgumentParser) -> None:
@@ -73,13 +120,6 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--num-prompts", type=int, default=8)
     bench.add_argument("--input-len", type=int, default=256)
     bench.add_argument("--output-len", type=int, default=32)
-    bench.add_argument(
-        "--profile",
-        default=None,
-        metavar="OUT.json",
-        help="also time prefill/decode steps over sizes and write a step profile "
-        "(input of 'deepinfer-sched calibrate')",
-    )
     _add_model_args(bench)
 
     demo = sub.add_parser("demo", help="the main job: an agent-style workload with a report")
@@ -110,6 +150,12 @@ def _make_llm(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     kwargs = {}
     if args.speculative is not None:
         kwargs["speculative"] = args.speculative
+    if getattr(args, "num_blocks", None) is not None and getattr(args, "kv_memory", None):
+        raise ValueError("--num-blocks and --kv-memory both size the KV pool: give one")
+    if (engine_config := _engine_config(args)) is not None:
+        kwargs["engine_config"] = engine_config
+    if getattr(args, "kv_memory", None) is not None:
+        kwargs["kv_memory"] = args.kv_memory
     return LLM(
         args.model,
         dtype=args.dtype,
@@ -216,13 +262,6 @@ def _cmd_bench(args: argparse.Namespace) -> int:
                 indent=2,
             )
         )
-        if args.profile:
-            from deepinfer.profile import profile_engine, write_profile
-
-            write_profile(
-                profile_engine(llm.engine, model_name=str(args.model or "")), args.profile
-            )
-            print(f"step profile -> {args.profile}", file=sys.stderr)
     return 0
 
 
