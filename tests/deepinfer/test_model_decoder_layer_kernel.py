@@ -9,6 +9,7 @@ torch.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -18,6 +19,7 @@ from model_helpers import built, tiny_config
 
 from deepinfer.models import AttentionMetadata, KVPool, LlamaModel
 from deepinfer_kernels.cpu import CpuKernels, PagedAttentionTiles
+from deepinfer_kernels.cpu.bound_layers import BoundLayers
 from deepinfer_kernels.cpu.decoder_layer import (
     DecoderLayerKernel,
     LayerPanels,
@@ -262,23 +264,50 @@ def test_thirty_two_rows_take_the_kernel(kernel: DecoderLayerKernel) -> None:
     ragged_step_matches(bf16_exact_model(9), kernel, [3, 0], [25, 7], seed=9)
 
 
-def test_steps_it_does_not_apply_to_stay_on_torch(kernel: DecoderLayerKernel) -> None:
+class CountingLayer(DecoderLayerKernel):
+    """Counts the steps a forward bound to the compiled layer."""
+
+    def __init__(self, cache_dir: Path) -> None:
+        super().__init__(cache_dir=cache_dir, enabled=True)
+        self.binds = 0
+
+    def bind(self, *args: Any, **kwargs: Any) -> BoundLayers:
+        self.binds += 1
+        return super().bind(*args, **kwargs)
+
+
+def test_steps_it_does_not_apply_to_stay_on_torch(tmp_path: Path) -> None:
+    """Real forwards: a one-row fp32 step takes the compiled layer; 33 rows, padding slots,
+    autograd and a weight that is not bf16-exact keep the torch ops."""
+    layer = built(CountingLayer(tmp_path))
     model = bf16_exact_model(6)
-    model.use_cpu_kernels(CpuKernels(layer=kernel))
-    pool = KVPool.for_model(model.config, 20, BLOCK)
+    model.use_cpu_kernels(CpuKernels(layer=layer))
+    cfg = model.config
+    pool = KVPool.for_model(cfg, 20, BLOCK)
     table = pool.allocate(20)
-    x = torch.zeros(1, model.config.hidden_size)
-    meta = _meta([table], [1], [1])
+
+    def forward(rows: int, history: int = 0, padding: bool = False) -> int:
+        before = layer.binds
+        ids = torch.arange(rows) % cfg.vocab_size
+        meta = _meta([table], [history + rows], [rows])
+        if padding:
+            meta.slot_mapping[-1] = -1
+        model(ids, meta.positions(), meta, pool)
+        return layer.binds - before
+
     with torch.inference_mode():
-        assert fused_panels(model, x, pool, meta) is not None
-        many = torch.zeros(33, x.shape[1])
-        assert fused_panels(model, many, pool, _meta([table], [33], [33])) is None
-        assert fused_panels(model, x.double(), pool, meta) is None
-    assert fused_panels(model, x, pool, meta) is None  # autograd on
+        assert forward(1) == 1
+        assert forward(32) == 1
+        assert forward(33) == 0
+        assert forward(2, padding=True) == 0
+    # Autograd on: the kernel declines the step (it has no backward).
+    assert not layer.applies(torch.zeros(1, cfg.hidden_size), pool.layer_caches(0)[0],
+                             torch.tensor([0]))  # fmt: skip
     with torch.no_grad():
         model.decoder_layers()[0].mlp.down_proj.weight[0, 0] += 1e-3  # not a bf16 value now
     with torch.inference_mode():
-        assert fused_panels(model, x, pool, meta) is None
+        assert forward(1) == 0
+        assert model.layer_panels.get() is None
 
 
 def test_a_reloaded_weight_is_never_served_from_old_panels(
