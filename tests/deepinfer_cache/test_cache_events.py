@@ -119,3 +119,20 @@ def test_delete_namespace_removes_one_tenant_live_and_after_restart(tmp_path) ->
     store.flush()
     assert not any(os.listdir(tmp_path / "blocks" / d) for d in os.listdir(tmp_path / "blocks"))
     store.close()
+
+
+def test_blocks_in_use_survive_delete_and_clear_until_released() -> None:
+    store = TieredKVStore([HostTier(PAGE, torch.float32, 16 * PAGE_BYTES)], BS)
+    t = toks(3)
+    store.store(t, pages_for(t, b"alice"), namespace=b"alice")
+    store.store(toks(4), pages_for(toks(4), b"alice"), namespace=b"alice")  # one block deeper
+    hs = store.hashes(t, b"alice")
+    assert store.index.pin(hs[:2]) == 2  # e.g. an engine reading them in place
+    sub = store.subscribe()
+    assert store.delete_namespace(b"alice") == 2  # the unpinned blocks below the pinned ones
+    assert store.lookup(t, b"alice").num_blocks == 2
+    assert store.clear() == 0 and not any(isinstance(e, AllBlocksCleared) for e in sub.poll())
+    store.index.unpin(hs[:2])
+    assert store.clear() == 2 and sub.poll()[-1] == AllBlocksCleared()
+    assert store.block_hashes() == []
+    store.close()

@@ -395,6 +395,33 @@ class PrefixIndex:
         i = self._ids.get(key)
         return self._drop(i, force=True) if i is not None else []
 
+    def drop_unpinned(self, key: bytes) -> list[Dropped]:
+        """Drop ``key``'s subtree except blocks in use (pinned) and, necessarily, their
+        ancestors; returns what was dropped. Pinned blocks form the top of a subtree (a pin
+        covers the whole prefix), so every unpinned node found below them goes with its
+        subtree."""
+        i = self._ids.get(key)
+        if i is None:
+            return []
+        out: list[Dropped] = []
+        stack = [i]
+        while stack:
+            n = stack.pop()
+            if not self._pins[n]:
+                out.extend(self._drop(n))
+                continue
+            c = self._first_child[n]
+            while c != _NONE:
+                nxt = self._next_sib[c]  # read first: dropping c unlinks it
+                stack.append(c)
+                c = nxt
+        return out
+
+    def roots(self) -> list[bytes]:
+        """The first blocks of every chain."""
+        parent = self._parent
+        return [k for k, i in self._ids.items() if parent[i] == _NONE]
+
     def clear(self) -> list[Dropped]:
         """Drop every block (pins included); returns them all."""
         out = [Dropped(k, self._tiers[i]) for k, i in self._ids.items()]

@@ -300,8 +300,9 @@ class TieredKVStore(StoreCore):
 
     def delete_namespace(self, namespace: bytes) -> int:
         """Remove every block stored under ``namespace`` (all tiers, disk files included, any
-        ``extra`` material); returns how many blocks were removed. Blocks being read by a fetch
-        in flight are removed too (the fetch returns what it had read)."""
+        ``extra`` material); returns how many blocks were removed. Blocks in use (pinned by a
+        fetch in flight or a device lease) stay until released: call again afterwards (their
+        slots may be being read in place, so they are never freed under a reader)."""
         tag = tenant_tag(namespace)
         removed = 0
         with self._lock:
@@ -309,22 +310,27 @@ class TieredKVStore(StoreCore):
             self._drain_failures()
             firsts = [k for k, t in self._tenant_of.items() if t == tag]
             for key in firsts:
-                dropped = self.index.drop(key)
+                dropped = self.index.drop_unpinned(key)
                 removed += len(dropped)
                 self._free(dropped, "deleted")
             self._c["deleted_blocks"] += removed
         return removed
 
     def clear(self) -> int:
-        """Remove every block from every tier (disk files included); returns how many."""
+        """Remove every block from every tier (disk files included) except blocks in use
+        (pinned, as in ``delete_namespace``); returns how many were removed. Publishes
+        ``AllBlocksCleared`` when nothing is left, ``BlockRemoved`` events otherwise."""
         with self._lock:
             self._check_open()
             self._drain_failures()
-            dropped = self.index.clear()
-            self._free(dropped, None)
-            self._tenant_of.clear()
+            dropped = []
+            for key in self.index.roots():
+                dropped.extend(self.index.drop_unpinned(key))
+            empty = len(self.index) == 0
+            self._free(dropped, None if empty else "deleted")
             self._c["deleted_blocks"] += len(dropped)
-            self._events.publish(AllBlocksCleared())
+            if empty:
+                self._events.publish(AllBlocksCleared())
         return len(dropped)
 
     def block_hashes(self) -> list[BlockHash]:
