@@ -1,0 +1,202 @@
+"""DeepInfer vs llama.cpp (``llama-cpp-python``) on the same GGUF file, same threads, same run.
+
+Both engines load the same file (default: the embedded SmolLM2-135M-Instruct Q4_1); DeepInfer
+runs it on its block-format weights (``deepinfer.models.gguf_model``), llama.cpp on its own
+kernels. Each measurement alternates the two engines ``--repeats`` times and reports the
+median ratio and the range:
+
+1. batch-1 greedy decode: tokens/s over ``--tokens`` new tokens after a code-editing prompt
+   (decode time only: the prompt is evaluated first and timed separately);
+2. prefill of a ``--prefill`` (2048) token prompt: prompt tokens/s;
+3. 16 concurrent requests: total generated tokens/s. DeepInfer batches them continuously;
+   llama.cpp's Python binding runs one sequence per context, so its figure is the 16 requests
+   one after another (the table says so; llama.cpp's server with parallel slots would batch);
+4. peak RSS of each engine, each in a fresh child process (``resource.getrusage``), at the
+   same context length.
+
+Issue #24's targets: decode >= 1.0x, 2k prefill >= 2x, 16 concurrent >= 3x llama.cpp; RSS of
+``deepinfer generate`` <= 1.5x llama.cpp's.
+
+llama-cpp-python is a benchmark-only dependency (``make bench`` installs it; building it from
+source with native CPU flags takes tens of minutes). Without it the script says so and exits 2.
+
+    .venv/bin/python benchmarks/vs_llamacpp.py --threads 2 --out benchmarks/results/vs_llamacpp.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+CODE_PROMPT = (
+    "Rename the function `compute_total` to `sum_prices` and update every call.\n\n"
+    "```python\ndef compute_total(items):\n    total = 0\n    for item in items:\n"
+    "        total += item.price * item.quantity\n    return total\n```\n\n"
+    "Here is the updated code:\n\n```python\n"
+)
+
+
+def _median_range(values: list[float]) -> str:
+    return f"{statistics.median(values):.2f}x ({min(values):.2f}-{max(values):.2f})"
+
+
+class Ours:
+    """DeepInfer on the GGUF file, greedy, EOS ignored."""
+
+    def __init__(self, path: Path, threads: int, ctx: int) -> None:
+        import torch
+
+        from deepinfer import LLM, EngineConfig
+
+        torch.set_num_threads(threads)
+        self.llm = LLM(
+            str(path),
+            engine_config=EngineConfig(max_model_len=ctx, num_blocks=-(-ctx // 16) * 17),
+            enable_prefix_caching=False,
+        )
+
+    def tokens(self, text: str) -> list[int]:
+        return self.llm.encode(text)
+
+    def generate(self, prompts: list[list[int]], new: int) -> float:
+        from deepinfer import SamplingParams
+
+        params = SamplingParams(temperature=0, max_tokens=new, ignore_eos=True)
+        start = time.perf_counter()
+        self.llm.generate(prompts, params)
+        return time.perf_counter() - start
+
+
+class Theirs:
+    """llama.cpp through llama-cpp-python on the same file, greedy."""
+
+    def __init__(self, path: Path, threads: int, ctx: int) -> None:
+        from llama_cpp import Llama
+
+        self.llm = Llama(
+            model_path=str(path), n_ctx=ctx, n_threads=threads, n_threads_batch=threads,
+            n_batch=512, verbose=False, logits_all=False,
+        )  # fmt: skip
+
+    def tokens(self, text: str) -> list[int]:
+        return list(self.llm.tokenize(text.encode(), add_bos=False))
+
+    def generate(self, prompts: list[list[int]], new: int) -> float:
+        start = time.perf_counter()
+        for prompt in prompts:  # one sequence per context in the Python binding
+            self.llm.reset()
+            for produced, _ in enumerate(
+                self.llm.generate(prompt, temp=0.0, top_k=1, reset=True), start=1
+            ):
+                if produced >= new:
+                    break
+        return time.perf_counter() - start
+
+
+def _decode_rate(engine: Ours | Theirs, prompt: list[int], new: int) -> float:
+    """Decode tokens/s: (time for new tokens - time for 1 token) / (new - 1)."""
+    full = engine.generate([prompt], new)
+    first = engine.generate([prompt], 1)
+    return (new - 1) / max(full - first, 1e-9)
+
+
+def _prefill_rate(engine: Ours | Theirs, prompt: list[int]) -> float:
+    return len(prompt) / engine.generate([prompt], 1)
+
+
+def _batch_rate(engine: Ours | Theirs, prompts: list[list[int]], new: int) -> float:
+    return len(prompts) * new / engine.generate(prompts, new)
+
+
+def _peak_rss(kind: str, path: Path, threads: int, ctx: int, tokens: int) -> float:
+    """Peak RSS (GB) of a fresh process that loads ``kind`` and generates ``tokens`` tokens."""
+    here = str(Path(__file__).parent)
+    code = (
+        f"import resource, sys; sys.path.insert(0, {here!r})\n"
+        "from vs_llamacpp import Ours, Theirs, CODE_PROMPT\n"
+        f"e = (Ours if {kind!r} == 'ours' else Theirs)"
+        f"(__import__('pathlib').Path({str(path)!r}), {threads}, {ctx})\n"
+        f"e.generate([e.tokens(CODE_PROMPT)], {tokens})\n"
+        "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return float(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default=None, help="GGUF file (default: the embedded one)")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--tokens", type=int, default=128)
+    parser.add_argument("--prefill", type=int, default=2048)
+    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--out", default=None, help="write the markdown table here")
+    args = parser.parse_args()
+    try:
+        import llama_cpp  # noqa: F401
+    except ImportError:
+        print("llama-cpp-python is not installed (make bench installs it); not measured")
+        return 2
+    from deepinfer.models import default_model_path
+
+    path = Path(args.model) if args.model else default_model_path()
+    ctx = args.prefill + args.tokens + 64
+    ours, theirs = Ours(path, args.threads, ctx), Theirs(path, args.threads, ctx)
+    code = ours.tokens(CODE_PROMPT)
+    long_prompt = (ours.tokens(CODE_PROMPT * 200))[: args.prefill]
+    batch = [ours.tokens(f"Question {i}: " + CODE_PROMPT) for i in range(args.batch)]
+    rows: dict[str, list[float]] = {"decode": [], "prefill": [], "batch": []}
+    figures: dict[str, list[tuple[float, float]]] = {k: [] for k in rows}
+    runs: dict[str, Callable[[Ours | Theirs], float]] = {
+        "decode": lambda e: _decode_rate(e, code, args.tokens),
+        "prefill": lambda e: _prefill_rate(e, long_prompt),
+        "batch": lambda e: _batch_rate(e, batch, args.tokens // 4),
+    }
+    for _ in range(args.repeats):
+        for name, run in runs.items():
+            a, b = run(ours), run(theirs)  # alternated, same process
+            rows[name].append(a / b)
+            figures[name].append((a, b))
+    rss_ours = _peak_rss("ours", path, args.threads, ctx, 32)
+    rss_theirs = _peak_rss("theirs", path, args.threads, ctx, 32)
+    lines = [
+        "## DeepInfer vs llama.cpp on the same GGUF (CPU)",
+        "",
+        f"`{path.name}`, {args.threads} threads, {args.repeats} alternated runs; ratios are "
+        "DeepInfer / llama.cpp, median (range).",
+        "",
+        "| measurement | DeepInfer | llama.cpp | ratio | target |",
+        "|---|---|---|---|---|",
+    ]
+    targets = {"decode": ">= 1.0x", "prefill": ">= 2x", "batch": ">= 3x"}
+    labels = {
+        "decode": f"batch-1 greedy decode, tok/s ({args.tokens} tokens)",
+        "prefill": f"prefill, prompt tok/s ({len(long_prompt)} tokens)",
+        "batch": f"{args.batch} concurrent, total tok/s (llama.cpp: sequential)",
+    }
+    for name in rows:
+        a = statistics.median(x for x, _ in figures[name])
+        b = statistics.median(y for _, y in figures[name])
+        lines.append(f"| {labels[name]} | {a:.1f} | {b:.1f} | {_median_range(rows[name])} "
+                     f"| {targets[name]} |")  # fmt: skip
+    lines.append(
+        f"| peak RSS, GB (32 tokens, ctx {ctx}) | {rss_ours:.2f} | {rss_theirs:.2f} | "
+        f"{rss_ours / rss_theirs:.2f}x | <= 1.5x |"
+    )
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if args.out:
+        Path(args.out).write_text(text, encoding="utf-8")
+        Path(args.out).with_suffix(".json").write_text(json.dumps(figures, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
