@@ -24,6 +24,7 @@ from deepinfer_kernels.reference.penalties import (
     apply_penalties_reference,
     apply_token_bitmask_reference,
 )
+from deepinfer_kernels.reference.quant import dequantize_reference, quant_linear_reference
 from deepinfer_kernels.reference.sampling import sample_reference, sampling_probs_reference
 from deepinfer_kernels.reference.verify import (
     greedy_verify_reference,
@@ -42,6 +43,9 @@ __all__: list[str] = [
     "decoder_qkv_reference",
     "rms_norm_reference",
     "unpack_panels_reference",
+    # weights in GGUF block formats
+    "dequantize_reference",
+    "quant_linear_reference",
     # verification, sampling and KV movement
     "apply_penalties_reference",
     "apply_token_bitmask_reference",
