@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Protocol
+from collections.abc import Callable, Sequence
+from typing import Protocol, runtime_checkable
 
 
 class PrefixCache(Protocol):
@@ -27,3 +27,18 @@ class PrefixCache(Protocol):
         device_block_ids: Sequence[int],
         retention: str = "chat",
     ) -> int: ...
+
+
+@runtime_checkable
+class SharesDeviceBlocks(Protocol):
+    """A prefix cache whose device tier lives in the engine's own KV pool can hand out the
+    blocks that hold a prefix instead of copying them (`deepinfer_cache.KVCacheAdapter.share`).
+
+    ``share`` returns the engine block ids of the leading cached blocks (at most
+    ``max_blocks``) and a ``release`` to call once the engine stops reading them; until then
+    the cache neither evicts nor overwrites them.
+    """
+
+    def share(
+        self, tokens: Sequence[int], namespace: bytes, max_blocks: int
+    ) -> tuple[list[int], Callable[[], None]]: ...

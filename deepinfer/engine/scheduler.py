@@ -1,6 +1,7 @@
 """`Scheduler`: which sequences run each step, and the KV blocks they hold.
 
-It admits waiting sequences (loading their cached prefix through the `PrefixCache` seam),
+It admits waiting sequences (a cached prefix that the cache's device tier holds in this pool is
+shared by reference count, any other is copied in through the `PrefixCache` seam),
 reserves blocks for the tokens and look-ahead slots the batch policy grants, preempts by
 recompute when blocks run out, and frees (after saving full blocks to the prefix cache) what
 finished sequences held. The plan itself comes from ``deepinfer_sched``'s batch policy.
@@ -13,7 +14,7 @@ from collections.abc import Callable
 
 from deepinfer.engine.chunk import Chunk
 from deepinfer.engine.config import EngineConfig
-from deepinfer.engine.prefix_cache import PrefixCache
+from deepinfer.engine.prefix_cache import PrefixCache, SharesDeviceBlocks
 from deepinfer.engine.sequence import SeqStatus, Sequence
 from deepinfer.models.kv_pool import KVPool
 from deepinfer_sched.policies.batch import BatchConfig, ContinuousBatchPolicy, SeqState
@@ -54,6 +55,8 @@ class Scheduler:
         self.seqs: dict[int, Sequence] = {}
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
+        # Per sequence sharing device-tier blocks: releases the cache's pin on them.
+        self._leases: dict[int, Callable[[], None]] = {}
 
     def add(self, seq: Sequence) -> None:
         self.seqs[seq.seq_id] = seq
@@ -147,7 +150,9 @@ class Scheduler:
             # At least one token must be computed so the forward yields the next token's logits.
             usable = (seq.prefill_target - 1) // bs * bs
             cached = min(cache.num_cached_tokens(seq.all_ids, seq.namespace), usable)
-            if cached:
+            if cached and self._share(seq, cache, cached):
+                pass
+            elif cached:
                 blocks = self.pool.allocate(min(cached // bs, self.pool.num_free_blocks))
                 loaded = cache.load(seq.all_ids[:cached], seq.namespace, blocks)
                 keep = loaded // bs
@@ -158,9 +163,31 @@ class Scheduler:
                     seq.metrics.num_cached_tokens = seq.num_computed
         self.start_running(seq)
 
+    def _share(self, seq: Sequence, cache: PrefixCache, cached: int) -> bool:
+        """Use the device tier's blocks holding the whole cached prefix in place (one more
+        reference each; full blocks, never written: the sequence's own tokens go to blocks
+        after them). False, with nothing held, when the device tier lacks part of it."""
+        if not isinstance(cache, SharesDeviceBlocks):
+            return False
+        bs = self.config.block_size
+        blocks, release = cache.share(seq.all_ids[:cached], seq.namespace, cached // bs)
+        if len(blocks) < cached // bs:
+            release()
+            return False
+        self.pool.share(blocks)
+        self._leases[seq.seq_id] = release
+        seq.block_ids = list(blocks)
+        seq.num_computed = cached
+        if seq.metrics.num_cached_tokens == 0:
+            seq.metrics.num_cached_tokens = cached
+        return True
+
     def _drop_kv(self, seq: Sequence) -> None:
         self.pool.free(seq.block_ids)
         seq.block_ids = []
+        release = self._leases.pop(seq.seq_id, None)
+        if release is not None:
+            release()
         if self.on_release is not None:
             self.on_release(seq.seq_id)
 

@@ -8,7 +8,7 @@ how many prompt tokens are cached, load them into these blocks, save these block
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -103,6 +103,29 @@ class KVCacheAdapter:
             self._scatter(self.pool, dst, src, block_dim=self.block_dim)
         return res.num_tokens
 
+    def share(
+        self, tokens: Sequence[int] | Any, namespace: bytes, max_blocks: int
+    ) -> tuple[list[int], Callable[[], None]]:
+        """The engine blocks that already hold the leading cached blocks of ``tokens``: the
+        store's device tier over this very pool keeps them, so the engine can read them in
+        place (no copy). They stay pinned (never evicted or overwritten) until the returned
+        ``release()`` is called; ``([], release)`` when the device tier holds none of them."""
+        first = self.store.tiers[0]
+        if not (isinstance(first, DeviceTier) and first.pool is self.pool):
+            return [], _noop
+        if first.block_dim != self.block_dim:
+            return [], _noop
+        ids, hashes = self.store.lease_device(tokens, namespace, max_blocks=max_blocks)
+        released = False
+
+        def release() -> None:
+            nonlocal released
+            if not released and not self.store.closed:
+                released = True
+                self.store.release(hashes)
+
+        return ids, release
+
     def save(
         self,
         tokens: Sequence[int] | Any,
@@ -131,3 +154,7 @@ class KVCacheAdapter:
         if any(not 0 <= i < n for i in ids):
             raise ValueError(f"device_block_ids must be block ids in [0, {n})")
         return ids
+
+
+def _noop() -> None:
+    """Nothing to release."""

@@ -244,6 +244,44 @@ class TieredKVStore(StoreCore):
                 self.index.unpin(pinned)
             raise
 
+    def lease_device(
+        self,
+        tokens: Any,
+        namespace: bytes = b"",
+        *,
+        max_blocks: int | None = None,
+        extra: bytes = b"",
+        block_extras: Mapping[int, bytes] | None = None,
+    ) -> tuple[list[int], list[BlockHash]]:
+        """Pin the leading cached blocks of ``tokens`` that the first tier, a ``DeviceTier``,
+        holds, and return their pool block ids (an engine reads them in place instead of
+        copying) with the pinned hashes. Pinned blocks are never evicted, demoted or expired;
+        hand the hashes to :meth:`release` when done. ``([], [])`` without a device tier."""
+        first = self.tiers[0]
+        slot_of = getattr(first, "slot_of", None)
+        if slot_of is None:
+            return [], []
+        hashes = self.hashes(tokens, namespace, extra=extra, block_extras=block_extras)
+        hashes = hashes[:max_blocks]
+        ids: list[int] = []
+        with self._lock:
+            self._check_open()
+            self._drain_failures()
+            for h in hashes:
+                slot = slot_of(h) if h in self.index else None
+                if slot is None:
+                    break
+                ids.append(int(slot))
+            n = self.index.pin(hashes[: len(ids)])
+            if self.refresh_on_hit and n:
+                self._refresh(hashes[:n], None)
+        return ids[:n], hashes[:n]
+
+    def release(self, hashes: Sequence[BlockHash]) -> None:
+        """Unpin blocks pinned by :meth:`lease_device`."""
+        with self._lock:
+            self.index.unpin(list(hashes))
+
     def flush(self, timeout: float | None = None) -> bool:
         """Make every block the store holds durable, in both write modes: blocks held only in
         memory tiers are written to the disk tier (parents first), then this waits until every
