@@ -1,8 +1,8 @@
 """``apply_penalties``: presence, frequency and repetition penalties for a batch (public op).
 
 Token histories arrive as padded id matrices (``-1`` pads), so building them costs the
-history's length, not the vocabulary's; the counts are scattered into one ``[B, V]`` matrix on
-the logits' device and every penalty is then a few vectorised ops over it.
+history's length, not the vocabulary's, and so does applying them: the penalised columns are
+gathered, rewritten and scattered back; the rest of the logits is one copy.
 """
 
 from __future__ import annotations
@@ -17,16 +17,6 @@ from deepinfer_kernels.sampling.params import _as_row_tensor
 from deepinfer_kernels.verify.validate import want_value_checks
 
 
-def _counts(ids: torch.Tensor, vocab: int) -> torch.Tensor:
-    """``[B, V]`` int32 occurrences of each id per row (pads, ids < 0, are dropped)."""
-    rows = ids.shape[0]
-    counts = torch.zeros(rows, vocab + 1, dtype=torch.int32, device=ids.device)
-    if ids.numel():
-        slot = torch.where(ids < 0, vocab, ids)
-        counts.scatter_add_(1, slot, torch.ones_like(slot, dtype=torch.int32))
-    return counts[:, :vocab]
-
-
 def _apply_penalties_impl(
     logits: torch.Tensor,
     prompt_ids: torch.Tensor,
@@ -35,18 +25,23 @@ def _apply_penalties_impl(
     frequency_penalty: torch.Tensor,
     repetition_penalty: torch.Tensor,
 ) -> torch.Tensor:
-    vocab = logits.shape[1]
-    out_counts = _counts(output_ids, vocab)
-    in_output = out_counts > 0
-    seen = in_output | (_counts(prompt_ids, vocab) > 0)
-    x = logits.to(torch.float32)
+    # Only the history's columns change, so the work is gathers and scatters over the
+    # histories (B x L), not passes over the vocabulary (B x V): a column past the vocabulary
+    # absorbs the pads. A token repeated in a history is written several times with one value.
+    batch, vocab = logits.shape
+    x = torch.empty(batch, vocab + 1, dtype=torch.float32, device=logits.device)
+    x[:, :vocab] = logits
+    seen = torch.cat([prompt_ids, output_ids], dim=1)
+    seen = torch.where(seen < 0, vocab, seen)
+    old = x.gather(1, seen)
     rep = repetition_penalty[:, None]
-    x = torch.where(seen, torch.where(x > 0, x / rep, x * rep), x)
-    return (
-        x
-        - frequency_penalty[:, None] * out_counts.to(torch.float32)
-        - presence_penalty[:, None] * in_output.to(torch.float32)
-    )
+    x.scatter_(1, seen, torch.where(old > 0, old / rep, old * rep))
+    out = torch.where(output_ids < 0, vocab, output_ids)
+    counts = torch.zeros(batch, vocab + 1, dtype=torch.float32, device=logits.device)
+    counts.scatter_add_(1, out, torch.ones_like(out, dtype=torch.float32))
+    penalty = frequency_penalty[:, None] * counts.gather(1, out) + presence_penalty[:, None]
+    x.scatter_(1, out, x.gather(1, out) - penalty)
+    return x[:, :vocab].contiguous()
 
 
 _apply_penalties_op = torch.library.custom_op(
