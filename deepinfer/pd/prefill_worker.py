@@ -33,7 +33,11 @@ class PrefillWorker(Worker):
         try:
             params = params_from_json(message["params"])
             # Two tokens keep the request alive after its first one, so its KV is still held.
-            first_only = replace(params, max_tokens=min(params.max_tokens, 2))
+            first_only = replace(
+                params,
+                max_tokens=min(params.max_tokens, 2),
+                min_tokens=min(params.min_tokens, 2),  # min_tokens <= max_tokens
+            )
             self.engine.add_request(
                 message["prompt_ids"],
                 first_only,
