@@ -17,8 +17,10 @@ from deepinfer_kernels.cpu import (
     DecoderLayerKernel,
     LayerPanels,
     LayerShape,
+    PackedWeight,
     add_rms_norm,
     bf16_panels,
+    linear,
 )
 from deepinfer_kernels.cpu import ops as cpu_ops
 from deepinfer_kernels.reference import (
@@ -247,3 +249,23 @@ def test_registered_ops_pass_opcheck() -> None:
     ]  # fmt: skip
     for op, args in samples:
         torch.library.opcheck(op, args, test_utils=("test_schema", "test_faketensor"))
+
+
+def test_add_rms_norm_and_linear_trace_under_torch_compile(norm: AddRmsNorm) -> None:
+    """With a kernel handle, ``add_rms_norm`` becomes the registered op while dynamo traces
+    (fullgraph: no break at the foreign call) and ``linear`` leaves the product to the
+    compiler; both give the eager results."""
+    gen = torch.Generator().manual_seed(5)
+    r, d, w = (torch.randn(3, 40, generator=gen), torch.randn(3, 40, generator=gen),
+               torch.rand(40, generator=gen))  # fmt: skip
+    weight = bf16_exact(24, 40, gen=gen)
+    pack = PackedWeight(None)
+
+    def step(r: torch.Tensor, d: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        _, n = add_rms_norm(r, d, w, 1e-5, norm)
+        return linear(n, weight, pack=pack)
+
+    with torch.inference_mode():
+        eager = step(r, d, w)
+        traced = torch.compile(step, backend="eager", fullgraph=True)(r, d, w)
+    close(traced, eager)

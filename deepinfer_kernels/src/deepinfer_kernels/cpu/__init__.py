@@ -18,6 +18,8 @@ Example::
                             kernels.norm)
 """
 
+# Registers the torch.library ops (torch.ops.deepinfer.*), as attention/ops.py does.
+from deepinfer_kernels.cpu import ops as ops
 from deepinfer_kernels.cpu.abi import CSignature, CSource, NativeAbiError
 from deepinfer_kernels.cpu.add_rms_norm import AddRmsNorm, add_rms_norm, rms_norm
 from deepinfer_kernels.cpu.attention import BoundTiles, PagedAttentionTiles

@@ -80,7 +80,15 @@ def add_rms_norm(
     kernel: AddRmsNorm | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(r, rms_norm(r) * weight)`` with ``r = residual + delta`` (``r = residual`` when
-    ``delta`` is None), on ``kernel`` when it applies and is built, else with torch ops."""
+    ``delta`` is None), on ``kernel`` when it applies and is built, else with torch ops.
+
+    While ``torch.compile`` traces, the registered op ``deepinfer::add_rms_norm`` stands in
+    (its fake gives the compiler the shapes; a foreign call cannot be traced)."""
+    if kernel is not None and torch.compiler.is_compiling():
+        out: tuple[torch.Tensor, torch.Tensor] = torch.ops.deepinfer.add_rms_norm(
+            residual, delta, weight, eps
+        )
+        return out
     if kernel is not None and kernel.applies(residual, delta, weight) and kernel.available():
         return kernel(residual, delta, weight, eps)
     summed = residual if delta is None else residual + delta

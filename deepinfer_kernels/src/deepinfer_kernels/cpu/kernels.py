@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from deepinfer_kernels.cpu import PagedAttentionTiles
 from deepinfer_kernels.cpu.add_rms_norm import AddRmsNorm
+from deepinfer_kernels.cpu.attention import PagedAttentionTiles
 from deepinfer_kernels.cpu.bf16_weight_linear import Bf16WeightLinear
 from deepinfer_kernels.cpu.decoder_layer import DecoderLayerKernel
 

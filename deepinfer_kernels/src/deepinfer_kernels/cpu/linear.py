@@ -143,7 +143,8 @@ def linear(
     transposed view of ``W x^T`` (no copy). Element-wise consumers and a following ``linear``
     take it as it is.
     """
-    if not _cpu_fp32(x, weight):
+    if not _cpu_fp32(x, weight) or torch.compiler.is_compiling():
+        # The compiler plans its own products (and cannot trace the prepared copies).
         return F.linear(x, weight, bias)
     rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
     if (
