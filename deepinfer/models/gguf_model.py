@@ -125,7 +125,9 @@ def load_gguf_model(path: str | os.PathLike[str]) -> LlamaModel:
     return build_gguf_model(config, floats, blocks)
 
 
-BLOCKS_FILE = "blocks.safetensors"
+# Not *.safetensors: the directory is also an HF model directory, whose loader reads every
+# *.safetensors file as a shard of the bf16 copy.
+BLOCKS_FILE = "gguf-blocks.st"
 BLOCKS_FORMAT = 1
 
 
@@ -194,8 +196,8 @@ def load_gguf_model_cached(
 
     ``converted_dir`` is ``convert_gguf(source)``'s directory (tokenizer, config and the
     source's fingerprint in ``deepinfer.json``): the file's tensors are kept there as
-    ``blocks.safetensors`` (block bytes as uint8, exactly the file's), valid while its recorded
-    fingerprint equals the directory's. Parsing a GGUF file's metadata (its vocabulary) takes
+    ``gguf-blocks.st`` (safetensors: block bytes as uint8, exactly the file's), valid while
+    its recorded fingerprint equals the directory's. Parsing a GGUF file's metadata (its vocabulary) takes
     seconds in the ``gguf`` package; a safetensors read is a memory map.
     """
     from deepinfer.models.convert import MARKER

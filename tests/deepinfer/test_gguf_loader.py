@@ -97,6 +97,22 @@ def test_loaded_gguf_model_computes_reference_logits(tiny_gguf, tmp_path: Path) 
     assert loaded.tokenizer.eos_token_ids == (2,)
 
 
+def test_block_cache_beside_the_bf16_copy(tiny_gguf, tmp_path: Path) -> None:
+    """fp32 loads keep the file's tensors next to the converted copy; a bf16 load of the same
+    file still reads only the copy, and a corrupt block cache is rebuilt, never served."""
+    from deepinfer.models.gguf_model import BLOCKS_FILE
+
+    _cfg, state, path = tiny_gguf
+    first = load_model(path, cache_dir=tmp_path)
+    directory = first.path
+    assert (directory / BLOCKS_FILE).is_file()
+    bf16 = load_model(path, cache_dir=tmp_path, dtype=torch.bfloat16)
+    assert bf16.model.norm.weight.dtype == torch.bfloat16
+    (directory / BLOCKS_FILE).write_bytes(b"garbage")
+    again = load_model(path, cache_dir=tmp_path)
+    assert torch.equal(again.model.embed_tokens.weight, state["model.embed_tokens.weight"])
+
+
 def test_conversion_is_cached_and_redone_when_source_changes(tiny_gguf, tmp_path: Path) -> None:
     cfg, _state, path = tiny_gguf
     first = convert_gguf(path, tmp_path)
