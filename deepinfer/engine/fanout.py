@@ -46,13 +46,16 @@ def merge(params: SamplingParams, children: Sequence[RequestOutput]) -> RequestO
         replace(c.outputs[0], index=i) if c.outputs else CompletionOutput(i, c.text, c.token_ids)
         for i, c in enumerate(children)
     ]
+    errors = [c.error for c in children if c.error]
     if params.num_candidates > params.n:
+        if any(c.cumulative_logprob is None for c in completions) and not errors:
+            # Only a client that forwards log-probabilities can rank (PD mode does not yet).
+            errors.append("best_of: the candidates' log-probabilities were not reported")
         completions.sort(key=lambda c: -(c.cumulative_logprob or 0.0))
         completions = [replace(c, index=i) for i, c in enumerate(completions[: params.n])]
     if params.logprobs is None:
         completions = [replace(c, logprobs=None) for c in completions]
     head, first = children[0], completions[0]
-    errors = [c.error for c in children if c.error]
     return RequestOutput(
         request_id=head.request_id,
         prompt_token_ids=head.prompt_token_ids,

@@ -290,3 +290,23 @@ def test_bad_output_path_does_not_leave_requests_behind(tmp_path: Path, llm: LLM
     for rid in [s.request_id for s in list(llm.engine.running) + list(llm.engine.waiting)]:
         llm.engine.abort(rid)
     assert not llm.engine.has_unfinished()
+
+
+def test_merge_ranks_best_of_and_refuses_unranked_candidates() -> None:
+    from deepinfer.engine.fanout import fan_out, merge
+    from deepinfer.engine.outputs import CompletionOutput, RequestOutput
+
+    params = SamplingParams(n=2, best_of=3, seed=7)
+    children = fan_out(params)
+    assert [c.seed for c in children] == [7, 8, 9] and all(c.n == 1 for c in children)
+    assert all(c.logprobs == 0 for c in children)  # ranking needs cumulative log-probs
+
+    def out(i: int, score: float | None) -> RequestOutput:
+        comp = CompletionOutput(0, f"t{i}", [i], cumulative_logprob=score, finish_reason="length")
+        return RequestOutput(str(i), [1], [i], f"t{i}", finished=True, outputs=[comp])
+
+    merged = merge(params, [out(0, -3.0), out(1, -1.0), out(2, -2.0)])
+    assert [c.text for c in merged.outputs] == ["t1", "t2"] and merged.error is None
+    assert [c.index for c in merged.outputs] == [0, 1] and merged.text == "t1"
+    unranked = merge(params, [out(0, None), out(1, None), out(2, None)])
+    assert unranked.error is not None and "best_of" in unranked.error
