@@ -61,6 +61,13 @@ class FittedCostModel:
             if not getattr(self, name) >= 0:
                 raise ValueError(f"FittedCostModel.{name} must be >= 0")
 
+    @property
+    def step_overhead_s(self) -> float:
+        """The fixed cost every forward pays once (the smaller of the two fitted per-step
+        terms): the simulator charges it once for an iteration mixing prefill chunks and a
+        decode step."""
+        return min(self.prefill_coef[0], self.decode_coef[0])
+
     # ------------------------------------------------------------------ CostModel
     def prefill_parts(self, new_tokens: int, cached_tokens: int = 0) -> tuple[float, float]:
         """(token-proportional seconds, fixed per-step seconds): the first grows with the

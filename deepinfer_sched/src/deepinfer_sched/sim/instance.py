@@ -43,6 +43,7 @@ class Instance:
         "_finish_heap",
         "_g",
         "_heap_seq",
+        "_overhead",
         "_parts",
         "_prefill_kv",
         "_queued_kv",
@@ -118,6 +119,9 @@ class Instance:
         self.link_free_s = 0.0
         self.memory_s = 0.0
         self._parts = cm if isinstance(cm, WorkParts) else None
+        # An iteration is one forward pass: its fixed per-step cost is paid once, although
+        # each prefill chunk's and the decode step's time include it.
+        self._overhead = float(getattr(cm, "step_overhead_s", 0.0))
         self.version = 0
         self.iter_count = 0
         self.preemptions = 0
@@ -387,6 +391,9 @@ class Instance:
                 t += self._span(self._steps)
             else:
                 t += cm.decode_step_time(bv, int(self._ctx))
+        terms = len(chunks) + (1 if b else 0)
+        if terms > 1 and self._overhead > 0.0:
+            t -= (terms - 1) * self._overhead
         self._start_s = now
         self._end_s = now + t
         if self._parts is not None and t > 0:
