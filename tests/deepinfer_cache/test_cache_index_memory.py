@@ -42,3 +42,19 @@ def test_first_block_miss_hashes_one_block(monkeypatch) -> None:
     res = store.lookup(list(range(1000 * BS)))
     assert res.num_blocks == 0 and len(calls) == 1 and len(res.hashes) == 1
     store.close()
+
+
+def test_store_keeps_no_recovered_block_objects_after_reopen(tmp_path) -> None:
+    from _cache_helpers import pages_for
+
+    from deepinfer_cache import DiskTier
+
+    tokens = list(range(6 * BS))
+    with TieredKVStore([DiskTier(tmp_path, PAGE, torch.float32, 1 << 20, fsync=False)], BS) as s:
+        s.store(tokens, pages_for(tokens))
+    disk = DiskTier(tmp_path, PAGE, torch.float32, 1 << 20, fsync=False)
+    assert len(disk.recovered()) == 6
+    store = TieredKVStore([disk], BS)
+    assert store.lookup(tokens).num_blocks == 6
+    assert disk.recovered() == []  # the index holds them now
+    store.close()

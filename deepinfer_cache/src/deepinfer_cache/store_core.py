@@ -321,6 +321,9 @@ class StoreCore:
         for i, t in enumerate(self.tiers):
             if hasattr(t, "recovered"):
                 r = rebuild_index(self.index, i, t, now)
+                drop = getattr(t, "drop_recovered", None)
+                if drop is not None:
+                    drop()
                 self._c["orphans_removed"] += r.orphans
                 self._c["expired"] += r.expired
                 self._tenant_of.update(r.tenants)

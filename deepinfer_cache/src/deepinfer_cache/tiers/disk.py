@@ -187,8 +187,14 @@ class DiskTier:
             )
 
     def recovered(self) -> list[RecoveredBlock]:
-        """Blocks found valid on open (header-checked), with the metadata to re-index them."""
+        """Blocks found valid on open (header-checked), with the metadata to re-index them
+        (empty after ``drop_recovered``)."""
         return list(self._recovered)
+
+    def drop_recovered(self) -> None:
+        """Free the recovered list once an index holds it (the store calls this after its
+        rebuild): a million small objects kept for nothing would tax every GC pass."""
+        self._recovered = []
 
     def touch(self, key: bytes, expires_at: float) -> None:
         """Persist an extended expiry cheaply: a block file's mtime holds its latest expiry
