@@ -31,7 +31,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -437,8 +437,9 @@ def main() -> None:
             ):
                 records, wall = asyncio.run(replay(base, convs, args.max_tokens))
             row = {**summarize(router, records, wall, args), "replicas": replicas}
-            results.append(row)
             print(json.dumps(row))
+            row["records"] = [asdict(r) for r in records]  # goodput at other SLOs, later
+            results.append(row)
     write_report(out, results, args)
 
 

@@ -69,7 +69,14 @@ def thread_server(config: ServeConfig, timeout: float = 120.0) -> Iterator[str]:
     thread.start()
     base = f"http://127.0.0.1:{port}"
     try:
-        wait_healthy(base, timeout)
+        deadline = time.monotonic() + timeout
+        while not server.started:
+            if not thread.is_alive():
+                raise RuntimeError("the server failed to start (see its log above)")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{base} did not start within {timeout} s")
+            time.sleep(0.05)
+        wait_healthy(base, max(1.0, deadline - time.monotonic()))
         yield base
     finally:
         server.should_exit = True

@@ -226,3 +226,19 @@ def test_front_hashes_match_the_replica_store() -> None:
     assert stored == list(prompt_hashes(tokens, 4, b"user:t", b"model-key"))
     assert stored != list(prompt_hashes(tokens, 4, b"user:t"))
     store.close()
+
+
+def test_speculative_counters_feed_the_accepted_length_histogram() -> None:
+    """A finished request's DSpark counters (steps, accepted drafts) become one observation of
+    tokens per step: 1 + accepted / steps."""
+    from deepinfer.serve.config import ServeConfig
+    from deepinfer.serve.service import ServeService
+
+    service = ServeService(ServeConfig())
+    tracked = type("T", (), {"prompt_ids": [1, 2, 3]})()
+    service._account(tracked, {"spec": [4, 6]}, 10)  # type: ignore[arg-type]
+    service._account(tracked, {"spec": [0, 0]}, 2)  # type: ignore[arg-type]
+    text = service.metrics.render().decode()
+    assert "deepinfer_spec_accepted_length_count 1.0" in text
+    assert "deepinfer_spec_accepted_length_sum 2.5" in text
+    assert "deepinfer_generation_tokens_total 12.0" in text
