@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import threading
+from array import array
 
 
 class SlotMap:
     def __init__(self, slots: list[int]) -> None:
-        self._free = list(reversed(slots))
+        # An array, not a list: nothing here for the cyclic GC to walk, however many slots.
+        self._free = array("q", reversed(slots))
         self._slot: dict[bytes, int] = {}
         self.num_slots = len(slots)
 
