@@ -65,7 +65,7 @@ def layer(cache: Path) -> DecoderLayerKernel:
 
 
 # ---------------------------------------------------------------- add_rms_norm
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=25, deadline=None)
 @given(
     rows=st.integers(0, 9),
     size=st.sampled_from([1, 15, 16, 17, 33, 64, 576]),
@@ -107,7 +107,7 @@ def test_add_rms_norm_other_dtypes_take_torch_and_match(
 
 
 # ---------------------------------------------------------------- bf16 weight linear
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=25, deadline=None)
 @given(
     rows=st.integers(1, 40),
     out_features=st.integers(1, 100),
@@ -152,7 +152,7 @@ def _panels(case: DecoderLayerCase) -> LayerPanels:
     return LayerPanels(qkv, case.qkv_bias, o, gate_up, down)
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=20, deadline=None)
 @given(case=decoder_layer_cases())
 def test_decoder_qkv_matches_the_reference(
     layer: DecoderLayerKernel, case: DecoderLayerCase
@@ -173,7 +173,7 @@ def test_decoder_qkv_matches_the_reference(
     close(v_cache, want_v)
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=20, deadline=None)
 @given(case=decoder_layer_cases())
 def test_decoder_mlp_matches_the_reference(
     layer: DecoderLayerKernel, case: DecoderLayerCase
