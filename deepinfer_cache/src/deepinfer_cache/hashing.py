@@ -98,18 +98,23 @@ def _array_to_int32_bytes(arr: np.ndarray) -> bytes:
 
 
 def _list_to_int32_bytes(tokens: Sequence[Any]) -> bytes:
-    # ``bool`` is an int subclass that struct accepts: reject it explicitly (a caller bug).
-    if bool in map(type, tokens):
-        raise TypeError("tokens must be int ids, got a bool")
     try:
-        # Unsigned packing rejects negative ids in C; ids >= 2**31 set a high bit checked below.
+        # Unsigned packing rejects negative ids in C; ids >= 2**31 are caught below.
         data = struct.pack(f"<{len(tokens)}I", *tokens)
     except struct.error as exc:
         if not all(isinstance(t, int | np.integer) for t in tokens):
             raise TypeError("tokens must be a sequence of ints") from exc
         raise ValueError(f"tokens must be int ids in [0, 2**31 - 1] ({exc})") from exc
-    if data and max(data[3::4]) > 0x7F:
+    if not data:
+        return data
+    ids = np.frombuffer(data, dtype="<u4")
+    if int(ids.max()) > _INT32_MAX:
         raise ValueError("tokens must be ids in [0, 2**31 - 1]")
+    # ``bool`` is an int subclass that struct packs as 0/1: a caller bug, refused. Only the
+    # positions holding 0 or 1 can be bools, so only those are type-checked.
+    for i in np.flatnonzero(ids <= 1).tolist():
+        if type(tokens[i]) is bool:
+            raise TypeError("tokens must be int ids, got a bool")
     return data
 
 
