@@ -161,18 +161,18 @@ def iter_block_hashes(
     n_blocks = len(toks) // block_size
     blake = hashlib.blake2b
     lazy = isinstance(toks, list | tuple)
-    data = b"" if lazy else tokens_to_int32_bytes(toks)
-    done = 0  # blocks whose bytes are in ``data``, which starts at block ``base``
+    view = memoryview(b"" if lazy else tokens_to_int32_bytes(toks))
+    done = 0  # blocks whose bytes are in ``view``, which starts at block ``base``
     base = 0
     chunk = 1
     for i in range(n_blocks):
         if lazy and i >= done:
             hi = min(n_blocks, done + chunk)
-            data = _list_to_int32_bytes(toks[done * block_size : hi * block_size])
+            view = memoryview(_list_to_int32_bytes(toks[done * block_size : hi * block_size]))
             base, done = done, hi
             chunk *= 2
         off = (i - base) * step
-        msg: Any = memoryview(data)[off : off + step]
+        msg: Any = view[off : off + step]
         if extras is not None and i in extras:
             msg = bytes(msg) + bytes(extras[i])
         parent = blake(msg, digest_size=HASH_SIZE, key=parent).digest()
