@@ -107,9 +107,10 @@ class TieredKVStore(StoreCore):
     ) -> LookupResult:
         """How many leading full blocks of ``tokens`` are cached, and in which tiers.
 
-        Hashes are computed lazily: a miss on block k costs k + 1 block hashes. The count is
-        an upper bound of what ``fetch`` returns: a block whose payload turns out corrupt when
-        read is a miss then (and removed); ``scrub()`` verifies every disk block ahead of time.
+        Hashes are computed lazily, outside the store lock: a miss on block k costs k + 1
+        block hashes. The count is an upper bound of what ``fetch`` returns: a block whose
+        payload turns out corrupt when read is a miss then (and removed); ``scrub()`` verifies
+        every disk block ahead of time.
         """
         toks = as_token_sequence(tokens)
         computed: list[BlockHash] = []
@@ -122,15 +123,17 @@ class TieredKVStore(StoreCore):
             block_extras=block_extras,
         )
 
-        def recorded() -> Any:
-            for h in gen:
-                computed.append(h)
-                yield h
-
+        # Hash outside the store lock, stopping after the first block the index lacks (a dict
+        # membership test is atomic under the GIL); the locked match below re-checks them all.
+        index = self.index
+        for h in gen:
+            computed.append(h)
+            if h not in index:
+                break
         with self._lock:
             self._check_open()
             self._drain_failures()
-            m = self.index.match(recorded())
+            m = self.index.match(computed)
             per_tier = [0] * len(self.tiers)
             for mask in m.tiers:
                 per_tier[(mask & -mask).bit_length() - 1] += 1
