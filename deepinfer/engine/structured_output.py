@@ -115,6 +115,15 @@ class GrammarMatcher:
         in an error state and allows nothing more)."""
         return bool(self.inner.consume_token(int(token)))
 
+    def try_advance(self, token: int) -> bool:
+        """Consume ``token`` if the grammar allows it (False leaves the matcher unchanged);
+        undo with :meth:`rollback`."""
+        return int(self.inner.try_consume_tokens([int(token)])) == 1
+
+    def rollback(self, num_tokens: int) -> None:
+        if num_tokens:
+            self.inner.rollback(num_tokens)
+
     @property
     def is_finished(self) -> bool:
         return bool(self.inner.is_stopped())

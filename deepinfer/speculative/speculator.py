@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 import torch
 
 from deepinfer.engine.chunk import Chunk, StepBatch
+from deepinfer.engine.draft_mask import DraftMask
 from deepinfer.engine.sampler import prepare_verify_logits, sampling_tensors
 from deepinfer.engine.sequence import Sequence
 from deepinfer.engine.speculation import Drafts, ForwardOutput
@@ -281,18 +282,27 @@ class DSparkSpeculator:
             [w.seq.all_ids[w.chunk.start] for w in drafting], dtype=torch.int64, device=self.device
         )
         context, valid = self.ring.view(slots)
-        block = draft_block(
-            self.drafter,
-            anchors,
-            context,
-            valid,
-            [float(w.seq.params.temperature) for w in drafting],
-            self.scheduler,
-            sts_greedy=self.sts_greedy,
-            sts_sampling=self.sts_sampling,
-            max_drafts=[w.chunk.max_drafts for w in drafting],
-            context_is_kv=True,
+        # Hard constraints (grammar, allowed ids, min_tokens) mask the drafter as it draws, so
+        # it does not propose tokens verification can only reject (engine/draft_mask.py).
+        mask = DraftMask(
+            [w.seq for w in drafting], self.drafter.vocab_size, self.drafter.draft_vocab_ids
         )
+        try:
+            block = draft_block(
+                self.drafter,
+                anchors,
+                context,
+                valid,
+                [float(w.seq.params.temperature) for w in drafting],
+                self.scheduler,
+                sts_greedy=self.sts_greedy,
+                sts_sampling=self.sts_sampling,
+                max_drafts=[w.chunk.max_drafts for w in drafting],
+                context_is_kv=True,
+                logits_hook=mask if mask.active else None,
+            )
+        finally:
+            mask.close()
         for i, w in enumerate(drafting):
             w.draft_row = i
             w.drafts = block.drafts(i)

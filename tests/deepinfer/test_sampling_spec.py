@@ -70,3 +70,31 @@ def test_processed_greedy_spec_equals_processed_plain(model: LlamaModel, extra: 
                 assert ea.keys() == eb.keys()
                 for t in ea:
                     assert ea[t].logprob == pytest.approx(eb[t].logprob, abs=1e-4)
+
+
+class _Collecting(DSparkSpeculator):
+    """Keeps every draft it sent to verification."""
+
+    def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(*args, **kwargs)
+        self.drafted: list[int] = []
+
+    def _propose(self, drafting):  # type: ignore[no-untyped-def]
+        out = super()._propose(drafting)
+        self.drafted.extend(t for w in drafting for t in w.drafts)
+        return out
+
+
+def test_hard_constraints_mask_the_drafter_too(model: LlamaModel) -> None:
+    allowed = [3, 11, 12, 40, 41, 99]
+    params = SamplingParams(temperature=0.0, max_tokens=10, allowed_token_ids=allowed)
+    expected = [o.token_ids for o in _run(LLMEngine(model, None, CFG), params)]
+    # An oracle for unconstrained greedy decoding mostly proposes forbidden tokens; the mask on
+    # the drafter keeps every draft inside the allowed set.
+    free = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
+    unconstrained = [o.token_ids for o in _run(LLMEngine(model, None, CFG), free)]
+    drafter = spec_helpers.oracle_drafter(model, unconstrained + expected, 0, window=8)
+    spec = _Collecting(drafter, FixedGammaScheduler(3), max_seqs=CFG.max_num_seqs)
+    outs = _run(LLMEngine(model, None, CFG, speculator=spec), params)
+    assert [o.token_ids for o in outs] == expected
+    assert spec.drafted and set(spec.drafted) <= set(allowed)

@@ -152,3 +152,29 @@ def test_block_masks_follow_the_drafts(tok: Tokenizer) -> None:
     bad = [*tok.encode("the"), tok.encode("x")[0]]
     masks = grammar.masks_along(bad, len(bad) + 1)
     assert torch.equal(masks[-1], masks[-2])
+
+
+def test_draft_mask_follows_the_grammar_through_the_drafts(tok: Tokenizer) -> None:
+    from deepinfer.engine.draft_mask import DraftMask
+
+    vocab = tok.vocab_size
+    params = SamplingParams(structured_outputs=StructuredOutputsParams(regex="the (heat|hat)"))
+    proc = OutputProcessor(tok, max_model_len=1000, vocab_size=vocab)
+    seq = _seq(params, [5], [], proc)
+    plain = _seq(SamplingParams(), [5], [], proc)
+    grammar = seq.state.grammar  # type: ignore[union-attr]
+    start = grammar.bitmask()
+    drafts = tok.encode("the h")
+    mask = DraftMask([plain, seq], vocab, None)
+    assert mask.active and mask.rows == {1}
+    fresh = _seq(params, [5], [], proc).state.grammar  # type: ignore[union-attr]
+    for k in range(len(drafts) + 1):
+        prefix = torch.tensor([drafts[:k], drafts[:k]])
+        out = mask(torch.tensor([0, 1]), k, prefix, torch.zeros(2, vocab))
+        assert bool(torch.isfinite(out[0]).all())  # the unconstrained row is untouched
+        want = unpack_bitmask(fresh.bitmask()[None], vocab)[0]
+        assert torch.equal(torch.isfinite(out[1]), want), k
+        if k < len(drafts):
+            fresh.advance(drafts[k])
+    mask.close()
+    assert torch.equal(grammar.bitmask(), start)  # rolled back

@@ -9,6 +9,7 @@ given that distribution.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -42,6 +43,7 @@ def propose(
     temperature: float = 1.0,
     generator: torch.Generator | None = None,
     context_is_kv: bool = False,
+    logits_hook: Callable[[int, torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
 ) -> Draft:
     """Propose ``gamma`` tokens after each anchor.
 
@@ -56,6 +58,10 @@ def propose(
             :meth:`DSparkDrafter.restrict_vocab`) only its tokens are drawn, and ``probs`` is
             still over the whole vocabulary, 0 outside the draft vocabulary.
         generator: source of randomness for sampling.
+        logits_hook: ``(k, prefix [B, k], logits) -> logits`` rewrites token ``k``'s logits
+            (over the draft vocabulary's columns when there is one) before it is drawn, e.g. a
+            structured-output mask; ``probs`` is then the rewritten distribution, so
+            verification stays lossless. It must leave each row at least one finite logit.
     """
     if not isinstance(temperature, (int, float)) or temperature < 0:
         raise ValueError(f"temperature: expected a float >= 0, got {temperature!r}")
@@ -75,6 +81,8 @@ def propose(
         bias, code = drafter.sequential_step(prev, code)
         codes.append(code)
         logits = base[:, k] + bias.float()
+        if logits_hook is not None:
+            logits = logits_hook(k, tokens[:, :k], logits)
         if temperature == 0:
             prev = drafter.draft_token_ids(torch.argmax(logits, dim=-1))
             probs[:, k].scatter_(1, prev[:, None], 1.0)

@@ -18,7 +18,7 @@ Example::
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -83,12 +83,15 @@ def draft_block(
     max_drafts: Sequence[int] | None = None,
     context_is_kv: bool = False,
     generator: torch.Generator | None = None,
+    logits_hook: Callable[[torch.Tensor, int, torch.Tensor, torch.Tensor], torch.Tensor]
+    | None = None,
 ) -> DraftBlock:
     """Propose and schedule one block for every row (see the module docstring).
 
     ``temperatures[b]``: row ``b``'s sampling temperature (0: greedy); ``sts_greedy`` /
     ``sts_sampling``: STS temperatures ``[G]`` for greedy / sampled rows (``None``: raw
-    confidence); ``max_drafts[b]``: cap on row ``b``'s verified drafts.
+    confidence); ``max_drafts[b]``: cap on row ``b``'s verified drafts. ``logits_hook(rows, k,
+    prefix, logits)``: ``propose``'s hook, told which rows of this batch it is given.
     """
     batch, gamma = int(anchors.shape[0]), drafter.config.gamma
     if len(temperatures) != batch:
@@ -110,6 +113,7 @@ def draft_block(
             temperature=temp,
             generator=generator,
             context_is_kv=context_is_kv,
+            logits_hook=_rows_hook(logits_hook, rows),
         )
         tokens[rows] = d.token_ids
         sts = sts_greedy if temp == 0 else sts_sampling
@@ -122,6 +126,15 @@ def draft_block(
     if max_drafts is not None:
         n = torch.minimum(n, torch.tensor([int(m) for m in max_drafts], dtype=torch.int64))
     return DraftBlock(tokens, conf, n.clamp(min=0), probs)
+
+
+def _rows_hook(
+    hook: Callable[[torch.Tensor, int, torch.Tensor, torch.Tensor], torch.Tensor] | None,
+    rows: torch.Tensor,
+) -> Callable[[int, torch.Tensor, torch.Tensor], torch.Tensor] | None:
+    if hook is None:
+        return None
+    return lambda k, prefix, logits: hook(rows, k, prefix, logits)
 
 
 def verify_block(
