@@ -27,6 +27,7 @@ from deepinfer.engine.outputs import RequestMetrics, RequestOutput
 from deepinfer.engine.sampling_params import SamplingParams
 from deepinfer.models.kv_pool import blocks_for_memory
 from deepinfer.models.loader import LoadedModel, load_model
+from deepinfer.models.registry import default_model_path
 from deepinfer.pd import PDConfig, PDCoordinator
 from deepinfer.pd.worker import WorkerSettings
 from deepinfer.speculative import SpeculativeSpec, build_speculator
@@ -128,6 +129,7 @@ def build_worker_engine(settings: WorkerSettings) -> tuple[LLMEngine, TieredKVSt
         engine_config=EngineConfig(**settings.engine),
         speculative=settings.speculative or None,
         prefix_cache=cache,
+        cache_dir=settings.cache_dir or None,
         directory_suffix=suffix,
     )
     return built.engine, built.store
@@ -250,7 +252,7 @@ class LLM:
         self.client: EngineClient
         if pd is not None and pd is not False:
             self.pd = PDCoordinator(
-                str(self.loaded.path),
+                _worker_source(model, self.loaded),
                 dtype=dtype,
                 device=device,
                 engine_config=config,
@@ -258,6 +260,7 @@ class LLM:
                 prefix_cache=cache_config,
                 speculative=_worker_speculative(speculative),
                 build=build_worker_engine,
+                cache_dir=os.fspath(cache_dir) if cache_dir is not None else None,
             )
             self.client = self.pd
             return
@@ -455,6 +458,17 @@ class LLM:
             prompts.append(self.tokenizer.encode(text, add_bos=False))
         outs = self.generate(prompts, sampling_params, namespace=namespace)
         return outs[0] if single else outs
+
+
+def _worker_source(model: str | os.PathLike[str] | LoadedModel | None, loaded: LoadedModel) -> str:
+    """What PD workers load: the very source the parent loaded (a ``.gguf`` file stays a GGUF
+    file, so in fp32 the workers run its block-format weights as the parent does), or the
+    parent's model directory for a model handed over already loaded."""
+    if model is None:
+        return os.fspath(default_model_path())
+    if isinstance(model, LoadedModel):
+        return str(loaded.path)
+    return os.path.abspath(os.fspath(model))
 
 
 def _worker_speculative(speculative: SpeculativeSpec) -> str | None:

@@ -79,9 +79,12 @@ class PDCoordinator:
         prefix_cache: PrefixCacheConfig | None = None,
         speculative: str | None = None,
         build: EngineBuilder,
+        cache_dir: str | None = None,
     ) -> None:
         """``build``: assembles each worker's engine from its settings, run inside the worker
         (``deepinfer.llm.build_worker_engine``; a module-level function, as spawn requires).
+        ``model_dir``: what each worker loads (a model directory or ``.gguf`` file);
+        ``cache_dir``: where they cache converted models.
         ``prefix_cache``: each prefill worker keeps a prefix cache with these tiers (a disk
         tier in its own ``...-pd-prefill-<i>`` directory: a directory has one writer); decode
         workers receive every page and keep none. ``speculative``: ``"dspark"`` or a drafter
@@ -102,6 +105,7 @@ class PDCoordinator:
             device,
             dataclasses.asdict(engine_config or EngineConfig()),
             cfg.worker_threads,
+            cache_dir=cache_dir or "",
         )
         self.router = make_router(cfg.router)
         self.pairing = LeastLoadedPairing()

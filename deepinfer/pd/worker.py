@@ -38,7 +38,8 @@ class WorkerSettings:
     ``engine``: `EngineConfig` fields; ``cache``: `PrefixCacheConfig` fields plus
     ``"directory_suffix"`` (this worker's own disk directory: a directory has one writer), or
     None for no prefix cache; ``speculative``: ``"dspark"`` or a drafter checkpoint directory
-    (the worker loads the drafter itself), empty for none.
+    (the worker loads the drafter itself), empty for none; ``cache_dir``: where converted models
+    are cached (empty: the default), as the parent's ``load_model`` used.
     """
 
     model_dir: str
@@ -48,6 +49,7 @@ class WorkerSettings:
     threads: int = 1
     cache: dict[str, Any] | None = None
     speculative: str = ""
+    cache_dir: str = ""
 
     def __post_init__(self) -> None:
         if self.dtype not in _DTYPES:
