@@ -39,6 +39,7 @@ class Instance:
         "_chunks",
         "_ctx",
         "_ctx0",
+        "_d",
         "_end_s",
         "_finish_heap",
         "_g",
@@ -51,6 +52,7 @@ class Instance:
         "_start_s",
         "_step_batch",
         "_steps",
+        "_t0",
         "_tps_sum",
         "_waiting",
         "alive",
@@ -122,6 +124,8 @@ class Instance:
         # An iteration is one forward pass: its fixed per-step cost is paid once, although
         # each prefill chunk's and the decode step's time include it.
         self._overhead = float(getattr(cm, "step_overhead_s", 0.0))
+        self._t0 = 0.0
+        self._d = 0.0
         self.version = 0
         self.iter_count = 0
         self.preemptions = 0
@@ -194,23 +198,26 @@ class Instance:
 
     def _steps_done(self, elapsed: float) -> int:
         """Steps of the current stretch completed within ``elapsed`` seconds: the quadratic
-        ``span(j) = j t0 + j (j - 1) d / 2`` solved in closed form, then checked against
-        :meth:`_span` (one or two evaluations instead of a binary search)."""
+        ``span(j) = j t0 + j (j - 1) d / 2`` (``t0``, ``d`` kept from the plan) solved in
+        closed form with no cost-model call; only a solution within 1e-6 of a step boundary
+        is checked against :meth:`_span`, so a read costs O(1) and agrees with
+        :meth:`truncate`'s count."""
         last = self._steps - 1
-        t0 = self._span(1)
+        t0, d = self._t0, self._d
         if t0 <= 0.0 or elapsed < t0:
             return 0
-        d = (self._span(self._steps) / self._steps - t0) * 2.0 / last
         if d > 1e-15 * t0:
             a, b = d / 2.0, t0 - d / 2.0
-            j = int((-b + math.sqrt(b * b + 4.0 * a * elapsed)) / (2.0 * a))
+            x = (-b + math.sqrt(b * b + 4.0 * a * elapsed)) / (2.0 * a)
         else:
-            j = int(elapsed / t0)
-        j = max(0, min(last, j))
-        while j < last and self._span(j + 1) <= elapsed:
-            j += 1
-        while j > 0 and self._span(j) > elapsed:
-            j -= 1
+            x = elapsed / t0
+        j = max(0, min(last, int(x)))
+        frac = x - int(x)
+        if frac < 1e-6 or frac > 1.0 - 1e-6:
+            while j < last and self._span(j + 1) <= elapsed:
+                j += 1
+            while j > 0 and self._span(j) > elapsed:
+                j -= 1
         return j
 
     def cached_prefix_blocks(self, block_hashes: tuple[int, ...]) -> int:
@@ -388,7 +395,12 @@ class Instance:
             self._g = self._tps_sum
             if not chunks and self.fast_forward:
                 self._steps = self._decode_only_steps()
-                t += self._span(self._steps)
+                whole = self._span(self._steps)
+                t += whole
+                if self._steps > 1:
+                    # Per-step time and its growth, for O(1) reads of the steps done so far.
+                    self._t0 = self._span(1)
+                    self._d = (whole / self._steps - self._t0) * 2.0 / (self._steps - 1)
             else:
                 t += cm.decode_step_time(bv, int(self._ctx))
         terms = len(chunks) + (1 if b else 0)
