@@ -24,6 +24,10 @@ from dataclasses import dataclass
 
 import torch
 
+from deepinfer_kernels.attention.invalid_blocks import (
+    has_unreadable_blocks,
+    paged_attention_masked,
+)
 from deepinfer_kernels.cpu.attention import PagedAttentionTiles
 
 # A tile with more queries than this runs alone; shorter ones are batched together.
@@ -442,10 +446,17 @@ def paged_attention_torch(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Paged attention for validated inputs (plan then run); ``window <= 0`` /
     ``soft_cap <= 0`` mean off. Returns ``(out like q, lse [total_q, Hq] fp32)``."""
+    lens, cu = seq_lens.tolist(), cu_seqlens_q.tolist()
+    num_blocks, block_size = k_cache.shape[:2]
+    if has_unreadable_blocks(block_table, lens, num_blocks, block_size):
+        # Only reachable with check_values=False: skip those keys as the Triton kernels do.
+        return paged_attention_masked(
+            q, k_cache, v_cache, block_table, lens, cu, scale, causal, window, soft_cap
+        )
     batches = plan_tile_batches(
         block_table,
-        seq_lens.tolist(),
-        cu_seqlens_q.tolist(),
+        lens,
+        cu,
         block_size=k_cache.shape[1],
         num_q_heads=q.shape[1],
         num_kv_heads=k_cache.shape[2],

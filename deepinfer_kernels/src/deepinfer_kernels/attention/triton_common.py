@@ -33,21 +33,31 @@ def load_kv_tile(
     stride_b,
     stride_s,
     stride_h,
+    num_blocks,
+    max_blocks,
     BLOCK_SIZE: tl.constexpr,
     TRANSPOSED: tl.constexpr,
 ):
     """Gather key/value rows at absolute positions ``kpos`` of one sequence through its page
     table. Offsets are 64-bit so pools larger than 2**31 elements are addressed correctly.
-    Returns ``[D_PAD, BLOCK_N]`` when ``TRANSPOSED`` else ``[BLOCK_N, D_PAD]``."""
-    phys = tl.load(block_table_ptr + bt_row + kpos // BLOCK_SIZE, mask=k_ok, other=0).to(tl.int64)
+
+    Returns ``(tile, readable)``: the tile is ``[D_PAD, BLOCK_N]`` when ``TRANSPOSED`` else
+    ``[BLOCK_N, D_PAD]``; ``readable [BLOCK_N]`` is False where the position's block column is
+    past the table (``max_blocks``) or its id is outside ``[0, num_blocks)``. Such rows are
+    never read (zeros) and the caller must mask their logits: with value checks off this is
+    what keeps a corrupt table from reading out of bounds (see ``invalid_blocks.py``)."""
+    col = kpos // BLOCK_SIZE
+    col_ok = k_ok & (col < max_blocks)
+    phys = tl.load(block_table_ptr + bt_row + col, mask=col_ok, other=-1).to(tl.int64)
+    readable = col_ok & (phys >= 0) & (phys < num_blocks)
     row = phys * stride_b + (kpos % BLOCK_SIZE).to(tl.int64) * stride_s + kv_head * stride_h
     if TRANSPOSED:
         ptrs = cache_ptr + row[None, :] + offs_d[:, None]
-        tile = tl.load(ptrs, mask=k_ok[None, :] & d_ok[:, None], other=0.0)
+        tile = tl.load(ptrs, mask=readable[None, :] & d_ok[:, None], other=0.0)
     else:
         ptrs = cache_ptr + row[:, None] + offs_d[None, :]
-        tile = tl.load(ptrs, mask=k_ok[:, None] & d_ok[None, :], other=0.0)
-    return tile
+        tile = tl.load(ptrs, mask=readable[:, None] & d_ok[None, :], other=0.0)
+    return tile, readable
 
 
 def next_pow2(n: int, at_least: int = 1) -> int:

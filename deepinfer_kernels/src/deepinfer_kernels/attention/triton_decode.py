@@ -36,7 +36,7 @@ def _decode_split_kernel(
     stride_qb, stride_qh,
     stride_kb, stride_ks, stride_kh,
     stride_vb, stride_vs, stride_vh,
-    stride_bt,
+    stride_bt, num_blocks, max_blocks,
     NUM_SPLITS: tl.constexpr, NUM_Q_HEADS: tl.constexpr,
     HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     GROUP: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -74,9 +74,9 @@ def _decode_split_kernel(
     for start_n in range(start, end, BLOCK_N):
         kpos = start_n + offs_n
         k_ok = kpos < end
-        k = load_kv_tile(
+        k, readable = load_kv_tile(
             k_ptr, block_table_ptr, bt_row, kpos, k_ok, kv_head, offs_d, d_ok,
-            stride_kb, stride_ks, stride_kh, BLOCK_SIZE, True,
+            stride_kb, stride_ks, stride_kh, num_blocks, max_blocks, BLOCK_SIZE, True,
         )  # fmt: skip
         if UPCAST:
             k = k.to(tl.float32)
@@ -85,15 +85,15 @@ def _decode_split_kernel(
             s = soft_cap_logits(s * scale, soft_cap) * 1.4426950408889634
         else:
             s = s * (scale * 1.4426950408889634)
-        s = tl.where(k_ok[None, :], s, float("-inf"))
+        s = tl.where(readable[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
         p = tl.math.exp2(s - m_safe[:, None])
         alpha = tl.math.exp2(m_i - m_safe)
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = load_kv_tile(
-            v_ptr, block_table_ptr, bt_row, kpos, k_ok, kv_head, offs_d, d_ok,
-            stride_vb, stride_vs, stride_vh, BLOCK_SIZE, False,
+        v, _ = load_kv_tile(
+            v_ptr, block_table_ptr, bt_row, kpos, readable, kv_head, offs_d, d_ok,
+            stride_vb, stride_vs, stride_vh, num_blocks, max_blocks, BLOCK_SIZE, False,
         )  # fmt: skip
         if UPCAST:
             v = v.to(tl.float32)
@@ -201,7 +201,7 @@ def paged_decode_attention_triton(
         q.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
-        block_table.stride(0),
+        block_table.stride(0), k_cache.shape[0], block_table.shape[1],
         NUM_SPLITS=num_splits, NUM_Q_HEADS=hq,
         HEAD_DIM=d, D_PAD=next_pow2(d, 16), BLOCK_SIZE=block_size,
         GROUP=group, BLOCK_H=block_h, BLOCK_N=block_n,

@@ -55,7 +55,7 @@ def _unified_attention_kernel(
     stride_kb, stride_ks, stride_kh,
     stride_vb, stride_vs, stride_vh,
     stride_ot, stride_oh, stride_lt,
-    stride_bt,
+    stride_bt, num_blocks, max_blocks,
     HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     GROUP: tl.constexpr, G_PAD: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr, USE_WINDOW: tl.constexpr, USE_CAP: tl.constexpr,
@@ -107,9 +107,9 @@ def _unified_attention_kernel(
     for start_n in range(k_lo, k_hi, BLOCK_N):
         kpos = start_n + offs_n
         k_ok = kpos < k_hi
-        k = load_kv_tile(
+        k, readable = load_kv_tile(
             k_ptr, block_table_ptr, bt_row, kpos, k_ok, kv_head, offs_d, d_ok,
-            stride_kb, stride_ks, stride_kh, BLOCK_SIZE, True,
+            stride_kb, stride_ks, stride_kh, num_blocks, max_blocks, BLOCK_SIZE, True,
         )  # fmt: skip
         if UPCAST:
             k = k.to(tl.float32)
@@ -118,7 +118,7 @@ def _unified_attention_kernel(
             s = soft_cap_logits(s * scale, soft_cap) * 1.4426950408889634
         else:
             s = s * (scale * 1.4426950408889634)
-        keep = k_ok[None, :] & row_ok[:, None]
+        keep = readable[None, :] & row_ok[:, None]
         if CAUSAL:
             keep = keep & (kpos[None, :] <= pos[:, None])
         if USE_WINDOW:
@@ -129,9 +129,9 @@ def _unified_attention_kernel(
         p = tl.math.exp2(s - m_safe[:, None])
         alpha = tl.math.exp2(m_i - m_safe)
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = load_kv_tile(
-            v_ptr, block_table_ptr, bt_row, kpos, k_ok, kv_head, offs_d, d_ok,
-            stride_vb, stride_vs, stride_vh, BLOCK_SIZE, False,
+        v, _ = load_kv_tile(
+            v_ptr, block_table_ptr, bt_row, kpos, readable, kv_head, offs_d, d_ok,
+            stride_vb, stride_vs, stride_vh, num_blocks, max_blocks, BLOCK_SIZE, False,
         )  # fmt: skip
         if UPCAST:
             v = v.to(tl.float32)
@@ -199,7 +199,7 @@ def paged_attention_triton(
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         out.stride(0), out.stride(1), lse.stride(0),
-        block_table.stride(0),
+        block_table.stride(0), k_cache.shape[0], block_table.shape[1],
         HEAD_DIM=d, D_PAD=next_pow2(d, 16), BLOCK_SIZE=block_size,
         GROUP=group, G_PAD=g_pad, BLOCK_Q=block_q, BLOCK_N=block_n,
         CAUSAL=causal, USE_WINDOW=window > 0, USE_CAP=soft_cap > 0,
