@@ -24,6 +24,7 @@ from deepinfer_kernels.attention import (
     plan_paged_attention,
 )
 from deepinfer_kernels.kv import WriteKVPlan, gather_blocks, plan_write_kv, scatter_blocks, write_kv
+from deepinfer_kernels.moe import fused_moe, moe_route
 from deepinfer_kernels.quant import QuantType, QuantWeight, dequantize, quant_linear
 from deepinfer_kernels.sampling import apply_penalties, apply_token_bitmask, sample, sampling_probs
 from deepinfer_kernels.verify import VerifyResult, greedy_verify, speculative_verify
@@ -36,6 +37,9 @@ __all__ = [
     "paged_attention",
     "paged_decode_attention",
     "plan_paged_attention",
+    # mixture of experts
+    "fused_moe",
+    "moe_route",
     # weights in GGUF block formats
     "QuantType",
     "QuantWeight",

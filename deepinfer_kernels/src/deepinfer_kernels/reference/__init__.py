@@ -20,6 +20,8 @@ from deepinfer_kernels.reference.kv import (
     scatter_blocks_reference,
     write_kv_reference,
 )
+from deepinfer_kernels.reference.moe import fused_moe as fused_moe_reference
+from deepinfer_kernels.reference.moe import moe_route as moe_route_reference
 from deepinfer_kernels.reference.penalties import (
     apply_penalties_reference,
     apply_token_bitmask_reference,
@@ -36,6 +38,9 @@ __all__: list[str] = [
     "merge_attention_states_reference",
     "paged_attention_reference",
     "paged_decode_attention_reference",
+    # mixture of experts
+    "fused_moe_reference",
+    "moe_route_reference",
     # compiled CPU ops
     "add_rms_norm_reference",
     "bf16_weight_linear_reference",
