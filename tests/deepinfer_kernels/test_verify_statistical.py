@@ -33,7 +33,8 @@ def test_detector_catches_a_lossy_rule():
     # Sanity check of the test itself: verifying against a mis-reported draft distribution
     # (uniform instead of the one the drafts came from) is not lossless and must be caught.
     def misreported(ids, draft, target, n, generator=None):
-        return dk.speculative_verify(ids, draft * 0 + 1, target, n, generator=generator)
+        uniform = draft * 0 + 1.0 / draft.shape[-1]
+        return dk.speculative_verify(ids, uniform, target, n, generator=generator)
 
     with pytest.raises(AssertionError, match="p-value"):
         check_first_token(

@@ -74,6 +74,9 @@ def greedy_verify(
         check_counts_and_ids(ids, n, vocab)
         if logits.numel() and bool(torch.isnan(logits.amax(dim=-1)).any()):  # amax keeps NaN
             raise ValueError("target_logits: contains NaN")
+    # Unchecked counts are clamped into [0, G] so no path reads past the draft block; an id
+    # outside [0, V) never equals an argmax, so it is rejected on every path.
+    n = n.clamp(0, ids.shape[1])
     triton = should_use_triton(logits.device, use_triton)
     out, acc, emitted = eager_or_op(_greedy_verify_op, _greedy_verify_impl)(ids, logits, n, triton)
     return VerifyResult(convert(out), convert(acc), convert(emitted))

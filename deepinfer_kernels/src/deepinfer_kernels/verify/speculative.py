@@ -12,6 +12,7 @@ from deepinfer_kernels.verify.torch_verify import speculative_verify_torch
 from deepinfer_kernels.verify.types import VerifyResult
 from deepinfer_kernels.verify.validate import (
     check_counts_and_ids,
+    check_rows_normalised,
     check_verify_structure,
     want_value_checks,
 )
@@ -98,11 +99,15 @@ def speculative_verify(
     ``p_t[n]``. Draws use the inverse CDF, which never returns a zero-probability token. The
     emitted tokens are distributed exactly as ``n + 1`` steps of sampling from the target.
 
-    Rows need not sum to one (draws normalise). Only what the algorithm reads is touched: two
-    scalars per verified draft and the one target (and draft) row a token is drawn from; with
-    ``check_values`` each of those values must be finite and non-negative and a drawn-from row
-    must have mass, else ``ValueError`` names the argument (entries that are never read cannot
-    change the result and are not inspected). Checks are skipped under ``torch.compile``. ``generator`` seeds the ``B * G + B``
+    Rows must be normalised (each sums to 1): the acceptance ratio is only lossless then, so
+    nothing is rescaled. With ``check_values`` every row the algorithm reads (draft rows
+    ``k < n``, target rows ``k <= n``) must sum to 1 within 1e-3 (fp32/fp64) or 1e-2
+    (fp16/bf16), and the values read must be finite and non-negative, else ``ValueError``
+    names the argument (rows that are never read are not inspected). With
+    ``check_values=False`` nothing is read out of bounds and both paths agree: counts are
+    clamped into ``[0, G]`` and a verified id outside ``[0, V)`` is rejected (as if
+    ``p_t = 0``), so it is never emitted. Checks are skipped under ``torch.compile``.
+    ``generator`` seeds the ``B * G + B``
     uniforms, drawn on the tensors' device. CUDA runs the Triton kernel; ``use_triton``
     overrides. DLPack arrays are accepted and answered in kind.
 
@@ -118,6 +123,11 @@ def speculative_verify(
     checks = want_value_checks(check_values)
     if checks:
         check_counts_and_ids(ids, n, vocab)
+        check_rows_normalised(p_t, n, "target_probs", extra_rows=1)
+        if p_d is not None:
+            check_rows_normalised(p_d, n, "draft_probs", extra_rows=0)
+    # Unchecked counts are clamped into [0, G] so no path reads past the draft block.
+    n = n.clamp(0, gamma)
     triton = should_use_triton(p_t.device, use_triton)
     accept_u = torch.rand((batch, gamma), generator=generator, device=p_t.device)
     sample_u = torch.rand((batch,), generator=generator, device=p_t.device)

@@ -70,9 +70,13 @@ def speculative_verify_torch(
     batch, gamma = draft_token_ids.shape
     device = target_probs.device
     n = num_draft_tokens.to(torch.int64)
+    vocab = target_probs.shape[-1]
     verified = torch.arange(gamma, device=device)[None, :] < n[:, None]
-    # Padding ids (-1 or garbage) beyond n must not index memory: read token 0 there instead.
-    safe_ids = torch.where(verified, draft_token_ids.to(torch.int64), 0)
+    ids64 = draft_token_ids.to(torch.int64)
+    # An unchecked id outside [0, V) is rejected like a target zero; it and the padding
+    # (-1 or garbage beyond n) must not index memory: read token 0 there instead.
+    in_vocab = (ids64 >= 0) & (ids64 < vocab)
+    safe_ids = torch.where(verified & in_vocab, ids64, 0)
 
     p_t = target_probs[:, :gamma].gather(-1, safe_ids.unsqueeze(-1)).squeeze(-1).float()
     if draft_probs is None:
@@ -83,7 +87,7 @@ def speculative_verify_torch(
     if check_values:
         flags |= ERR_TARGET if _bad(p_t[verified]) else 0
         flags |= ERR_DRAFT if _bad(p_d[verified]) else 0
-    accept = verified & (accept_uniforms.float() * p_d < p_t)
+    accept = verified & in_vocab & (accept_uniforms.float() * p_d < p_t)
     num_accepted = _leading_true_count(accept)
 
     stop = num_accepted  # position of the corrected / bonus token, in [0, n]
@@ -93,7 +97,7 @@ def speculative_verify_torch(
         token[rows_c], bits = _draw_rows(
             draft_probs,
             target_probs,
-            safe_ids,
+            torch.where(in_vocab, safe_ids, -1),
             stop,
             rejected,
             sample_uniforms,
@@ -153,8 +157,10 @@ def _draw_rows(
         if check_values and _bad(residual):
             flags |= ERR_TARGET
         if draft_probs is None:
+            # One-hot draft at its token; an out-of-vocabulary token (-1 here) has no column.
             tok = safe_ids[r_idx, pos]
-            local = torch.arange(rej.numel(), device=idx.device)
+            local = torch.arange(rej.numel(), device=idx.device)[tok >= 0]
+            tok = tok[tok >= 0]
             residual[local, tok] = (residual[local, tok] - 1.0).clamp_(min=0.0)
         else:
             p_d_rows = _rows_at(draft_probs, r_idx, pos)

@@ -42,7 +42,9 @@ def _speculative_verify_kernel(
     for k in range(0, G):
         live = running & (k < n)
         tok = tl.load(ids_ptr + rows64 * s_ids_b + k * s_ids_g, mask=live, other=0).to(tl.int64)
-        tok = tl.minimum(tl.maximum(tok, 0), V - 1)  # padding never indexes memory
+        # An unchecked id outside [0, V) is rejected (as the torch path does) and never read.
+        in_vocab = (tok >= 0) & (tok < V)
+        tok = tl.where(in_vocab, tok, 0)
         p_t = tl.load(pt_ptr + rows64 * s_pt_b + k * s_pt_g + tok * s_pt_v, mask=live, other=0.0)
         if HAS_DRAFT:
             p_d = tl.load(
@@ -55,7 +57,7 @@ def _speculative_verify_kernel(
         p_d = p_d.to(tl.float32)
         err |= tl.where(live & ((p_t != p_t) | (p_t < 0) | (p_t == float("inf"))), 1, 0)
         err |= tl.where(live & ((p_d != p_d) | (p_d < 0) | (p_d == float("inf"))), 2, 0)
-        ok = live & (u * p_d < p_t)
+        ok = live & in_vocab & (u * p_d < p_t)
         stop += ok.to(tl.int64)
         running = ok
 
@@ -64,6 +66,7 @@ def _speculative_verify_kernel(
     draft_tok = tl.load(
         ids_ptr + rows64 * s_ids_b + draft_pos * s_ids_g, mask=rmask & rejected, other=0
     ).to(tl.int64)
+    draft_tok = tl.where((draft_tok >= 0) & (draft_tok < V), draft_tok, -1)  # no column: -1
     pt_row = pt_ptr + rows64 * s_pt_b + stop * s_pt_g
     pd_row = pd_ptr + rows64 * s_pd_b + draft_pos * s_pd_g
 

@@ -56,9 +56,18 @@ def check_verify_structure(
     vocab = target.shape[-1]
     if vocab < 1:
         raise ValueError(f"{target_name}: vocabulary size must be >= 1")
-    check_float_tensor(target, target_name, (batch, gamma + 1, vocab))
     if draft_probs is not None:
-        check_float_tensor(draft_probs, "draft_probs", (batch, gamma, vocab))
+        # The draft is checked against draft_token_ids on its own first, so a vocabulary
+        # mismatch is reported on the tensor whose leading dims are right and last dim is not.
+        if not isinstance(draft_probs, torch.Tensor) or draft_probs.dim() != 3:
+            raise ValueError("draft_probs: expected a 3-d tensor [B, G, V] or None")
+        check_float_tensor(draft_probs, "draft_probs", (batch, gamma, draft_probs.shape[-1]))
+    check_float_tensor(target, target_name, (batch, gamma + 1, vocab))
+    if draft_probs is not None and draft_probs.shape[-1] != vocab:
+        raise ValueError(
+            f"{target_name}: vocabulary size {vocab} does not match draft_probs' "
+            f"{draft_probs.shape[-1]} (both are [..., V] over the same vocabulary)"
+        )
     check_int_tensor(num_draft_tokens, "num_draft_tokens", 1)
     if num_draft_tokens.shape[0] != batch:
         raise ValueError(
@@ -92,6 +101,40 @@ def check_counts_and_ids(
             f"draft_token_ids: verified draft ids must lie in [0, {vocab}) "
             "(padding beyond num_draft_tokens may be -1)"
         )
+
+
+def _sum_tolerance(dtype: torch.dtype) -> float:
+    """How far a row's sum may stray from 1: rounding each entry of a softmax to the storage
+    dtype moves the sum by at most about its relative precision."""
+    return 1e-3 if dtype in (torch.float32, torch.float64) else 1e-2
+
+
+def check_rows_normalised(
+    probs: torch.Tensor, num_draft_tokens: torch.Tensor, name: str, extra_rows: int
+) -> None:
+    """Rows ``k < num_draft_tokens[b] + extra_rows`` of ``probs [B, L, V]`` (the ones the
+    algorithm reads) must each sum to 1 within the dtype's tolerance; else ``ValueError``
+    naming ``name`` and the first bad row. The acceptance ratio ``p_t(x) / p_d(x)`` is only
+    lossless for normalised rows, so they are required rather than silently rescaled."""
+    if probs.numel() == 0:
+        return
+    sums = probs.sum(dim=-1, dtype=torch.float64)
+    pos = torch.arange(probs.shape[1], device=probs.device)
+    read = pos[None, :] < num_draft_tokens.to(torch.int64)[:, None] + extra_rows
+    tol = _sum_tolerance(probs.dtype)
+    bad = read & ~((sums - 1.0).abs() <= tol)  # NaN sums are bad too
+    if not bool(bad.any()):
+        return
+    b, k = (int(i) for i in bad.nonzero()[0])
+    total = float(sums[b, k])
+    if total == 0.0:
+        raise ValueError(
+            f"{name}: row [{b}, {k}] that a token is drawn from has zero total probability"
+        )
+    raise ValueError(
+        f"{name}: row [{b}, {k}] sums to {total:.6g}; rows must be normalised probability "
+        f"distributions (sum 1 within {tol:g} for {probs.dtype})"
+    )
 
 
 ERR_TARGET = 1
