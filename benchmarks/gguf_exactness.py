@@ -72,9 +72,13 @@ def main() -> int:
             hidden = loaded.model(torch.tensor(prompt), attn.positions(), attn, pool)
             ours_logits = loaded.model.compute_logits(hidden)
             ref_logits = theirs(torch.tensor([prompt])).logits[0].float()
-            ref = theirs.generate(torch.tensor([prompt]), max_new_tokens=args.tokens,
-                                  min_new_tokens=args.tokens, do_sample=False,
-                                  pad_token_id=0)[0, len(prompt):].tolist()  # fmt: skip
+            ref = theirs.generate(
+                torch.tensor([prompt]),
+                max_new_tokens=args.tokens,
+                do_sample=False,
+                eos_token_id=None,  # neither stop at nor suppress EOS: plain argmax
+                pad_token_id=0,
+            )[0, len(prompt) :].tolist()
         ours = greedy_paged(loaded.model, prompt, args.tokens)
         diff = float((ours_logits - ref_logits).abs().max())
         worst = max(worst, diff)

@@ -42,9 +42,11 @@ def _paged_logits(model, ids: list[int]) -> torch.Tensor:
 
 
 def _hf_greedy(model, prompt: list[int], new: int) -> list[int]:
+    # eos_token_id=None: transformers neither stops at EOS nor bans it (min_new_tokens would
+    # suppress EOS, which plain argmax decoding does not).
     with torch.inference_mode():
         out = model.generate(torch.tensor([prompt]), max_new_tokens=new, do_sample=False,
-                             min_new_tokens=new, pad_token_id=0)  # fmt: skip
+                             eos_token_id=None, pad_token_id=0)  # fmt: skip
     return out[0, len(prompt) :].tolist()
 
 

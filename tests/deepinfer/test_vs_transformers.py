@@ -84,7 +84,12 @@ PROMPTS = [
 
 @pytest.mark.slow
 def test_real_model_greedy_20_tokens_identical(smol: LoadedModel) -> None:
-    theirs = _hf_model(smol.path)
+    # The engine runs the GGUF file's own Q4_1 weights (#24): transformers loads the same file
+    # (dequantised by the gguf package), not the converted bf16 copy.
+    path = default_model_path()
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(
+        str(path.parent), gguf_file=path.name, dtype=torch.float32
+    ).eval()
     for messages in PROMPTS:
         ids = smol.tokenizer.encode(smol.chat_template.render(messages))
         ours = greedy_paged(smol.model, ids, 20)
