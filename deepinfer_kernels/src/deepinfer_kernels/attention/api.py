@@ -95,7 +95,7 @@ def paged_attention(
     scale, window, cap = check_options(scale, sliding_window, soft_cap)
     _check_bool(causal, "causal")
     if want_value_checks(check_values):
-        check_paged_values(shape, block_table, seq_lens, cu_seqlens_q)
+        check_paged_values(shape, block_table, seq_lens, cu_seqlens_q, causal=causal)
     triton = should_use_triton(q.device, use_triton)
     out, lse = eager_or_op(paged_attention_op, paged_attention_impl)(
         q, k_cache, v_cache, block_table, seq_lens, cu_seqlens_q,

@@ -341,7 +341,7 @@ def plan_paged_attention(
     shape = PagedShape(
         batch, total_q, num_q_heads, num_kv_heads, head_dim, _ANY_POOL, block_size, bt.shape[1]
     )
-    check_paged_values(shape, bt, lens_t, cu_t)
+    check_paged_values(shape, bt, lens_t, cu_t, causal=causal)
     used = (lens_t.long() + block_size - 1) // block_size
     in_use = torch.arange(bt.shape[1], device=dev)[None, :] < used[:, None]
     max_id = int(torch.where(in_use, bt, -1).max()) if bt.numel() else -1

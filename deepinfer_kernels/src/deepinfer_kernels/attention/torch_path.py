@@ -120,6 +120,10 @@ def _make_tiles(
             hi = p0 + cnt if causal else n
             lo = max(0, p0 - window + 1) if window > 0 else 0
             lo -= lo % block_size
+            if hi <= 0:
+                # No key at all (a non-causal pass over an empty prefix): the rows are left
+                # at o = 0, lse = -inf by run_tile_batches.
+                continue
             tiles.append(_Tile(b, cu[b] + s, cnt, p0, lo, hi))
     return tiles
 
@@ -412,8 +416,16 @@ def run_tile_batches(
         # is the answer, no scatter.
         o, lse = _attend(batches[0], q, k_cache, v_cache, scale, soft_cap, want_lse, cpu_kernel)
         return o.to(q.dtype), lse
-    out = torch.empty_like(q)
-    lse_out = torch.empty(q.shape[:2], dtype=torch.float32, device=q.device) if want_lse else None
+    covered = sum(tb.num_rows if tb.valid is None else tb.valid.numel() for tb in batches)
+    if covered < total:
+        # Rows of key-less sequences belong to no tile: they answer o = 0, lse = -inf.
+        out = torch.zeros_like(q)
+        lse_out = torch.full(q.shape[:2], float("-inf"), device=q.device) if want_lse else None
+    else:
+        out = torch.empty_like(q)
+        lse_out = (
+            torch.empty(q.shape[:2], dtype=torch.float32, device=q.device) if want_lse else None
+        )
     for tb in batches:
         o, lse = _attend(tb, q, k_cache, v_cache, scale, soft_cap, want_lse, cpu_kernel)
         o = o.to(out.dtype)

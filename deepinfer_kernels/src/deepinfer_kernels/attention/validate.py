@@ -143,8 +143,11 @@ def check_paged_values(
     block_table: torch.Tensor,
     seq_lens: torch.Tensor,
     cu_seqlens_q: torch.Tensor | None,
+    *,
+    causal: bool = True,
 ) -> None:
-    """Data-dependent checks (reads the index tensors)."""
+    """Data-dependent checks (reads the index tensors). ``causal=False`` allows more queries
+    than keys (a cascade pass of a batch's suffix queries over a shared prefix)."""
     if shape.batch == 0:
         return
     lens = seq_lens.to(torch.int64)
@@ -168,7 +171,7 @@ def check_paged_values(
         q_lens = cu[1:] - cu[:-1]
         if bool((q_lens < 0).any()):
             raise ValueError(f"cu_seqlens_q: expected non-decreasing offsets, got {cu.tolist()}")
-    if bool((q_lens > lens).any()):
+    if causal and bool((q_lens > lens).any()):
         raise ValueError(
             "cu_seqlens_q: a sequence has more queries than KV positions (q_len > seq_len); "
             f"q_lens={q_lens.tolist()} seq_lens={seq_lens.tolist()}"
