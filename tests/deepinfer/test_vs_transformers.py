@@ -90,8 +90,13 @@ def test_real_model_greedy_20_tokens_identical(smol: LoadedModel) -> None:
     theirs = transformers.AutoModelForCausalLM.from_pretrained(
         str(path.parent), gguf_file=path.name, dtype=torch.float32
     ).eval()
-    for messages in PROMPTS:
+    for i, messages in enumerate(PROMPTS):
         ids = smol.tokenizer.encode(smol.chat_template.render(messages))
+        if i == 0:  # and the logits over the prompt, within 1e-4
+            with torch.inference_mode():
+                dense = smol.model.compute_logits(smol.model.forward_dense(torch.tensor([ids]))[0])
+                ref = theirs(torch.tensor([ids])).logits.float()
+            torch.testing.assert_close(dense, ref, atol=1e-4, rtol=0)
         ours = greedy_paged(smol.model, ids, 20)
         with torch.inference_mode():
             out = theirs.generate(
