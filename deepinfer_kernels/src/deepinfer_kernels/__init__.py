@@ -24,6 +24,7 @@ from deepinfer_kernels.attention import (
     plan_paged_attention,
 )
 from deepinfer_kernels.kv import WriteKVPlan, gather_blocks, plan_write_kv, scatter_blocks, write_kv
+from deepinfer_kernels.mla import mla_decode_attention, mla_paged_attention, write_latent_kv
 from deepinfer_kernels.moe import fused_moe, moe_route
 from deepinfer_kernels.quant import QuantType, QuantWeight, dequantize, quant_linear
 from deepinfer_kernels.sampling import apply_penalties, apply_token_bitmask, sample, sampling_probs
@@ -37,6 +38,10 @@ __all__ = [
     "paged_attention",
     "paged_decode_attention",
     "plan_paged_attention",
+    # multi-head latent attention
+    "mla_decode_attention",
+    "mla_paged_attention",
+    "write_latent_kv",
     # mixture of experts
     "fused_moe",
     "moe_route",

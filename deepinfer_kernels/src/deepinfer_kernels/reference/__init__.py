@@ -20,6 +20,8 @@ from deepinfer_kernels.reference.kv import (
     scatter_blocks_reference,
     write_kv_reference,
 )
+from deepinfer_kernels.reference.mla import mla_paged_attention as mla_paged_attention_reference
+from deepinfer_kernels.reference.mla import write_latent_kv as write_latent_kv_reference
 from deepinfer_kernels.reference.moe import fused_moe as fused_moe_reference
 from deepinfer_kernels.reference.moe import moe_route as moe_route_reference
 from deepinfer_kernels.reference.penalties import (
@@ -38,6 +40,9 @@ __all__: list[str] = [
     "merge_attention_states_reference",
     "paged_attention_reference",
     "paged_decode_attention_reference",
+    # multi-head latent attention
+    "mla_paged_attention_reference",
+    "write_latent_kv_reference",
     # mixture of experts
     "fused_moe_reference",
     "moe_route_reference",
