@@ -24,7 +24,7 @@ def mla_attention_torch(
     out = torch.zeros(total_q, heads, rank, dtype=torch.float32, device=q_nope.device)
     lse = torch.full((total_q, heads), float("-inf"), dtype=torch.float32, device=q_nope.device)
     block_size, width = latent_cache.shape[1], latent_cache.shape[2]
-    q = torch.cat([q_nope, q_rope], dim=-1).float().transpose(0, 1)  # [H, Tq, R+P]
+    q = torch.cat([q_nope, q_rope], dim=-1).float().transpose(0, 1).contiguous()  # [H, Tq, R+P]
     cu = cu_seqlens_q.tolist()
     for b, n in enumerate(seq_lens.tolist()):
         start, end = cu[b], cu[b + 1]
