@@ -26,7 +26,7 @@ from deepinfer.engine.fanout import fan_out, merge
 from deepinfer.engine.outputs import RequestMetrics, RequestOutput
 from deepinfer.engine.sampling_params import SamplingParams
 from deepinfer.models.kv_pool import blocks_for_memory
-from deepinfer.models.loader import LoadedModel, load_model
+from deepinfer.models.loader import LoadedModel, ModelFiles, load_model, load_model_files
 from deepinfer.models.registry import default_model_path
 from deepinfer.pd import PDConfig, PDCoordinator
 from deepinfer.pd.worker import WorkerSettings
@@ -230,8 +230,12 @@ class LLM:
         written, whatever its size."""
         if dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
+        pd_on = pd is not None and pd is not False
+        self.loaded: LoadedModel | ModelFiles
         if isinstance(model, LoadedModel):
             self.loaded = model
+        elif pd_on:  # the workers load the weights; this process only tokenizes
+            self.loaded = load_model_files(model, cache_dir=cache_dir)
         else:
             self.loaded = load_model(model, dtype=DTYPES[dtype], device=device, cache_dir=cache_dir)
         self.tokenizer = self.loaded.tokenizer
@@ -250,13 +254,13 @@ class LLM:
         self.pd: PDCoordinator | None = None
         self.store: TieredKVStore | None = None
         self.client: EngineClient
-        if pd is not None and pd is not False:
+        if pd_on:
             self.pd = PDCoordinator(
                 _worker_source(model, self.loaded),
                 dtype=dtype,
                 device=device,
                 engine_config=config,
-                config=PDConfig.coerce(pd),
+                config=PDConfig.coerce(cast(PDConfig | bool, pd)),
                 prefix_cache=cache_config,
                 speculative=_worker_speculative(speculative),
                 build=build_worker_engine,
@@ -265,7 +269,10 @@ class LLM:
             self.client = self.pd
             return
         built = build_engine(
-            self.loaded, engine_config=config, speculative=speculative, prefix_cache=cache_config
+            cast(LoadedModel, self.loaded),
+            engine_config=config,
+            speculative=speculative,
+            prefix_cache=cache_config,
         )
         self.engine = built.engine
         self.store = built.store
@@ -460,7 +467,9 @@ class LLM:
         return outs[0] if single else outs
 
 
-def _worker_source(model: str | os.PathLike[str] | LoadedModel | None, loaded: LoadedModel) -> str:
+def _worker_source(
+    model: str | os.PathLike[str] | LoadedModel | None, loaded: LoadedModel | ModelFiles
+) -> str:
     """What PD workers load: the very source the parent loaded (a ``.gguf`` file stays a GGUF
     file, so in fp32 the workers run its block-format weights as the parent does), or the
     parent's model directory for a model handed over already loaded."""

@@ -60,6 +60,41 @@ def _read_chat_template(model_dir: Path, tokenizer: Tokenizer) -> ChatTemplate:
     )
 
 
+@dataclass
+class ModelFiles:
+    """What talking to a model needs besides its weights (a PD coordinator, whose workers load
+    the weights themselves, holds only this)."""
+
+    tokenizer: Tokenizer
+    chat_template: ChatTemplate
+    config: LlamaConfig
+    path: Path
+
+
+def load_model_files(
+    path: str | os.PathLike[str] | None = None, *, cache_dir: str | os.PathLike[str] | None = None
+) -> ModelFiles:
+    """Config, tokenizer and chat template of the model :func:`load_model` would load, and the
+    directory its workers load from, without reading any weight."""
+    source = default_model_path() if path is None else Path(path)
+    if source.is_file() and source.suffix == ".gguf":
+        model_dir = convert_gguf(source, cache_dir)
+    elif source.is_dir():
+        model_dir = source
+    else:
+        raise ValueError(
+            f"model path {os.fspath(source)!r} must be a .gguf file or a model directory"
+        )
+    config_file = model_dir / "config.json"
+    if not config_file.is_file():
+        raise ValueError(f"model directory {os.fspath(model_dir)!r} has no config.json")
+    config = LlamaConfig.from_hf_config(json.loads(config_file.read_text(encoding="utf-8")))
+    tokenizer = Tokenizer.from_file(model_dir / "tokenizer.json")
+    if not tokenizer.eos_token_ids and config.eos_token_ids:
+        tokenizer.eos_token_ids = config.eos_token_ids
+    return ModelFiles(tokenizer, _read_chat_template(model_dir, tokenizer), config, model_dir)
+
+
 def load_model(
     path: str | os.PathLike[str] | None = None,
     *,

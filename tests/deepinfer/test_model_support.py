@@ -315,3 +315,17 @@ def test_unsupported_gguf_tokenizer_is_named(tmp_path: Path) -> None:
     writer.close()
     with pytest.raises(ValueError, match="'bert' is not supported"):
         Tokenizer.from_gguf(open_gguf(path))
+
+
+def test_model_files_without_weights_match_the_loaded_model(tmp_path: Path) -> None:
+    from deepinfer.models.loader import load_model_files
+
+    cfg = tiny_config()
+    path = write_tiny_gguf(tmp_path / "tiny.gguf", cfg, random_hf_state(cfg))
+    files = load_model_files(path, cache_dir=tmp_path / "cache")
+    loaded = load_model(path, cache_dir=tmp_path / "cache")
+    assert files.config == loaded.config and files.path == loaded.path
+    assert files.tokenizer.encode("the cat") == loaded.tokenizer.encode("the cat")
+    assert not hasattr(files, "model")
+    with pytest.raises(ValueError, match=r"config\.json"):
+        load_model_files(tmp_path)

@@ -208,6 +208,14 @@ def _model_dir(gguf_path: Path, cache: Path) -> str:
     return str(convert_gguf(gguf_path, cache))
 
 
+def test_the_calling_process_holds_no_weights(pd_llm: LLM) -> None:
+    from deepinfer.models.loader import LoadedModel, ModelFiles
+
+    assert isinstance(pd_llm.loaded, ModelFiles) and not isinstance(pd_llm.loaded, LoadedModel)
+    assert not hasattr(pd_llm.loaded, "model") and not hasattr(pd_llm, "engine")
+    assert pd_llm.tokenizer.encode("the cat")  # it still tokenizes and renders chats
+
+
 def test_stream_of_a_bad_prompt_yields_one_error(pd_llm: LLM) -> None:
     (out,) = list(pd_llm.stream([], SamplingParams(temperature=0, max_tokens=3)))
     assert out.finished and out.finish_reason == "error" and "empty" in (out.error or "")
