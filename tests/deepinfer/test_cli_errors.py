@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -188,3 +189,17 @@ def test_deepinfer_cache_errors_are_one_line(capsys: pytest.CaptureFixture[str])
     assert "--model" in _one_line(capsys.readouterr().err)
     assert _exit_code(cache_main, ["size", "--bytes-per-token", "0", "--tokens-per-day", "1"]) == 2
     _one_line(capsys.readouterr().err)
+
+
+def test_deepinfer_sched_simulate_runs_without_the_cli_extra(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # None in sys.modules makes `import tqdm` / `import matplotlib` raise ImportError.
+    for name in ("tqdm", "matplotlib", "matplotlib.figure"):
+        monkeypatch.setitem(sys.modules, name, None)
+    argv = ["simulate", "--trace", "synthetic", "--requests", "20", "--out", str(tmp_path)]
+    assert sched_main(argv) == 0
+    err = capsys.readouterr().err
+    assert "tqdm is not installed" in err and "matplotlib is not installed" in err
+    assert (tmp_path / "report.json").is_file()
+    assert not list(tmp_path.glob("*.png"))
