@@ -13,8 +13,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+
 from deepinfer_kernels._dispatch import eager_or_op, should_use_triton
 from deepinfer_kernels._interop import result_converter, to_torch
+from deepinfer_kernels.attention.autograd import with_reference_backward
 from deepinfer_kernels.attention.merge import check_merge_inputs
 from deepinfer_kernels.attention.ops import (
     merge_attention_states_impl,
@@ -97,10 +100,16 @@ def paged_attention(
     if want_value_checks(check_values):
         check_paged_values(shape, block_table, seq_lens, cu_seqlens_q, causal=causal)
     triton = should_use_triton(q.device, use_triton)
-    out, lse = eager_or_op(paged_attention_op, paged_attention_impl)(
-        q, k_cache, v_cache, block_table, seq_lens, cu_seqlens_q,
-        default_scale(shape.head_dim, scale), causal, window, cap, triton,
-    )  # fmt: skip
+    s = default_scale(shape.head_dim, scale)
+    op = eager_or_op(paged_attention_op, paged_attention_impl)
+    args = (q, k_cache, v_cache, block_table, seq_lens, cu_seqlens_q)
+    if torch.compiler.is_compiling():
+        out, lse = op(*args, s, causal, window, cap, triton)  # the op carries its backward
+    else:
+        out, lse = with_reference_backward(
+            lambda: op(*args, s, causal, window, cap, triton),
+            *args, scale=s, causal=causal, window=window, soft_cap=cap,
+        )  # fmt: skip
     return (convert(out), convert(lse)) if return_lse else convert(out)
 
 
@@ -147,10 +156,17 @@ def paged_decode_attention(
     if want_value_checks(check_values):
         check_paged_values(shape, block_table, seq_lens, None)
     triton = should_use_triton(q.device, use_triton)
-    out, lse = eager_or_op(paged_decode_attention_op, paged_decode_attention_impl)(
-        q, k_cache, v_cache, block_table, seq_lens,
-        default_scale(shape.head_dim, scale), window, cap, num_splits, triton,
-    )  # fmt: skip
+    s = default_scale(shape.head_dim, scale)
+    op = eager_or_op(paged_decode_attention_op, paged_decode_attention_impl)
+    args = (q, k_cache, v_cache, block_table, seq_lens)
+    if torch.compiler.is_compiling():
+        out, lse = op(*args, s, window, cap, num_splits, triton)
+    else:
+        cu = torch.arange(shape.batch + 1, dtype=torch.int32, device=q.device)
+        out, lse = with_reference_backward(
+            lambda: op(*args, s, window, cap, num_splits, triton),
+            *args, cu, scale=s, causal=True, window=window, soft_cap=cap,
+        )  # fmt: skip
     return (convert(out), convert(lse)) if return_lse else convert(out)
 
 

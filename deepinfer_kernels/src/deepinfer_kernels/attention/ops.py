@@ -10,6 +10,10 @@ from __future__ import annotations
 
 import torch
 
+from deepinfer_kernels.attention.autograd import (
+    register_paged_attention_autograd,
+    register_paged_decode_attention_autograd,
+)
 from deepinfer_kernels.attention.merge import merge_attention_states_torch
 from deepinfer_kernels.attention.torch_path import paged_attention_torch
 
@@ -43,6 +47,7 @@ def paged_attention_impl(
 paged_attention_op = torch.library.custom_op(
     "deepinfer::paged_attention", paged_attention_impl, mutates_args=()
 )
+register_paged_attention_autograd(paged_attention_op)
 
 
 @paged_attention_op.register_fake
@@ -90,6 +95,7 @@ def paged_decode_attention_impl(
 paged_decode_attention_op = torch.library.custom_op(
     "deepinfer::paged_decode_attention", paged_decode_attention_impl, mutates_args=()
 )
+register_paged_decode_attention_autograd(paged_decode_attention_op)
 
 
 @paged_decode_attention_op.register_fake

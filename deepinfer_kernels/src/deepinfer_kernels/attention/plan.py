@@ -241,12 +241,20 @@ class PagedAttentionPlan:
         )
         self._check(q, k_cache, v_cache)
         if self.use_triton:
+            from deepinfer_kernels.attention.autograd import with_reference_backward
             from deepinfer_kernels.attention.ops import paged_attention_impl, paged_attention_op
 
-            out, lse = eager_or_op(paged_attention_op, paged_attention_impl)(
-                q, k_cache, v_cache, self.block_table, self.seq_lens, self.cu_seqlens_q,
-                self.scale, self.causal, self.window, self.soft_cap, True,
-            )  # fmt: skip
+            op = eager_or_op(paged_attention_op, paged_attention_impl)
+            args = (q, k_cache, v_cache, self.block_table, self.seq_lens, self.cu_seqlens_q)
+            meta = (self.scale, self.causal, self.window, self.soft_cap)
+            if torch.compiler.is_compiling():
+                out, lse = op(*args, *meta, True)  # the op carries its backward
+            else:
+                out, lse = with_reference_backward(
+                    lambda: op(*args, *meta, True), *args,
+                    scale=self.scale, causal=self.causal, window=self.window,
+                    soft_cap=self.soft_cap,
+                )  # fmt: skip
         else:
             out, lse_opt = run_tile_batches(
                 self._batches,
