@@ -13,6 +13,9 @@ from hypothesis import HealthCheck, settings
 # modules import deepinfer_kernels. On a CUDA machine the real compiler runs.
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+# The repository's own kernel tests draw deepinfer_kernels.testing's quick sizes (the suite
+# runs on the Triton interpreter); users of the kit get the thorough ones by default.
+os.environ.setdefault("DEEPINFER_TESTING_PROFILE", "quick")
 
 settings.register_profile(
     "ci",

@@ -19,8 +19,9 @@ reads them is wrong), and one batch mixes decode (``q_len = 1``), speculative ve
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -36,6 +37,41 @@ ATTENTION_TOLERANCES: dict[torch.dtype, tuple[float, float]] = {
 }
 
 KINDS = ("decode", "verify", "extend")
+# A sequence whose KV is cached but which has no query in this batch (q_len = 0).
+EMPTY = "empty"
+
+# Sizes per profile. "thorough" reaches past every kernel's tiles (64-key tiles, 128-row query
+# tiles, split-K chunks): a tiled online softmax that forgets to rescale its accumulator only
+# shows once a row spans several key tiles. "quick" keeps a suite on the Triton interpreter
+# fast. Arguments passed explicitly always win over the profile.
+PROFILES: dict[str, dict[str, Any]] = {
+    "quick": {
+        "max_batch": 4,
+        "max_seq_len": 40,
+        "kinds": KINDS,
+        "block_sizes": (1, 4, 16),
+        "head_dims": (16, 32, 64),
+        "max_window": 24,
+    },
+    "thorough": {
+        "max_batch": 4,
+        "max_seq_len": 320,
+        "kinds": (*KINDS, EMPTY),
+        "block_sizes": (1, 4, 16, 32, 64),
+        "head_dims": (16, 32, 64, 80, 96, 128, 192, 256),
+        "max_window": 300,
+    },
+}
+PROFILE_ENV = "DEEPINFER_TESTING_PROFILE"
+
+
+def resolve_profile(profile: str | None) -> dict[str, Any]:
+    """The sizes of ``profile``; ``None`` reads ``$DEEPINFER_TESTING_PROFILE`` (default
+    ``"thorough"``), so a repository can keep its own suite on quick sizes in one place."""
+    name = os.environ.get(PROFILE_ENV, "thorough") if profile is None else profile
+    if name not in PROFILES:
+        raise ValueError(f"profile: expected one of {sorted(PROFILES)}, got {name!r}")
+    return PROFILES[name]
 
 
 @dataclass(frozen=True)
@@ -66,6 +102,18 @@ class PagedAttentionCase:
     causal: bool = True
     sliding_window: int | None = None
     soft_cap: float | None = None
+    layout: PagedLayout | None = field(default=None, compare=False)
+    seed: int | None = field(default=None, compare=False)
+
+    def __repr__(self) -> str:
+        """Layout, shapes, dtype, options and seed: enough to rebuild the case with
+        :func:`materialize`, never the tensors themselves (hypothesis prints this on failure)."""
+        return (
+            f"PagedAttentionCase(layout={self.layout!r}, dtype={self.q.dtype}, "
+            f"device={self.q.device}, seed={self.seed}, q={tuple(self.q.shape)}, "
+            f"k_cache={tuple(self.k_cache.shape)}, scale={self.scale}, causal={self.causal}, "
+            f"sliding_window={self.sliding_window}, soft_cap={self.soft_cap})"
+        )
 
     def tensors(self) -> tuple[torch.Tensor, ...]:
         """Positional arguments of ``paged_attention``."""
@@ -120,6 +168,8 @@ class PagedAttentionCase:
 
 
 def _draw_lengths(draw: st.DrawFn, kind: str, max_seq_len: int) -> tuple[int, int]:
+    if kind == EMPTY:
+        return 0, draw(st.integers(0, max_seq_len))
     if kind == "decode":
         n = draw(st.integers(1, max_seq_len))
         return 1, n
@@ -136,11 +186,12 @@ def paged_layouts(
     draw: st.DrawFn,
     /,
     *,
-    max_batch: int = 4,
-    max_seq_len: int = 40,
-    kinds: Sequence[str] = KINDS,
-    block_sizes: Sequence[int] = (1, 4, 16),
-    head_dims: Sequence[int] = (16, 32, 64),
+    profile: str | None = None,
+    max_batch: int | None = None,
+    max_seq_len: int | None = None,
+    kinds: Sequence[str] | None = None,
+    block_sizes: Sequence[int] | None = None,
+    head_dims: Sequence[int] | None = None,
     gqa_ratios: Sequence[int] = (1, 4, 8),
     num_kv_heads: Sequence[int] = (1, 2),
     spare_blocks: int = 3,
@@ -148,12 +199,20 @@ def paged_layouts(
     """Draw a valid, shuffled paged layout for a ragged batch.
 
     ``kinds`` chooses each sequence's query pattern among ``"decode"`` (1 query),
-    ``"verify"`` (2..6 queries) and ``"extend"`` (any number of new tokens over a cached
-    prefix of any length). ``gqa_ratios`` is ``Hq / Hkv`` (1 = MHA; MQA when ``Hkv = 1``).
+    ``"verify"`` (2..6 queries), ``"extend"`` (any number of new tokens over a cached
+    prefix of any length) and ``"empty"`` (cached KV, no query this step). ``gqa_ratios`` is
+    ``Hq / Hkv`` (1 = MHA; MQA when ``Hkv = 1``). Sizes left ``None`` come from ``profile``
+    (see :data:`PROFILES`; ``None`` = ``$DEEPINFER_TESTING_PROFILE`` or ``"thorough"``).
     """
+    sizes = resolve_profile(profile)
+    max_batch = sizes["max_batch"] if max_batch is None else max_batch
+    max_seq_len = sizes["max_seq_len"] if max_seq_len is None else max_seq_len
+    kinds = sizes["kinds"] if kinds is None else kinds
+    block_sizes = sizes["block_sizes"] if block_sizes is None else block_sizes
+    head_dims = sizes["head_dims"] if head_dims is None else head_dims
     for kind in kinds:
-        if kind not in KINDS:
-            raise ValueError(f"kinds: unknown kind {kind!r}, expected one of {KINDS}")
+        if kind not in (*KINDS, EMPTY):
+            raise ValueError(f"kinds: unknown kind {kind!r}, expected one of {(*KINDS, EMPTY)}")
     batch = draw(st.integers(1, max_batch))
     lengths = [_draw_lengths(draw, draw(st.sampled_from(kinds)), max_seq_len) for _ in range(batch)]
     block_size = draw(st.sampled_from(block_sizes))
@@ -161,7 +220,7 @@ def paged_layouts(
     hq = hkv * draw(st.sampled_from(gqa_ratios))
     head_dim = draw(st.sampled_from(head_dims))
     used = [-(-n // block_size) for _, n in lengths]
-    max_blocks = max(used) + draw(st.integers(0, 1))
+    max_blocks = max(max(used) + draw(st.integers(0, 1)), 1)
     num_blocks = sum(used) + draw(st.integers(0, spare_blocks))
     physical = draw(st.permutations(range(num_blocks)))
     rows, at = [], 0
@@ -209,6 +268,8 @@ def materialize(
         block_table=ints(layout.block_table),
         seq_lens=ints(layout.seq_lens),
         cu_seqlens_q=ints(cu),
+        layout=layout,
+        seed=seed,
         **options,
     )
 
@@ -223,15 +284,19 @@ def paged_attention_cases(
     allow_window: bool = True,
     allow_soft_cap: bool = True,
     allow_non_causal: bool = False,
+    profile: str | None = None,
     **layout_options: Any,
 ) -> PagedAttentionCase:
-    """Draw a layout (see :func:`paged_layouts`, which takes ``layout_options``), options
-    (window, soft cap, explicit scale, causal) and materialise random tensors."""
-    layout = draw(paged_layouts(**layout_options))
+    """Draw a layout (see :func:`paged_layouts`, which takes ``profile`` and
+    ``layout_options``), options (window up to the profile's ``max_window``, soft cap,
+    explicit scale, causal) and materialise random tensors."""
+    layout = draw(paged_layouts(profile=profile, **layout_options))
+    max_window = resolve_profile(profile)["max_window"]
+    window = st.one_of(st.none(), st.integers(1, max_window))
     options: dict[str, Any] = {
         "scale": draw(st.sampled_from([None, 0.5])),
         "causal": draw(st.booleans()) if allow_non_causal else True,
-        "sliding_window": draw(st.one_of(st.none(), st.integers(1, 24))) if allow_window else None,
+        "sliding_window": draw(window) if allow_window else None,
         "soft_cap": draw(st.sampled_from([None, 5.0])) if allow_soft_cap else None,
     }
     return materialize(
