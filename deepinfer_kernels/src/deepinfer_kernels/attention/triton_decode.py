@@ -166,6 +166,18 @@ def _merge_states_kernel(
     tl.store(lse_ptr + row, lse)
 
 
+def decode_launch_config(group: int, head_dim: int) -> dict[str, int]:
+    """Tiles and launch settings of ``_decode_split_kernel`` for a GQA group and head dim: the
+    one place the wrapper and the sm_90 resource check (``deepinfer_kernels.gpu_readiness``)
+    read them from. ``num_warps`` / ``num_stages`` are Triton's defaults, which the launch uses."""
+    return {
+        "BLOCK_H": next_pow2(group, 16),
+        "BLOCK_N": 16 if on_interpreter() else (64 if head_dim <= 128 else 32),
+        "num_warps": 4,
+        "num_stages": 3,
+    }
+
+
 def paged_decode_attention_triton(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -187,8 +199,8 @@ def paged_decode_attention_triton(
     if batch == 0:
         return out, lse
     group = hq // hkv
-    block_h = next_pow2(group, 16)
-    block_n = 16 if on_interpreter() else (64 if d <= 128 else 32)
+    launch = decode_launch_config(group, d)
+    block_h, block_n = launch["BLOCK_H"], launch["BLOCK_N"]
     if num_splits == 1:
         part_out, part_lse = out, lse
     else:
