@@ -120,6 +120,13 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--num-prompts", type=int, default=8)
     bench.add_argument("--input-len", type=int, default=256)
     bench.add_argument("--output-len", type=int, default=32)
+    bench.add_argument(
+        "--profile",
+        default=None,
+        metavar="OUT.json",
+        help="also time prefill/decode steps over sizes and write a step profile "
+        "(input of 'deepinfer-sched calibrate')",
+    )
     _add_model_args(bench)
 
     demo = sub.add_parser("demo", help="the main job: an agent-style workload with a report")
@@ -262,6 +269,13 @@ def _cmd_bench(args: argparse.Namespace) -> int:
                 indent=2,
             )
         )
+        if args.profile:
+            from deepinfer.profile import profile_engine, write_profile
+
+            write_profile(
+                profile_engine(llm.engine, model_name=str(args.model or "")), args.profile
+            )
+            print(f"step profile -> {args.profile}", file=sys.stderr)
     return 0
 
 
