@@ -35,7 +35,7 @@ from .stats import CostReport, StoreStats, TierStats
 from .store import TieredKVStore
 from .tiers import DeviceTier, DiskTier, HostTier, Tier, torch_gather, torch_scatter
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = [
     "REFERENCE_MODELS",
