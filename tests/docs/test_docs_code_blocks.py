@@ -62,8 +62,11 @@ def python_results(tmp_path_factory: pytest.TempPathFactory) -> dict[Path, dict[
 
 
 def _run_python_file(path: Path, workdir: Path) -> dict[str, str | None]:
-    """Run the file's unskipped python blocks in one subprocess: block name -> error or None."""
-    blocks = [b for b in blocks_of(path) if b.language == "python" and b.skip is None]
+    """Run the file's unskipped python blocks in one subprocess: block name -> error or None.
+
+    The blocks are the ones collected at import (not the file re-read now), so a doc edited
+    during a run cannot make the collected names disagree with the results."""
+    blocks = [b for b in BLOCKS if b.path == path and b.language == "python" and b.skip is None]
     return _run_python_blocks(blocks, [b.name for b in blocks], workdir)
 
 
