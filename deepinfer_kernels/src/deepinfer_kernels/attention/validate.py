@@ -10,10 +10,26 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
 ATTN_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+class PagedIndexShape(Protocol):
+    """The sizes a paged call's index tensors are checked against (`PagedShape`, `MlaShape`)."""
+
+    @property
+    def batch(self) -> int: ...
+    @property
+    def total_q(self) -> int: ...
+    @property
+    def num_blocks(self) -> int: ...
+    @property
+    def block_size(self) -> int: ...
+    @property
+    def max_blocks(self) -> int: ...
 
 
 @dataclass(frozen=True)
@@ -139,7 +155,7 @@ def check_paged_shapes(
 
 
 def check_paged_values(
-    shape: PagedShape,
+    shape: PagedIndexShape,
     block_table: torch.Tensor,
     seq_lens: torch.Tensor,
     cu_seqlens_q: torch.Tensor | None,

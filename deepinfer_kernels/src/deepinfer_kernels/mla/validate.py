@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
+from deepinfer_kernels.attention.validate import check_paged_values
+
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
@@ -130,46 +132,11 @@ def check_mla_values(
     seq_lens: torch.Tensor,
     cu_seqlens_q: torch.Tensor | None,
 ) -> None:
-    if shape.batch == 0:
-        if shape.total_q:
-            raise ValueError(f"cu_seqlens_q: no sequences but {shape.total_q} query rows")
-        return
-    lens = seq_lens.to(torch.int64)
-    if bool((lens < 0).any()):
-        raise ValueError(f"seq_lens: expected non-negative lengths, got {seq_lens.tolist()}")
-    capacity = shape.max_blocks * shape.block_size
-    if bool((lens > capacity).any()):
-        raise ValueError(
-            f"seq_lens: {int(lens.max())} exceeds the block table's capacity "
-            f"{shape.max_blocks} blocks x {shape.block_size} = {capacity} positions"
-        )
-    if cu_seqlens_q is None:
-        q_lens = torch.ones_like(lens)
-    else:
-        cu = cu_seqlens_q.to(torch.int64)
-        if int(cu[0]) != 0 or int(cu[-1]) != shape.total_q:
-            raise ValueError(
-                f"cu_seqlens_q: expected to start at 0 and end at total_q={shape.total_q}, "
-                f"got {cu_seqlens_q.tolist()}"
-            )
-        q_lens = cu[1:] - cu[:-1]
-        if bool((q_lens < 0).any()):
-            raise ValueError(f"cu_seqlens_q: expected non-decreasing offsets, got {cu.tolist()}")
-    if bool((q_lens > lens).any()):
-        raise ValueError(
-            "cu_seqlens_q: a sequence has more queries than cached positions (q_len > seq_len); "
-            f"q_lens={q_lens.tolist()} seq_lens={seq_lens.tolist()}"
-        )
-    used = (lens + shape.block_size - 1) // shape.block_size
-    cols = torch.arange(shape.max_blocks, device=lens.device)
-    in_use = cols[None, :] < used[:, None]
-    bad = in_use & ((block_table < 0) | (block_table >= shape.num_blocks))
-    if bool(bad.any()):
-        b, j = (int(i) for i in bad.nonzero()[0])
-        raise ValueError(
-            f"block_table: entry [{b}, {j}] = {int(block_table[b, j])} is outside the pool "
-            f"of {shape.num_blocks} blocks"
-        )
+    """The paged index checks of `check_paged_values` (causal: no sequence has more queries
+    than cached positions), plus: an empty batch has no query rows."""
+    if shape.batch == 0 and shape.total_q:
+        raise ValueError(f"cu_seqlens_q: no sequences but {shape.total_q} query rows")
+    check_paged_values(shape, block_table, seq_lens, cu_seqlens_q)
 
 
 def check_write_latent(
