@@ -17,6 +17,7 @@ from deepinfer.engine import (
     RequestMetrics,
     RequestOutput,
     SamplingParams,
+    SpeculativeConfig,
     StructuredOutputsParams,
 )
 from deepinfer.engine.cache_setup import PrefixCacheConfig
@@ -35,6 +36,7 @@ __all__ = [
     "RequestMetrics",
     "RequestOutput",
     "SamplingParams",
+    "SpeculativeConfig",
     "StructuredOutputsParams",
     "__version__",
     "build_engine",

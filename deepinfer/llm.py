@@ -20,7 +20,7 @@ from typing import Any, Protocol, cast, overload
 import torch
 
 from deepinfer.engine.cache_setup import PrefixCacheConfig, build_engine_kv
-from deepinfer.engine.config import EngineConfig
+from deepinfer.engine.config import EngineConfig, SpeculativeConfig
 from deepinfer.engine.engine import LLMEngine
 from deepinfer.engine.fanout import fan_out, merge
 from deepinfer.engine.outputs import RequestMetrics, RequestOutput
@@ -73,7 +73,9 @@ def build_engine(
         device: where the weights and the KV pool live (``"cpu"``, ``"cuda"``...).
         engine_config: pool size, batch limits, seed (default :class:`EngineConfig`).
         speculative: ``None`` (off), ``"dspark"`` (the shipped drafter), a drafter checkpoint
-            directory, or a ``DSparkDrafter``/``DSparkSpeculator`` (see ``deepinfer.speculative``).
+            directory, a :class:`SpeculativeConfig` (either of those plus a fixed number of
+            drafts to verify, or the draft gate off), or a ``DSparkDrafter``/``DSparkSpeculator``
+            (see ``deepinfer.speculative``).
         prefix_cache: the prefix cache's tiers over the engine's pool; ``None`` for none.
         cache_dir: where converted models are cached (default ``~/.cache/deepinfer``).
         directory_suffix: appended to the disk tier's directory name (engines that share a
@@ -127,7 +129,7 @@ def build_worker_engine(settings: WorkerSettings) -> tuple[LLMEngine, TieredKVSt
         dtype=settings.dtype,
         device=settings.device,
         engine_config=EngineConfig(**settings.engine),
-        speculative=settings.speculative or None,
+        speculative=SpeculativeConfig(**settings.speculative) if settings.speculative else None,
         prefix_cache=cache,
         cache_dir=settings.cache_dir or None,
         directory_suffix=suffix,
@@ -480,21 +482,25 @@ def _worker_source(
     return os.path.abspath(os.fspath(model))
 
 
-def _worker_speculative(speculative: SpeculativeSpec) -> str | None:
-    """PD workers load the drafter themselves: only ``"dspark"`` or a checkpoint directory."""
+def _worker_speculative(speculative: SpeculativeSpec) -> SpeculativeConfig | None:
+    """PD workers load the drafter themselves: ``"dspark"``, a checkpoint directory or a
+    :class:`SpeculativeConfig` naming one (a relative directory is made absolute here)."""
     if speculative is None:
         return None
-    if not isinstance(speculative, (str, os.PathLike)):
+    if isinstance(speculative, (str, os.PathLike)):
+        speculative = SpeculativeConfig(os.fspath(speculative))
+    if not isinstance(speculative, SpeculativeConfig):
         raise ValueError(
-            "speculative: with pd, give 'dspark' or a drafter checkpoint directory (each "
-            f"decode worker loads it), not a {type(speculative).__name__}"
+            "speculative: with pd, give 'dspark', a drafter checkpoint directory or a "
+            f"SpeculativeConfig (each decode worker loads the drafter), not a "
+            f"{type(speculative).__name__}"
         )
-    if speculative == "dspark":
-        return "dspark"
-    directory = os.path.abspath(os.fspath(speculative))
+    if speculative.model == "dspark":
+        return speculative
+    directory = os.path.abspath(speculative.model)
     if not os.path.isfile(os.path.join(directory, "config.json")):
         raise ValueError(f"speculative: {directory!r} is not a drafter checkpoint directory")
-    return directory
+    return replace(speculative, model=directory)
 
 
 def _is_single(prompts: object) -> bool:

@@ -13,7 +13,7 @@ Example::
         print([out.new_token_ids for out in engine.step()])
 """
 
-from deepinfer.engine.config import EngineConfig
+from deepinfer.engine.config import EngineConfig, SpeculativeConfig
 from deepinfer.engine.engine import LLMEngine
 from deepinfer.engine.logits_processor import LogitsProcessor
 from deepinfer.engine.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
@@ -31,5 +31,6 @@ __all__ = [
     "RequestMetrics",
     "RequestOutput",
     "SamplingParams",
+    "SpeculativeConfig",
     "StructuredOutputsParams",
 ]

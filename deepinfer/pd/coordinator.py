@@ -23,7 +23,7 @@ from multiprocessing.connection import wait
 from typing import Any
 
 from deepinfer.engine.cache_setup import PrefixCacheConfig
-from deepinfer.engine.config import EngineConfig
+from deepinfer.engine.config import EngineConfig, SpeculativeConfig
 from deepinfer.engine.outputs import RequestMetrics, RequestOutput
 from deepinfer.engine.sampling_params import SamplingParams
 from deepinfer.pd.config import PDConfig
@@ -77,7 +77,7 @@ class PDCoordinator:
         engine_config: EngineConfig | None = None,
         config: PDConfig | None = None,
         prefix_cache: PrefixCacheConfig | None = None,
-        speculative: str | None = None,
+        speculative: SpeculativeConfig | None = None,
         build: EngineBuilder,
         cache_dir: str | None = None,
     ) -> None:
@@ -91,10 +91,10 @@ class PDCoordinator:
         checkpoint directory; each decode worker loads the drafter and decodes with DSpark (a
         handed-off sequence first recomputes the drafter's context window, at most ``window``
         positions, as after a prefix-cache hit)."""
-        if speculative is not None and not isinstance(speculative, str):
+        if speculative is not None and not isinstance(speculative, SpeculativeConfig):
             raise TypeError(
-                "speculative: PD workers load the drafter themselves; pass 'dspark' or a "
-                f"checkpoint directory, got {type(speculative).__name__}"
+                "speculative: PD workers load the drafter themselves; pass a "
+                f"SpeculativeConfig, got {type(speculative).__name__}"
             )
         self.config = config or PDConfig()
         self.prefix_cache = prefix_cache
@@ -131,7 +131,9 @@ class PDCoordinator:
                     settings = replace(base, cache=worker_cache_fields(prefix_cache, i))
                 self.prefill.append(self._start("prefill", i, settings.to_json()))
             for i in range(cfg.num_decode_workers):
-                settings = replace(base, speculative=speculative) if speculative else base
+                settings = base
+                if speculative is not None:
+                    settings = replace(base, speculative=speculative.to_dict())
                 self.decode.append(self._start("decode", i, settings.to_json()))
             self._await_ready()
         except BaseException:

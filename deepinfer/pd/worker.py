@@ -37,8 +37,8 @@ class WorkerSettings:
 
     ``engine``: `EngineConfig` fields; ``cache``: `PrefixCacheConfig` fields plus
     ``"directory_suffix"`` (this worker's own disk directory: a directory has one writer), or
-    None for no prefix cache; ``speculative``: ``"dspark"`` or a drafter checkpoint directory
-    (the worker loads the drafter itself), empty for none; ``cache_dir``: where converted models
+    None for no prefix cache; ``speculative``: `SpeculativeConfig` fields (the worker loads the
+    drafter itself), None for none; ``cache_dir``: where converted models
     are cached (empty: the default), as the parent's ``load_model`` used.
     """
 
@@ -48,7 +48,7 @@ class WorkerSettings:
     engine: dict[str, Any] = field(default_factory=dict)
     threads: int = 1
     cache: dict[str, Any] | None = None
-    speculative: str = ""
+    speculative: dict[str, Any] | None = None
     cache_dir: str = ""
 
     def __post_init__(self) -> None:

@@ -7,6 +7,8 @@
   embedded SmolLM2-135M-Instruct; a model with another hidden size or vocabulary is refused);
 * a path: a ``deepinfer-spec`` checkpoint directory (``drafter.safetensors`` + ``config.json``,
   optionally ``sts.json`` with calibration temperatures);
+* a :class:`~deepinfer.engine.config.SpeculativeConfig`: one of the two above plus how many
+  drafts to verify (DSpark's scheduler or a fixed count) and whether the draft gate runs;
 * a :class:`~deepinfer_spec.DSparkDrafter`, or a ready :class:`DSparkSpeculator`.
 """
 
@@ -21,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from deepinfer.engine.config import SpeculativeConfig
 from deepinfer.models.attention_metadata import AttentionMetadata
 from deepinfer.models.kv_pool import KVPool
 from deepinfer.models.llama import LlamaModel
@@ -30,6 +33,7 @@ from deepinfer_kernels.cpu import ModuleLinear
 from deepinfer_spec import (
     DraftGate,
     DSparkDrafter,
+    FixedGammaScheduler,
     PrefixScheduler,
     SPSCurve,
     VerifyScheduler,
@@ -42,7 +46,9 @@ from deepinfer_spec.training import load_drafter
 SHIPPED_DRAFTER = Path(__file__).resolve().parents[1] / "data" / "dspark-smollm2"
 STS_FILE = "sts.json"
 
-SpeculativeSpec = str | os.PathLike[str] | DSparkDrafter | DSparkSpeculator | None
+SpeculativeSpec = (
+    str | os.PathLike[str] | SpeculativeConfig | DSparkDrafter | DSparkSpeculator | None
+)
 
 
 @torch.no_grad()
@@ -150,6 +156,12 @@ def build_speculator(
     """
     if speculative is None or isinstance(speculative, DSparkSpeculator):
         return speculative
+    if isinstance(speculative, SpeculativeConfig):
+        if speculative.num_speculative_tokens is not None and scheduler is None:
+            scheduler = FixedGammaScheduler(speculative.num_speculative_tokens)
+        if not speculative.draft_gate:
+            gate = None
+        speculative = speculative.model
     sts: dict[str, torch.Tensor] = {}
     if isinstance(speculative, DSparkDrafter):
         drafter = speculative

@@ -14,7 +14,7 @@ import spec_helpers
 import torch
 from model_helpers import random_hf_state, tiny_config
 
-from deepinfer.engine.config import EngineConfig
+from deepinfer.engine.config import EngineConfig, SpeculativeConfig
 from deepinfer.engine.engine import LLMEngine
 from deepinfer.engine.sampling_params import SamplingParams
 from deepinfer.models import KVPool, build_model
@@ -387,6 +387,46 @@ def test_build_speculator_gate_option(model, greedy_reference) -> None:
     other.use_linear(spec_module_linear)
     build_speculator(other, model, pool, max_seqs=2, scheduler=FixedGammaScheduler(3), gate=None)
     assert other.linear is spec_module_linear
+
+
+def test_speculative_config_fixes_the_verify_count_and_gate(
+    model, greedy_reference, tmp_path
+) -> None:
+    """``SpeculativeConfig`` (what crosses into PD workers and replicas): a fixed verify count
+    replaces the profiled prefix scheduler, ``draft_gate=False`` drafts on every step; the
+    engine stays lossless with it; bad fields are named."""
+    from deepinfer_spec.training import save_drafter
+
+    reqs, expected = greedy_reference
+    ckpt = save_drafter(oracle_drafter(model, expected), tmp_path / "drafter")
+    pool = KVPool.for_model(model.config, 256, 4)
+    spec = build_speculator(
+        SpeculativeConfig(str(ckpt), num_speculative_tokens=2, draft_gate=False),
+        model,
+        pool,
+        max_seqs=8,
+    )
+    assert isinstance(spec.scheduler, FixedGammaScheduler) and spec.scheduler.gamma == 2
+    assert spec.gate is None
+    default = build_speculator(SpeculativeConfig(str(ckpt)), model, pool, max_seqs=8)
+    assert isinstance(default.scheduler, PrefixScheduler)
+    assert isinstance(default.gate, DraftGate)
+    engine = LLMEngine(model, None, CFG, pool=pool, speculator=spec)
+    assert [o.token_ids for o in run(engine, reqs)] == expected
+    # Two drafts verified per drafting row (the drafter's gamma is 4), fewer only where a
+    # request has fewer tokens left to emit.
+    assert spec.stats.num_rows < spec.stats.num_verified <= 2 * spec.stats.num_rows
+    assert spec.stats.num_gated_steps == 0
+    for kwargs, name in (
+        ({"model": ""}, "model"),
+        ({"num_speculative_tokens": -1}, "num_speculative_tokens"),
+        ({"num_speculative_tokens": True}, "num_speculative_tokens"),
+        ({"draft_gate": 1}, "draft_gate"),
+    ):
+        with pytest.raises(ValueError, match=name):
+            SpeculativeConfig(**kwargs)
+    cfg = SpeculativeConfig(str(ckpt), 3, False)
+    assert SpeculativeConfig(**cfg.to_dict()) == cfg
 
 
 def spec_module_linear(x: torch.Tensor, layer: torch.nn.Linear) -> torch.Tensor:
