@@ -15,6 +15,7 @@ from deepinfer_spec.scheduling import (
     VerifyScheduler,
     evaluate_schedule,
 )
+from deepinfer_spec.scheduling.prefix import MIN_RELATIVE_GAIN
 
 ROOF = SPSCurve.roofline(weight_read_s=4e-3, per_token_s=60e-6)
 STEEP = SPSCurve.roofline(weight_read_s=1e-3, per_token_s=1e-3)
@@ -22,7 +23,8 @@ CURVES = [SPSCurve.flat(), ROOF, STEEP, SPSCurve.roofline(2e-3, 1e-4, overlap=1.
 
 
 def _brute_force(conf: torch.Tensor, sps: SPSCurve) -> tuple[list[int], int]:
-    """Algorithm 1 written as the paper's loop, one admission at a time in plain Python."""
+    """Algorithm 1 written as the paper's loop, one admission at a time in plain Python (with
+    the scheduler's stated margin: a gain within rounding of zero is not a gain)."""
     r, g = conf.shape
     a = [[1.0] * g for _ in range(r)]
     for i in range(r):
@@ -36,7 +38,7 @@ def _brute_force(conf: torch.Tensor, sps: SPSCurve) -> tuple[list[int], int]:
     admitted = 0
     for neg_a, i, _j in cands:
         new = (tau - neg_a) * sps.at(batch + 1)
-        if new <= best:
+        if new <= best * (1 + MIN_RELATIVE_GAIN):
             break
         tau, batch, best = tau - neg_a, batch + 1, new
         counts[i] += 1
@@ -70,6 +72,15 @@ def test_matches_literal_loop_and_invariants(conf: torch.Tensor, curve: int) -> 
     again = evaluate_schedule(conf, n, sps)
     assert plan.expected_tau == pytest.approx(again.expected_tau)
     assert plan.expected_throughput == pytest.approx(again.expected_throughput)
+
+
+def test_a_rounding_level_gain_is_not_admitted() -> None:
+    """Hypothesis found this: on a flat curve, a second draft of survival 2e-16 after one of
+    0.9 adds less than an ulp of ``1.9``; the vectorised and the running sums rounded it
+    differently, so the scheduler admitted it and the literal loop did not."""
+    conf = torch.tensor([[0.9, 2.220446049250313e-16]], dtype=torch.float64)
+    sps = SPSCurve.flat()
+    assert PrefixScheduler(sps).schedule(conf).tolist() == [1] == _brute_force(conf, sps)[0]
 
 
 @settings(max_examples=60)

@@ -8,6 +8,12 @@ from torch import Tensor
 from deepinfer_spec.scheduling.base import SchedulePlan, check_confidence_matrix, survival
 from deepinfer_spec.scheduling.sps import SPSCurve
 
+MIN_RELATIVE_GAIN = 1e-12
+"""An admission must raise expected throughput by more than this fraction. Gains below it are
+rounding: the vectorised sum ``R + (a_1 + a_2)`` and a running sum ``(R + a_1) + a_2`` differ in
+the last bit, and without a margin a candidate of survival ~1e-16 is admitted by one and not
+the other."""
+
 
 class PrefixScheduler:
     """Admit draft positions greedily by survival while expected throughput rises.
@@ -17,7 +23,8 @@ class PrefixScheduler:
     flattening), and admitted one at a time. After
     ``m`` admissions ``B_m = R + m`` and ``tau_m = R + sum of the first m survivals``; the
     expected throughput is ``F_m = tau_m * SPS(B_m)``. The scheduler stops at the first ``m``
-    with ``F_{m+1} <= F_m`` (the early stop) and verifies the first ``m`` candidates.
+    with ``F_{m+1} <= F_m * (1 + MIN_RELATIVE_GAIN)`` (the early stop; the margin only absorbs
+    float rounding) and verifies the first ``m`` candidates.
 
     Because ``a`` is non-increasing in ``j`` for each request and, within a request, ties keep
     the smaller ``j`` first,
@@ -52,7 +59,7 @@ class PrefixScheduler:
         gains = torch.cat([a.new_zeros(1), torch.cumsum(a[order], dim=0)])  # m = 0..RG
         batch = r + torch.arange(gains.numel(), device=device, dtype=torch.float64)
         throughput = (r + gains) * self.sps(batch)
-        not_better = throughput[1:] <= throughput[:-1]
+        not_better = throughput[1:] <= throughput[:-1] * (1 + MIN_RELATIVE_GAIN)
         # First admission that does not raise throughput; all admissions if none.
         stop = torch.where(
             not_better.any(), torch.argmax(not_better.to(torch.int8)), not_better.numel()
