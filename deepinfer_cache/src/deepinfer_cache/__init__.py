@@ -33,7 +33,15 @@ from .retention import RetentionPolicy
 from .sizing import REFERENCE_MODELS, ModelKV, SizingResult, ssd_capacity
 from .stats import CostReport, StoreStats, TierStats
 from .store import TieredKVStore
-from .tiers import DeviceTier, DiskTier, HostTier, Tier, torch_gather, torch_scatter
+from .tiers import (
+    DeviceTier,
+    DiskTier,
+    HostTier,
+    SegmentDiskTier,
+    Tier,
+    torch_gather,
+    torch_scatter,
+)
 
 __version__ = "0.2.0"
 
@@ -61,6 +69,7 @@ __all__ = [
     "ModelKV",
     "PrefixIndex",
     "RetentionPolicy",
+    "SegmentDiskTier",
     "SizingResult",
     "StoreStats",
     "SystemClock",

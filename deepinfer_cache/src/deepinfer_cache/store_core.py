@@ -275,12 +275,18 @@ class StoreCore:
             with self._lock:
                 masks = [self.index.tiers_of(k) for k in hashes]
             # Start every disk read at once: reads and checksums overlap on the reader threads.
+            # A tier with ``get_many_async`` reads runs of adjacent blocks with one large read.
             pending: dict[bytes, Future[torch.Tensor | None]] = {}
+            by_tier: dict[int, list[bytes]] = {}
             for key, mask in zip(hashes, masks):
                 src = (mask & -mask).bit_length() - 1
-                get_async = getattr(self.tiers[src], "get_async", None) if mask else None
-                if get_async is not None:
-                    pending[key] = get_async(key)
+                if mask and hasattr(self.tiers[src], "get_async"):
+                    by_tier.setdefault(src, []).append(key)
+            for src, keys in by_tier.items():
+                tier: Any = self.tiers[src]
+                many = getattr(tier, "get_many_async", None)
+                futs = many(keys) if many is not None else [tier.get_async(k) for k in keys]
+                pending.update(zip(keys, futs))
             for key in hashes:
                 with self._lock:
                     mask = self.index.tiers_of(key)

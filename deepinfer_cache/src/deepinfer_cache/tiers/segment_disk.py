@@ -1,0 +1,826 @@
+"""``SegmentDiskTier``: blocks appended to large segment files, found again through a manifest.
+
+Layout::
+
+    <directory>/.lock                 flock held while the tier is open (one writer)
+    <directory>/segments/<id>.seg     segment files (``segment_format``): fixed-size slots
+    <directory>/manifest              every live record's location and metadata
+    <directory>/tmp/                  manifest being written; cleared on open
+    <directory>/quarantine/           copies of records (and files) that failed a check
+
+Why segments: one file per block costs a create, a rename and two fsyncs per block, scatters
+a prompt's blocks over the disk, and makes a reopen read every block's header (minutes at a
+million blocks). Here a prompt's blocks sit in consecutive slots of one file, so a fetch reads
+them with a few large ``preadv`` calls; writes are appends made durable by one ``fdatasync``
+per burst (group commit); a reopen reads the manifest plus the slots written after it.
+
+Crash safety: a block becomes durable when its record is fsynced (until then it is served
+from the copy in memory); ``flush()`` also writes the manifest. Every record carries its key,
+segment id and slot in a checksummed header and an XXH3-64 of the payload, verified on every
+read and on every tail record at open: a torn or damaged record is a miss (counted), never
+served. Deleting a block zeroes its record header; segments whose records are mostly dead are
+compacted (live records copied forward, then the segment is retired through the manifest).
+``put`` never waits on the disk (a full write queue refuses and counts ``writeback_dropped``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import queue
+import threading
+import time
+from collections import deque
+from collections.abc import Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import xxhash
+
+from ..disk_format import CorruptBlockError, fsync_dir, page_bytes_view
+from ..io_workers import IOWorkers
+from ..lockfile import DirectoryLock
+from ..meta import RecoveredBlock
+from ..segment_format import (
+    MANIFEST_DTYPE,
+    MAX_RETENTION_BYTES,
+    RECORD_HEADER_BYTES,
+    Geometry,
+    Manifest,
+    check_record,
+    encode_manifest,
+    encode_record_header,
+    encode_segment_header,
+    is_blank,
+    segment_name,
+    slot_bytes_for,
+    slot_offset,
+    write_manifest_file,
+)
+from .base import BlockMeta, check_key, check_page, check_page_shape, page_nbytes
+from .disk import DiskCounters
+from .segment_open import Rec, load_segments
+
+_BLANK = bytes(RECORD_HEADER_BYTES)
+
+
+@dataclass
+class SegmentCounters(DiskCounters):
+    torn_records: int = 0  # tail records a crash left incomplete: skipped on open, never served
+    stale_entries: int = 0  # manifest entries whose record was deleted or lost before a crash
+    manifest_rejected: int = 0  # damaged manifests (moved to quarantine; segments rescanned)
+    manifests_written: int = 0
+    segments_retired: int = 0
+    records_compacted: int = 0
+    tail_records_scanned: int = 0
+
+
+class _Segment:
+    __slots__ = (
+        "dirty",
+        "fd",
+        "id",
+        "live",
+        "lock",
+        "open_slots",
+        "path",
+        "retired",
+        "slots",
+        "users",
+    )
+
+    def __init__(self, sid: int, path: str, slots: int = 0) -> None:
+        self.id = sid
+        self.path = path
+        self.fd: int | None = None
+        self.slots = slots  # slots reserved so far (the file may be shorter: holes)
+        self.live = 0
+        self.open_slots: set[int] = set()  # reserved, not yet committed
+        self.users = 0  # readers inside a pread
+        self.dirty = False
+        self.retired = False
+        self.lock = threading.Lock()
+
+
+class SegmentDiskTier:
+    """Directory-backed tier storing blocks in segment files (see the module docstring).
+
+    ``capacity_bytes`` counts live records (``record_bytes`` each); dead slots are reclaimed
+    by compaction (a sealed segment whose live fraction falls below ``compact_below`` has its
+    live records copied forward), so the directory holds at most about
+    ``capacity / compact_below`` plus one segment. ``fsync=False`` trades durability of the
+    latest writes for speed; records stay checked either way.
+    """
+
+    name = "disk"
+
+    def __init__(
+        self,
+        directory: str | os.PathLike[str],
+        page_shape: Sequence[int],
+        dtype: torch.dtype,
+        capacity_bytes: int,
+        *,
+        layout: str = "page",
+        fsync: bool = True,
+        io_threads: int = 2,
+        read_threads: int = 4,
+        queue_depth: int = 32,
+        segment_bytes: int = 256 << 20,
+        compact_below: float = 0.5,
+        checkpoint_every: int = 4096,
+        max_read_bytes: int = 32 << 20,
+    ) -> None:
+        if not isinstance(dtype, torch.dtype):
+            raise TypeError(f"dtype must be a torch.dtype, got {dtype!r}")
+        for name, v in (("capacity_bytes", capacity_bytes), ("segment_bytes", segment_bytes)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise ValueError(f"{name} must be an int >= 0, got {v!r}")
+        if not 0.0 <= compact_below < 1.0:
+            raise ValueError(f"compact_below must be in [0, 1), got {compact_below!r}")
+        if (
+            isinstance(checkpoint_every, bool)
+            or not isinstance(checkpoint_every, int)
+            or checkpoint_every < 1
+        ):
+            raise ValueError(f"checkpoint_every must be an int >= 1, got {checkpoint_every!r}")
+        self.directory = os.fspath(directory)
+        self.page_shape = check_page_shape(page_shape)
+        self.dtype = dtype
+        self.layout = layout
+        self.page_bytes = page_nbytes(self.page_shape, dtype)
+        self.record_bytes = slot_bytes_for(self.page_bytes)
+        self.file_bytes = self.record_bytes  # what one block costs against the capacity
+        self.geometry = Geometry(dtype, self.page_shape, layout, self.page_bytes, self.record_bytes)
+        self.slots_per_segment = max(1, segment_bytes // self.record_bytes)
+        self.capacity_bytes = capacity_bytes
+        self.fsync = fsync
+        self.compact_below = compact_below
+        self.checkpoint_every = checkpoint_every
+        self.max_read_slots = max(1, max_read_bytes // self.record_bytes)
+        self.counters = SegmentCounters()
+        self._segdir = os.path.join(self.directory, "segments")
+        self._tmp = os.path.join(self.directory, "tmp")
+        self._quarantine = os.path.join(self.directory, "quarantine")
+        self._manifest = os.path.join(self.directory, "manifest")
+        self._lock = threading.Lock()
+        self._sync_lock = threading.Lock()
+        self._manifest_lock = threading.Lock()
+        self._loc: dict[bytes, Rec] = {}
+        self._pending: dict[bytes, tuple[int, torch.Tensor, int, int, BlockMeta]] = {}
+        self._touches: dict[bytes, float] = {}
+        self._unsynced: list[tuple[bytes, int, int, int, BlockMeta, int]] = []
+        self._invalid: list[tuple[int, int]] = []  # (segment, slot) headers to zero
+        self._segments: dict[int, _Segment] = {}
+        self._active: _Segment | None = None
+        self._next_segment = 0
+        self._gen = 0
+        self._changed = 0  # records changed since the last manifest
+        self._kicked = False
+        self._failed: deque[bytes] = deque()
+        self._recovered: list[bytes] | None = None
+        os.makedirs(self.directory, exist_ok=True)
+        self._dirlock = DirectoryLock(self.directory)
+        try:
+            self._open()
+            self._workers = IOWorkers(io_threads, queue_depth, name="seg-write")
+            self._readers = IOWorkers(read_threads, 4 * queue_depth, name="seg-read")
+        except BaseException:
+            self._close_fds()
+            self._dirlock.release()  # a failed open must not keep the directory locked
+            raise
+
+    # ------------------------------------------------------------------ open
+    def _ensure_dir(self, path: str) -> None:
+        if os.path.isdir(path) and not os.path.islink(path):
+            return
+        if os.path.lexists(path):
+            self.counters.odd_entries_quarantined += 1
+            os.replace(path, f"{path}.not-a-directory.{time.time_ns()}")
+        os.makedirs(path, exist_ok=True)
+
+    def _open(self) -> None:
+        for d in (self._segdir, self._tmp, self._quarantine):
+            self._ensure_dir(d)
+        with os.scandir(self._tmp) as it:
+            for e in list(it):
+                try:
+                    if e.is_dir(follow_symlinks=False):
+                        self._quarantine_odd(e.path, e.name)
+                    else:
+                        os.unlink(e.path)
+                        self.counters.tmp_files_removed += 1
+                except OSError:
+                    pass
+        st = load_segments(
+            self._segdir, self._manifest, self.geometry, self._quarantine_path, self._quarantine_odd
+        )
+        c = self.counters
+        c.torn_records += st.torn_records
+        c.stale_entries += st.stale_entries
+        c.corrupt_quarantined += st.corrupt
+        c.manifest_rejected += st.manifest_rejected
+        c.segments_retired += st.segments_retired
+        c.tail_records_scanned += st.tail_records
+        self._loc = st.loc
+        self._next_segment = st.next_segment
+        for sid, n in st.slots.items():
+            self._segments[sid] = _Segment(sid, os.path.join(self._segdir, segment_name(sid)), n)
+        for rec in self._loc.values():
+            self._segments[rec[0]].live += 1
+        self._recovered = list(self._loc)
+        # Every new write goes to a fresh segment; old ones (torn tails included) are sealed.
+        if st.tail_records or st.stale_entries or st.segments_retired or not st.manifest_found:
+            self._changed = 1
+        fsync_dir(self.directory)
+
+    def recovered(self) -> list[RecoveredBlock]:
+        """Blocks found on open with the metadata to re-index them (``mtime`` holds the
+        latest expiry persisted for each; empty after ``drop_recovered``)."""
+        out = []
+        for k in self._recovered or ():
+            r = self._loc.get(k)
+            if r is not None:
+                out.append(RecoveredBlock(k, BlockMeta(r[2], r[4], r[5], r[3]), r[5]))
+        return out
+
+    def drop_recovered(self) -> None:
+        self._recovered = None
+
+    # ------------------------------------------------------------------ protocol
+    def __contains__(self, key: object) -> bool:
+        return key in self._loc or key in self._pending
+
+    def __len__(self) -> int:
+        return len(self._loc) + len(self._pending)
+
+    def used_bytes(self) -> int:
+        return (len(self._loc) + len(self._pending)) * self.record_bytes
+
+    def disk_bytes(self) -> int:
+        """Bytes the segment files take, dead slots included (compaction reclaims those)."""
+        return sum(s.slots for s in list(self._segments.values())) * self.record_bytes
+
+    def has_room(self, nbytes: int | None = None) -> bool:
+        need = self.record_bytes if nbytes is None else nbytes
+        return self.used_bytes() + need <= self.capacity_bytes
+
+    def keys(self) -> list[bytes]:
+        with self._lock:
+            return list(self._loc) + list(self._pending)
+
+    def is_durable(self, key: bytes) -> bool:
+        return key in self._loc
+
+    def location_of(self, key: bytes) -> tuple[str, int] | None:
+        """(segment file, byte offset of the record) of a durable block (tests, tools)."""
+        r = self._loc.get(key)
+        if r is None:
+            return None
+        return os.path.join(self._segdir, segment_name(r[0])), slot_offset(r[1], self.record_bytes)
+
+    def backlogged(self) -> bool:
+        return self._workers.full()
+
+    def touch(self, key: bytes, expires_at: float) -> None:
+        """Extend a block's expiry; persisted with the next manifest (``flush``)."""
+        with self._lock:
+            r = self._loc.get(key)
+            if r is not None:
+                if expires_at > r[5]:
+                    self._loc[key] = (*r[:5], expires_at, r[6])
+                    self._changed += 1
+            elif key in self._pending:
+                self._touches[key] = max(expires_at, self._touches.get(key, 0.0))
+
+    def put(
+        self, key: bytes, page: torch.Tensor, meta: BlockMeta | None, *, block: bool = False
+    ) -> bool:
+        """Queue a durable write; False when there is no room or (unless ``block``) the write
+        queue is full (counted in ``writeback_dropped``). The page is copied before returning."""
+        check_key(key)
+        check_page(page, self.page_shape, self.dtype)
+        if meta is None:
+            raise ValueError("meta is required by the disk tier (parent, retention, expiry)")
+        if len(meta.retention.encode()) > MAX_RETENTION_BYTES:
+            raise ValueError(f"retention class names are at most {MAX_RETENTION_BYTES} bytes")
+        if key in self or not self.has_room():
+            return key in self
+        if self.backlogged() and not block:
+            with self._lock:
+                self.counters.writeback_dropped += 1
+            return False
+        cpu_page = torch.empty(self.page_shape, dtype=self.dtype)
+        cpu_page.copy_(page)
+        with self._lock:
+            if key in self._loc or key in self._pending:
+                return True
+            if self.used_bytes() + self.record_bytes > self.capacity_bytes:
+                return False
+            seg, slot = self._reserve()
+            self._gen += 1
+            gen = self._gen
+            self._pending[key] = (gen, cpu_page, seg.id, slot, meta)
+        try:
+            self._workers.submit(self._write, key, gen, block=block)
+        except queue.Full:
+            with self._lock:
+                cur = self._pending.get(key)
+                if cur is not None and cur[0] == gen:
+                    del self._pending[key]
+                seg.open_slots.discard(slot)
+                self.counters.writeback_dropped += 1
+            return False
+        return True
+
+    def get(self, key: bytes) -> torch.Tensor | None:
+        return self._read_run([key])[0]
+
+    def get_async(self, key: bytes) -> Future[torch.Tensor | None]:
+        return self._readers.submit(self.get, key)
+
+    def get_many_async(self, keys: Sequence[bytes]) -> list[Future[torch.Tensor | None]]:
+        """Read ``keys`` with few large reads: records in consecutive slots of one segment are
+        read by one ``preadv`` (up to ``max_read_bytes``), runs in parallel on reader threads."""
+        futs: list[Future[torch.Tensor | None]] = [Future() for _ in keys]
+        with self._lock:
+            located = [
+                (self._loc[k][0], self._loc[k][1], i) for i, k in enumerate(keys) if k in self._loc
+            ]
+        done = set()
+        runs: list[list[int]] = []
+        last = (-1, -2)
+        for sid, slot, i in sorted(located):
+            if (
+                runs
+                and (sid, slot) == (last[0], last[1] + 1)
+                and len(runs[-1]) < self.max_read_slots
+            ):
+                runs[-1].append(i)
+            else:
+                runs.append([i])
+            last = (sid, slot)
+            done.add(i)
+        for i in range(len(keys)):
+            if i not in done:  # pending (served from memory) or absent
+                runs.append([i])
+        for run in runs:
+            job = self._readers.submit(self._read_run, [keys[i] for i in run])
+            job.add_done_callback(functools.partial(_fan_out, run=run, futs=futs))
+        return futs
+
+    def get_many(self, keys: Sequence[bytes]) -> list[torch.Tensor | None]:
+        return [f.result() for f in self.get_many_async(keys)]
+
+    def delete(self, key: bytes) -> None:
+        with self._lock:
+            if self._pending.pop(key, None) is not None:
+                return  # the writer sees it gone and marks its slot dead
+            r = self._loc.pop(key, None)
+            if r is None:
+                return
+            self._touches.pop(key, None)
+            self._segments[r[0]].live -= 1
+            self._invalid.append((r[0], r[1]))
+            self._changed += 1
+        self._kick()
+
+    def pop_failed(self) -> list[bytes]:
+        out: list[bytes] = []
+        while self._failed:
+            out.append(self._failed.popleft())
+        return out
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until every queued write is durable (or failed), zero deleted records' headers,
+        and write the manifest; False on timeout."""
+        ok = self._workers.drain(timeout)
+        self._sync()
+        self._run_deferred()
+        self._sync()
+        self._checkpoint()
+        return ok
+
+    def close(self) -> None:
+        if not self._dirlock.held:
+            return
+        self._workers.shutdown(wait=True)
+        self._readers.shutdown(wait=True)
+        self._sync()
+        self._run_deferred()
+        self._sync()
+        self._checkpoint()
+        self._close_fds()
+        self._dirlock.release()
+
+    def compact(self) -> int:
+        """Copy the live records of sparse sealed segments forward and retire those segments
+        now (normally the writer threads do this after deletes); returns records moved."""
+        moved = 0
+        while True:
+            seg = self._pick_sparse()
+            if seg is None:
+                return moved
+            moved += self._compact(seg)
+
+    # ------------------------------------------------------------------ writing
+    def _reserve(self) -> tuple[_Segment, int]:
+        s = self._active
+        if s is None or s.slots >= self.slots_per_segment:
+            sid = self._next_segment
+            self._next_segment += 1
+            s = _Segment(sid, os.path.join(self._segdir, segment_name(sid)))
+            self._segments[sid] = s
+            self._active = s
+        slot = s.slots
+        s.slots += 1
+        s.open_slots.add(slot)
+        return s, slot
+
+    def _fd(self, s: _Segment) -> int:
+        """The segment's descriptor, opened on first use (created with its header)."""
+        with s.lock:
+            if s.retired:
+                raise OSError(f"segment {s.id:x} was retired")
+            if s.fd is None:
+                fd = os.open(s.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+                try:
+                    if os.fstat(fd).st_size == 0:
+                        _pwrite_all(fd, [encode_segment_header(self.geometry, s.id)], 0)
+                        if self.fsync:
+                            os.fsync(fd)
+                            fsync_dir(self._segdir)
+                except BaseException:
+                    os.close(fd)
+                    raise
+                s.fd = fd
+            return s.fd
+
+    def _write(self, key: bytes, gen: int) -> None:
+        with self._lock:
+            cur = self._pending.get(key)
+            if cur is None or cur[0] != gen:
+                return  # deleted before it reached the disk; its slot stays a hole
+            _, page, sid, slot, meta = cur
+            seg = self._segments[sid]
+        t0 = time.perf_counter()
+        try:
+            payload = page_bytes_view(page)
+            check = xxhash.xxh3_64_intdigest(payload)
+            head = encode_record_header(key, meta, payload.nbytes, check, sid, slot)
+            _pwrite_all(self._fd(seg), [head, payload], slot_offset(slot, self.record_bytes))
+        except OSError:
+            with self._lock:
+                cur = self._pending.get(key)
+                if cur is not None and cur[0] == gen:
+                    del self._pending[key]
+                seg.open_slots.discard(slot)
+                self.counters.write_errors += 1
+            self._failed.append(key)
+            return
+        with self._lock:
+            self.counters.write_seconds += time.perf_counter() - t0
+            self.counters.bytes_written += RECORD_HEADER_BYTES + payload.nbytes
+            self.counters.blocks_written += 1
+            self._unsynced.append((key, gen, sid, slot, meta, check))
+            seg.dirty = True
+            last = self._workers.queued() == 0
+        # Group commit: the writer that finds the queue empty syncs every write before it.
+        if last or not self.fsync:
+            self._sync()
+            self._run_deferred()
+
+    def _sync(self) -> None:
+        with self._sync_lock:
+            with self._lock:
+                batch, self._unsynced = self._unsynced, []
+                dirty = [s for s in self._segments.values() if s.dirty and s.fd is not None]
+                for s in dirty:
+                    s.dirty = False
+            failed: set[int] = set()
+            if self.fsync:
+                for s in dirty:
+                    try:
+                        os.fdatasync(s.fd)  # type: ignore[arg-type]
+                    except OSError:
+                        failed.add(s.id)
+            with self._lock:
+                for key, gen, sid, slot, meta, check in batch:
+                    seg = self._segments[sid]
+                    seg.open_slots.discard(slot)
+                    cur = self._pending.get(key)
+                    mine = cur is not None and cur[0] == gen
+                    if sid in failed:
+                        self.counters.write_errors += 1
+                        if mine:
+                            del self._pending[key]
+                            self._failed.append(key)
+                        continue
+                    if not mine:
+                        self._invalid.append((sid, slot))  # deleted while being written
+                        continue
+                    del self._pending[key]
+                    expires = max(meta.expires_at, self._touches.pop(key, 0.0))
+                    self._loc[key] = (
+                        sid,
+                        slot,
+                        meta.parent,
+                        meta.tenant,
+                        meta.retention,
+                        expires,
+                        check,
+                    )
+                    seg.live += 1
+                    self._changed += 1
+
+    # ------------------------------------------------------------------ deferred work
+    def _kick(self) -> None:
+        with self._lock:
+            if self._kicked:
+                return
+            self._kicked = True
+        try:
+            self._workers.submit(self._run_deferred, block=False)
+        except (queue.Full, RuntimeError):
+            with self._lock:
+                self._kicked = False
+
+    def _run_deferred(self) -> None:
+        """Zero deleted records' headers, compact or retire sparse segments, and write a
+        manifest once enough changed since the last one (writer threads, flush, close)."""
+        with self._lock:
+            self._kicked = False
+            invalid, self._invalid = self._invalid, []
+        for sid, slot in invalid:
+            s = self._segments.get(sid)
+            if s is None or s.fd is None:
+                continue
+            with contextlib.suppress(OSError):
+                _pwrite_all(s.fd, [_BLANK], slot_offset(slot, self.record_bytes))
+                s.dirty = True
+        seg = self._pick_sparse()
+        if seg is not None:
+            self._compact(seg)
+        if self._changed >= max(self.checkpoint_every, len(self._loc) // 4):
+            self._checkpoint()
+
+    def _pick_sparse(self) -> _Segment | None:
+        with self._lock:
+            for s in self._segments.values():
+                if s is self._active or s.open_slots or s.retired or not s.slots:
+                    continue
+                if s.live <= s.slots * self.compact_below:
+                    return s
+        return None
+
+    def _compact(self, old: _Segment) -> int:
+        """Copy ``old``'s live records to the active segment, then retire ``old``."""
+        with self._lock:
+            todo = [(k, r) for k, r in self._loc.items() if r[0] == old.id]
+        moved = 0
+        for key, r in todo:
+            page = self.get(key)  # verified; a corrupt record is dropped and counted
+            if page is None:
+                continue
+            with self._lock:
+                if self._loc.get(key) is not r:
+                    continue
+                seg, slot = self._reserve()
+            meta = BlockMeta(r[2], r[4], r[5], r[3])
+            try:
+                payload = page_bytes_view(page)
+                head = encode_record_header(key, meta, payload.nbytes, r[6], seg.id, slot)
+                _pwrite_all(self._fd(seg), [head, payload], slot_offset(slot, self.record_bytes))
+                if self.fsync:
+                    os.fdatasync(self._fd(seg))
+            except OSError:
+                with self._lock:
+                    seg.open_slots.discard(slot)
+                    self.counters.write_errors += 1
+                return moved  # keep the old copy; try again later
+            with self._lock:
+                seg.open_slots.discard(slot)
+                if self._loc.get(key) is r:
+                    self._loc[key] = (seg.id, slot, *r[2:])
+                    seg.live += 1
+                    old.live -= 1
+                    moved += 1
+                    self.counters.records_compacted += 1
+                else:
+                    self._invalid.append((seg.id, slot))
+        with self._lock:
+            if old.live or old.open_slots:
+                return moved
+            old.retired = True
+            self._segments.pop(old.id, None)
+            self._changed += 1
+        # The manifest that no longer lists the segment must be durable before it goes.
+        if self._checkpoint(force=True):
+            with contextlib.suppress(OSError):
+                os.unlink(old.path)
+            self.counters.segments_retired += 1
+            self._release_fd(old)
+        else:
+            with self._lock:
+                old.retired = False
+                self._segments[old.id] = old
+        return moved
+
+    def _checkpoint(self, force: bool = False) -> bool:
+        with self._manifest_lock:
+            with self._lock:
+                if not force and not self._changed:
+                    return True
+                changed, self._changed = self._changed, 0
+                items = list(self._loc.items())
+                covered = {
+                    s.id: (min(s.open_slots) if s.open_slots else s.slots)
+                    for s in self._segments.values()
+                }
+                next_segment = self._next_segment
+            classes = sorted({r[4] for _, r in items})
+            cls_id = {c: i for i, c in enumerate(classes)}
+            rows = np.zeros(len(items), dtype=MANIFEST_DTYPE)
+            if items:
+                rows["key"] = np.frombuffer(b"".join(k for k, _ in items), np.uint8).reshape(-1, 16)
+                rows["parent"] = np.frombuffer(
+                    b"".join(r[2] or bytes(16) for _, r in items), np.uint8
+                ).reshape(-1, 16)
+                rows["tenant"] = np.frombuffer(
+                    b"".join(r[3] or bytes(16) for _, r in items), np.uint8
+                ).reshape(-1, 16)
+                rows["flags"] = [(r[2] is not None) | (r[3] is not None) << 1 for _, r in items]
+                rows["cls"] = [cls_id[r[4]] for _, r in items]
+                rows["segment"] = [r[0] for _, r in items]
+                rows["slot"] = [r[1] for _, r in items]
+                rows["expires"] = [r[5] for _, r in items]
+                rows["xxh3"] = [r[6] for _, r in items]
+            head, body = encode_manifest(
+                self.geometry, Manifest(next_segment, covered, classes, rows)
+            )
+            tmp = os.path.join(self._tmp, f"manifest.{time.time_ns()}")
+            try:
+                write_manifest_file(self._manifest, tmp, head, body, self.fsync)
+            except OSError:
+                with self._lock:
+                    self._changed += changed
+                    self.counters.write_errors += 1
+                return False
+            self.counters.manifests_written += 1
+            return True
+
+    # ------------------------------------------------------------------ reading
+    def _read_run(self, keys: Sequence[bytes]) -> list[torch.Tensor | None]:
+        """Read ``keys`` (consecutive slots of one segment, or a single key) with one pread."""
+        out: list[torch.Tensor | None] = [None] * len(keys)
+        with self._lock:
+            recs: list[Rec | None] = []
+            for i, k in enumerate(keys):
+                pend = self._pending.get(k)
+                if pend is not None:
+                    out[i] = pend[1].clone()
+                    recs.append(None)
+                else:
+                    recs.append(self._loc.get(k))
+            todo = [i for i, r in enumerate(recs) if r is not None]
+            if not todo:
+                return out
+            seg = self._segments.get(recs[todo[0]][0])  # type: ignore[index]
+            if seg is None:
+                return out
+            seg.users += 1
+        sb = self.record_bytes
+        first = recs[todo[0]][1]  # type: ignore[index]
+        n = recs[todo[-1]][1] - first + 1  # type: ignore[index]
+        rec_len = RECORD_HEADER_BYTES + self.page_bytes
+        t0 = time.perf_counter()
+        try:
+            buf = bytearray((n - 1) * sb + rec_len)
+            got = _pread_into(self._fd(seg), buf, slot_offset(first, sb))
+        except OSError:
+            got = 0
+            buf = bytearray(0)
+        finally:
+            self._release_fd(seg, user=True)
+        view = memoryview(buf)
+        nread = 0
+        for i in todo:
+            r = recs[i]
+            assert r is not None
+            off = (r[1] - first) * sb
+            rec = view[off : off + rec_len]
+            try:
+                if off + rec_len > got:
+                    raise CorruptBlockError("record beyond the end of its segment")
+                check_record(rec, self.geometry, r[0], r[1], keys[i])
+            except CorruptBlockError:
+                self._lost(keys[i], r, bytes(rec))
+                continue
+            page = torch.frombuffer(
+                buf, dtype=torch.uint8, offset=off + RECORD_HEADER_BYTES, count=self.page_bytes
+            )
+            out[i] = page.view(self.dtype).reshape(self.page_shape)
+            nread += 1
+        with self._lock:
+            self.counters.bytes_read += nread * rec_len
+            self.counters.blocks_read += nread
+            self.counters.read_seconds += time.perf_counter() - t0
+        return out
+
+    def _lost(self, key: bytes, r: Rec, raw: bytes) -> None:
+        """A record failed its check: forget it, keep a copy in quarantine, zero its header."""
+        with self._lock:
+            if self._loc.get(key) is not r:
+                return
+            del self._loc[key]
+            s = self._segments.get(r[0])
+            if s is not None:
+                s.live -= 1
+            self._invalid.append((r[0], r[1]))
+            self._changed += 1
+            blank = is_blank(raw)
+            if blank:
+                self.counters.stale_entries += 1  # deleted before a crash, manifest older
+            else:
+                self.counters.corrupt_quarantined += 1
+        self._failed.append(key)
+        if not blank:
+            with contextlib.suppress(OSError):
+                path = os.path.join(self._quarantine, f"{key.hex()}.record.{time.time_ns()}")
+                with open(path, "wb") as f:
+                    f.write(raw)
+        self._kick()
+
+    # ------------------------------------------------------------------ internals
+    def _release_fd(self, s: _Segment, user: bool = False) -> None:
+        with self._lock:
+            if user:
+                s.users -= 1
+            close = s.retired and not s.users and s.fd is not None
+            fd, s.fd = (s.fd, None) if close else (None, s.fd)
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+    def _close_fds(self) -> None:
+        for s in list(self._segments.values()):
+            if s.fd is not None:
+                with contextlib.suppress(OSError):
+                    os.close(s.fd)
+                s.fd = None
+
+    def _quarantine_odd(self, path: str, name: str) -> None:
+        self.counters.odd_entries_quarantined += 1
+        with contextlib.suppress(OSError):
+            os.replace(path, os.path.join(self._quarantine, f"{name}.odd.{time.time_ns()}"))
+
+    def _quarantine_path(self, path: str, name: str) -> None:
+        dest = os.path.join(self._quarantine, f"{name}.{time.time_ns()}")
+        try:
+            os.replace(path, dest)
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+
+
+def _fan_out(
+    job: Future[list[torch.Tensor | None]],
+    *,
+    run: list[int],
+    futs: list[Future[torch.Tensor | None]],
+) -> None:
+    exc = job.exception()
+    for j, i in enumerate(run):
+        if exc is not None:
+            futs[i].set_exception(exc)
+        else:
+            futs[i].set_result(job.result()[j])
+
+
+def _pwrite_all(fd: int, bufs: list[bytes | memoryview], offset: int) -> None:
+    views = [memoryview(b).cast("B") for b in bufs]
+    while views:
+        n = os.pwritev(fd, views, offset)
+        offset += n
+        while views and n >= views[0].nbytes:
+            n -= views[0].nbytes
+            views.pop(0)
+        if views and n:
+            views[0] = views[0][n:]
+
+
+def _pread_into(fd: int, buf: bytearray, offset: int) -> int:
+    view = memoryview(buf)
+    got = 0
+    while got < len(buf):
+        n = os.preadv(fd, [view[got:]], offset + got)
+        if not n:
+            break
+        got += n
+    return got
+
+
+__all__ = ["SegmentCounters", "SegmentDiskTier"]
