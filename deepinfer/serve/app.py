@@ -19,10 +19,11 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from deepinfer.serve import choices as C
 from deepinfer.serve import protocol as P
 from deepinfer.serve.errors import APIError, bad_request, server_error
 from deepinfer.serve.params import DEFAULT_MAX_TOKENS, build_spec, check_model
-from deepinfer.serve.request_stream import Delta, Tracked
+from deepinfer.serve.request_stream import Tracked
 from deepinfer.serve.service import ServeService
 
 
@@ -79,20 +80,25 @@ def build_app(service: ServeService, *, manage_service: bool = True) -> FastAPI:
         tracked = service.submit(ids, spec, param="prompt")
         rid = f"cmpl-{uuid.uuid4().hex}"
         model = service.model_name
+        with_logprobs = spec.params.logprobs is not None
         if req.stream:
+            streamed = C.CompletionChunks(with_logprobs)
 
             async def chunks() -> AsyncIterator[dict[str, Any]]:
                 async for d in service.stream(tracked):
                     if d.error is not None:
                         raise APIError(d.status, d.error, type="server_error")
-                    if d.text or d.finished:
-                        yield P.completion_chunk(rid, model, d.text, _finish(d))
-                    if d.finished and spec.include_usage:
-                        yield P.completion_chunk(rid, model, "", None, _usage(d))
+                    choice = streamed.choice(d)
+                    if choice is not None:
+                        yield P.completion_chunk(rid, model, [choice])
+                    if d.last and spec.include_usage:
+                        yield P.completion_chunk(rid, model, [], C.usage(d))
 
             return _sse(chunks(), tracked)
-        text, final = await _collect(service, tracked, request)
-        body = P.completion_body(rid, model, text, _finish(final), _usage(final))
+        done = await _collect(service, tracked, request)
+        assert done.final is not None
+        choices = done.completion_choices(spec.params.n, with_logprobs)
+        body = P.completion_body(rid, model, choices, C.usage(done.final))
         return JSONResponse(body, headers=_headers(tracked))
 
     @app.post("/v1/chat/completions", response_model=None)
@@ -105,23 +111,25 @@ def build_app(service: ServeService, *, manage_service: bool = True) -> FastAPI:
         tracked = service.submit(ids, spec, param="messages")
         rid = f"chatcmpl-{uuid.uuid4().hex}"
         model = service.model_name
+        top = spec.params.logprobs  # None unless logprobs=true
         if req.stream:
 
             async def chunks() -> AsyncIterator[dict[str, Any]]:
-                yield P.chat_chunk(rid, model, {"role": "assistant", "content": ""}, None)
+                yield P.chat_chunk(rid, model, C.chat_role_chunk_choices(spec.params.n))
                 async for d in service.stream(tracked):
                     if d.error is not None:
                         raise APIError(d.status, d.error, type="server_error")
-                    if d.text:
-                        yield P.chat_chunk(rid, model, {"content": d.text}, None)
-                    if d.finished:
-                        yield P.chat_chunk(rid, model, {}, _finish(d))
-                        if spec.include_usage:
-                            yield P.chat_chunk(rid, model, None, None, _usage(d))
+                    choice = C.chat_chunk_choice(d, top)
+                    if choice is not None:
+                        yield P.chat_chunk(rid, model, [choice])
+                    if d.last and spec.include_usage:
+                        yield P.chat_chunk(rid, model, [], C.usage(d))
 
             return _sse(chunks(), tracked)
-        text, final = await _collect(service, tracked, request)
-        body = P.chat_body(rid, model, text, _finish(final), _usage(final))
+        done = await _collect(service, tracked, request)
+        assert done.final is not None
+        choices = done.chat_choices(spec.params.n, top)
+        body = P.chat_body(rid, model, choices, C.usage(done.final))
         return JSONResponse(body, headers=_headers(tracked))
 
     return app
@@ -165,26 +173,13 @@ def _chat_prompt(service: ServeService, req: P.ChatCompletionRequest) -> list[in
         raise bad_request(f"messages: {exc}", "messages") from exc
 
 
-def _finish(d: Delta) -> P.FinishReason:
-    if not d.finished:
-        return None
-    return "length" if d.finish_reason == "length" else "stop"
-
-
-def _usage(d: Delta) -> dict[str, Any]:
-    return P.usage(d.prompt_tokens, d.completion_tokens, d.cached_tokens)
-
-
-async def _collect(service: ServeService, tracked: Tracked, request: Request) -> tuple[str, Delta]:
+async def _collect(service: ServeService, tracked: Tracked, request: Request) -> C.Collected:
     """Run a non-streaming request to its end; abort it if the client goes away."""
-    parts: list[str] = []
-    final: list[Delta] = []
+    done = C.Collected()
 
     async def run() -> None:
         async for d in service.stream(tracked):
-            parts.append(d.text)
-            if d.finished:
-                final.append(d)
+            done.add(d)
 
     task = asyncio.ensure_future(run())
     try:
@@ -197,11 +192,11 @@ async def _collect(service: ServeService, tracked: Tracked, request: Request) ->
     except asyncio.CancelledError:
         task.cancel()
         raise
-    if not final:
+    if done.final is None:
         raise server_error("the request ended without an answer")
-    if final[0].error is not None:
-        raise APIError(final[0].status, final[0].error, type="server_error")
-    return "".join(parts), final[0]
+    if done.final.error is not None:
+        raise APIError(done.final.status, done.final.error, type="server_error")
+    return done
 
 
 def _headers(tracked: Tracked) -> dict[str, str]:

@@ -1,4 +1,4 @@
-"""OpenAI parameters -> `SamplingParams` (plus the stop strings the server applies itself).
+"""OpenAI parameters -> `SamplingParams` (stop strings included: the engine applies them).
 
 Each parameter maps onto a `SamplingParams` field when the engine has one; a parameter set to
 a value the engine cannot honour is a 400 that names it, never silently dropped. The engine's
@@ -24,16 +24,26 @@ _OPTIONAL = {
 }
 MAX_STOP_STRINGS = 4  # OpenAI's documented limit
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
+# Completions one request may run at once (n, best_of): each holds its own KV on one replica,
+# so an unbounded n would let one request starve that replica.
+MAX_CANDIDATES = 16
 
 
 @dataclass(frozen=True)
 class RequestSpec:
-    """What the service needs to run one request besides its prompt."""
+    """What the service needs to run one request besides its prompt. ``params.stop`` holds
+    the stop strings, ``params.n`` / ``best_of`` the completions, ``params.logprobs`` the
+    alternatives per token (``None``: no log-probabilities)."""
 
     params: SamplingParams
-    stop: tuple[str, ...]
     namespace: bytes
     include_usage: bool
+    stream: bool = False
+
+    @property
+    def candidates(self) -> int:
+        """Completions that run (``best_of`` when it ranks them, else ``n``)."""
+        return self.params.num_candidates
 
 
 def _fields() -> set[str]:
@@ -46,24 +56,36 @@ def build_spec(
     """Check ``req``'s parameters and build its `SamplingParams`; raise a 400 `APIError`."""
     known = _fields()
     kw: dict[str, Any] = {}
-    if req.n != 1:
-        raise unsupported("n", "must be 1: this server returns one choice per request")
+    # Which OpenAI parameter an engine message about a field is about (when names differ).
+    renamed: dict[str, str] = {}
+    if not 1 <= req.n <= MAX_CANDIDATES:
+        raise bad_request(f"n must be in [1, {MAX_CANDIDATES}], got {req.n}", "n")
+    kw["n"] = req.n
     if isinstance(req, CompletionRequest):
         if req.echo:
             raise unsupported("echo")
         if req.suffix:
             raise unsupported("suffix")
-        if req.best_of not in (None, 1):
-            raise unsupported("best_of", "must be 1")
-        if req.logprobs:
-            raise unsupported("logprobs", "is not supported by this engine yet")
+        if req.best_of is not None and req.best_of != req.n:
+            if req.best_of > MAX_CANDIDATES:
+                raise bad_request(
+                    f"best_of must be <= {MAX_CANDIDATES}, got {req.best_of}", "best_of"
+                )
+            if req.stream and req.best_of > req.n:
+                raise bad_request(
+                    "best_of > n cannot stream: the best completions are known at the end",
+                    "best_of",
+                )
+            kw["best_of"] = req.best_of
+        if req.logprobs is not None:
+            kw["logprobs"] = req.logprobs
         max_tokens = req.max_tokens
     else:
-        if req.logprobs or req.top_logprobs:
-            raise unsupported(
-                "top_logprobs" if req.top_logprobs else "logprobs",
-                "is not supported by this engine yet",
-            )
+        if req.top_logprobs is not None and not req.logprobs:
+            raise bad_request("top_logprobs needs logprobs set to true", "top_logprobs")
+        if req.logprobs:
+            kw["logprobs"] = req.top_logprobs or 0
+            renamed["logprobs"] = "top_logprobs"
         if req.tools:
             raise unsupported("tools")
         if req.response_format and req.response_format.get("type") not in (None, "text"):
@@ -107,16 +129,23 @@ def build_spec(
         kw["stop_token_ids"] = tuple(req.stop_token_ids)
     if req.ignore_eos:
         kw["ignore_eos"] = True
+    if req.min_tokens:
+        kw["min_tokens"] = req.min_tokens
+    if req.include_stop_str_in_output:
+        kw["include_stop_str_in_output"] = True
     stop = _stop_strings(req.stop)
+    if stop:
+        kw["stop"] = stop
     try:
         params = SamplingParams(**kw)
     except (ValueError, TypeError) as exc:
-        raise bad_request(str(exc), _param_of(str(exc), kw)) from exc
+        param = _param_of(str(exc), kw)
+        raise bad_request(str(exc), renamed.get(param or "", param)) from exc
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
     if req.stream_options is not None and not req.stream:
         raise bad_request("stream_options is only allowed with stream=true", "stream_options")
     namespace = b"" if req.user is None else b"user:" + req.user.encode("utf-8")
-    return RequestSpec(params, stop, namespace, include_usage)
+    return RequestSpec(params, namespace, include_usage, req.stream)
 
 
 def _stop_strings(stop: str | list[str] | None) -> tuple[str, ...]:

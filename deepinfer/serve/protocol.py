@@ -40,6 +40,8 @@ class _Sampling(BaseModel):
     repetition_penalty: float | None = None
     logit_bias: dict[str, float] | None = None
     ignore_eos: bool = False
+    min_tokens: int = 0
+    include_stop_str_in_output: bool = False
     user: str | None = None
 
 
@@ -79,51 +81,94 @@ def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dic
     }
 
 
+def completion_choice(
+    index: int,
+    text: str,
+    finish: FinishReason,
+    logprobs: dict[str, Any] | None = None,
+    stop_reason: str | int | None = None,
+) -> dict[str, Any]:
+    """One ``choices[i]`` of a completion or completion chunk. ``stop_reason`` (vLLM's
+    extension) names the stop string or token id that ended it (``None`` for EOS)."""
+    return {
+        "index": index,
+        "text": text,
+        "logprobs": logprobs,
+        "finish_reason": finish,
+        "stop_reason": stop_reason,
+    }
+
+
 def completion_body(
-    rid: str, model: str, text: str, finish: FinishReason, usage_: dict[str, Any]
+    rid: str, model: str, choices: list[dict[str, Any]], usage_: dict[str, Any]
 ) -> dict[str, Any]:
     return {
         "id": rid,
         "object": "text_completion",
         "created": int(time.time()),
         "model": model,
-        "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}],
+        "choices": choices,
         "usage": usage_,
     }
 
 
 def completion_chunk(
-    rid: str, model: str, text: str, finish: FinishReason, usage_: dict[str, Any] | None = None
+    rid: str,
+    model: str,
+    choices: list[dict[str, Any]],
+    usage_: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
+    """A streamed completion chunk; with ``usage_`` it is the final usage-only chunk."""
     body: dict[str, Any] = {
         "id": rid,
         "object": "text_completion",
         "created": int(time.time()),
         "model": model,
-        "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}],
+        "choices": [] if usage_ is not None else choices,
     }
     if usage_ is not None:
-        body["choices"] = []
         body["usage"] = usage_
     return body
 
 
+def chat_choice(
+    index: int,
+    text: str,
+    finish: FinishReason,
+    logprobs: dict[str, Any] | None = None,
+    stop_reason: str | int | None = None,
+) -> dict[str, Any]:
+    return {
+        "index": index,
+        "message": {"role": "assistant", "content": text},
+        "logprobs": logprobs,
+        "finish_reason": finish,
+        "stop_reason": stop_reason,
+    }
+
+
+def chat_delta_choice(
+    index: int,
+    delta: dict[str, Any],
+    finish: FinishReason,
+    logprobs: dict[str, Any] | None = None,
+    stop_reason: str | int | None = None,
+) -> dict[str, Any]:
+    choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
+    if finish is not None:
+        choice["stop_reason"] = stop_reason
+    return choice
+
+
 def chat_body(
-    rid: str, model: str, text: str, finish: FinishReason, usage_: dict[str, Any]
+    rid: str, model: str, choices: list[dict[str, Any]], usage_: dict[str, Any]
 ) -> dict[str, Any]:
     return {
         "id": rid,
         "object": "chat.completion",
         "created": int(time.time()),
         "model": model,
-        "choices": [
-            {
-                "index": 0,
-                "message": {"role": "assistant", "content": text},
-                "logprobs": None,
-                "finish_reason": finish,
-            }
-        ],
+        "choices": choices,
         "usage": usage_,
     }
 
@@ -131,8 +176,7 @@ def chat_body(
 def chat_chunk(
     rid: str,
     model: str,
-    delta: dict[str, Any] | None,
-    finish: FinishReason,
+    choices: list[dict[str, Any]],
     usage_: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """A ``chat.completion.chunk``; with ``usage_`` it is the final usage-only chunk."""
@@ -141,14 +185,10 @@ def chat_chunk(
         "object": "chat.completion.chunk",
         "created": int(time.time()),
         "model": model,
-        "choices": [],
+        "choices": [] if usage_ is not None else choices,
     }
     if usage_ is not None:
         body["usage"] = usage_
-    else:
-        body["choices"] = [
-            {"index": 0, "delta": delta or {}, "logprobs": None, "finish_reason": finish}
-        ]
     return body
 
 

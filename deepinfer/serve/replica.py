@@ -3,12 +3,16 @@
 The replica receives JSON messages on its end of a pipe (no pickle crosses it)::
 
     {"op": "add", "request_id", "prompt_ids", "params", "namespace"}   queue a request
+                                                 (``n``/``best_of`` fan out into candidates)
     {"op": "abort", "request_id"}                                     drop it, free its KV
     {"op": "prefill", ...} / {"op": "decode", ..., "kv"}              PD roles (replica_pd.py)
     {"op": "shutdown"}                                                flush the cache, exit
 
 and answers with ``info`` and ``ready`` once its engine is built (``fatal`` if that fails),
-``output`` per request step, ``rejected`` for a request the engine refused, and ``state``
+``output`` per request step (per candidate: ``index`` says which of a request's ``n``/``best_of``
+completions advanced; the new tokens' ``logprobs`` when asked, see `deepinfer.serve.logprobs`;
+the engine's ``finish_reason`` / ``stop_reason``, stop strings included), ``rejected`` for a
+request the engine refused, and ``state``
 whenever its load or prefix cache changed: queue and KV figures, a fitted step-time model, and
 the prefix cache's store/evict events (block hashes from the store's event subscription, as
 vLLM's KV events give cache-aware routers) so the front's router sees what this replica holds.
@@ -30,9 +34,11 @@ import torch
 from deepinfer.engine.cache_setup import PrefixCacheConfig
 from deepinfer.engine.config import EngineConfig
 from deepinfer.engine.engine import LLMEngine
+from deepinfer.engine.fanout import fan_out
 from deepinfer.engine.outputs import RequestOutput
 from deepinfer.engine.sampling_params import SamplingParams
 from deepinfer.pd.messages import params_from_json, recv, send
+from deepinfer.serve.logprobs import to_wire
 from deepinfer.serve.replica_pd import PDRole
 from deepinfer.serve.step_model import StepTimeFit
 from deepinfer_cache import AllBlocksCleared, BlockStored
@@ -81,24 +87,22 @@ class Replica:
         self._resync = True
         self._last_load: tuple[int, ...] = ()
         self._last_sent = 0.0
+        # n / best_of: engine request id of a candidate -> (request id, candidate index), and
+        # a request's candidates still running (one-candidate requests keep their own id).
+        self._candidate: dict[str, tuple[str, int]] = {}
+        self._running: dict[str, set[str]] = {}
 
     # ------------------------------------------------------------------ messages
     def on_message(self, message: dict[str, Any]) -> None:
         op = message["op"]
         if op == "add":
-            rid = str(message["request_id"])
-            try:
-                self.engine.add_request(
-                    [int(t) for t in message["prompt_ids"]],
-                    params_from_json(message["params"]),
-                    request_id=rid,
-                    namespace=bytes.fromhex(message.get("namespace", "")),
-                )
-            except (ValueError, TypeError) as exc:
-                send(self.conn, {"op": "rejected", "request_id": rid, "error": str(exc)})
+            self.add(message)
         elif op == "abort":
-            self.engine.abort(str(message["request_id"]))
-            self.pd.abort(str(message["request_id"]))
+            rid = str(message["request_id"])
+            for cid in self._running.pop(rid, {rid}):
+                self._candidate.pop(cid, None)
+                self.engine.abort(cid)
+            self.pd.abort(rid)
         elif op == "prefill":
             try:
                 self.pd.start_prefill(message)
@@ -110,6 +114,32 @@ class Replica:
             self.admit_decodes()
         else:
             raise ValueError(f"replica got unknown op {op!r}")
+
+    def add(self, message: dict[str, Any]) -> None:
+        """Queue a request: one engine request per candidate (``fan_out``, as `LLM.generate`
+        does, so candidate ``i`` of a seeded request draws with ``seed + i``). If the engine
+        refuses one candidate, none runs."""
+        rid = str(message["request_id"])
+        added: list[str] = []
+        try:
+            children = fan_out(params_from_json(message["params"]))
+            ids = [rid] if len(children) == 1 else [f"{rid}#{i}" for i in range(len(children))]
+            for cid, params in zip(ids, children):
+                self.engine.add_request(
+                    [int(t) for t in message["prompt_ids"]],
+                    params,
+                    request_id=cid,
+                    namespace=bytes.fromhex(message.get("namespace", "")),
+                )
+                added.append(cid)
+        except (ValueError, TypeError) as exc:
+            for cid in added:
+                self.engine.abort(cid)
+            send(self.conn, {"op": "rejected", "request_id": rid, "error": str(exc)})
+            return
+        if len(ids) > 1:
+            self._running[rid] = set(ids)
+            self._candidate.update({cid: (rid, i) for i, cid in enumerate(ids)})
 
     def admit_decodes(self) -> None:
         for result in self.pd.admit_decodes():
@@ -125,23 +155,40 @@ class Replica:
             if handoff is not None:
                 send(self.conn, handoff)
                 return
+        send(self.conn, self.output_message(out))
+
+    def output_message(self, out: RequestOutput) -> dict[str, Any]:
+        """The ``output`` message of one engine output (a candidate's, with its index)."""
+        rid, index = self._candidate.get(out.request_id, (out.request_id, 0))
+        if out.finished and rid in self._running:
+            self._candidate.pop(out.request_id, None)
+            running = self._running[rid]
+            running.discard(out.request_id)
+            if not running:
+                del self._running[rid]
         m = out.metrics
-        send(
-            self.conn,
-            {
-                "op": "output",
-                "request_id": out.request_id,
-                "new_token_ids": list(out.new_token_ids),
-                "new_text": out.new_text,
-                "num_tokens": len(out.token_ids),
-                "finished": out.finished,
-                "finish_reason": out.finish_reason,
-                "error": out.error,
-                "prompt_tokens": len(out.prompt_token_ids),
-                "cached_tokens": m.num_cached_tokens if m else 0,
-                "spec": [m.num_spec_steps, m.num_accepted_drafts] if m else [0, 0],
-            },
-        )
+        c = out.outputs[0]
+        new = len(out.new_token_ids)
+        logprobs = None
+        if c.logprobs is not None:
+            logprobs = to_wire(c.logprobs[len(c.logprobs) - new :] if new else [])
+        return {
+            "op": "output",
+            "request_id": rid,
+            "index": index,
+            "new_token_ids": list(out.new_token_ids),
+            "new_text": out.new_text,
+            "num_tokens": len(out.token_ids),
+            "finished": out.finished,
+            "finish_reason": out.finish_reason,
+            "stop_reason": c.stop_reason,
+            "cumulative_logprob": c.cumulative_logprob,
+            "logprobs": logprobs,
+            "error": out.error,
+            "prompt_tokens": len(out.prompt_token_ids),
+            "cached_tokens": m.num_cached_tokens if m else 0,
+            "spec": [m.num_spec_steps, m.num_accepted_drafts] if m else [0, 0],
+        }
 
     # ------------------------------------------------------------------ state
     def load(self) -> dict[str, Any]:

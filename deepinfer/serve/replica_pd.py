@@ -4,7 +4,8 @@ transfer (`deepinfer.pd.transport`: pages through POSIX shared memory, JSON hand
 A prefill replica runs a ``prefill`` request like any other, with at most two tokens to go; as
 soon as its first token is sampled it exports the prompt's KV pages, drops the request (its
 full blocks stay in the replica's prefix cache for the next turn) and answers ``prefilled``
-with the first token and the page handle. The front pairs it with a decode replica
+with the first token (and its log-probabilities, when asked) and the page handle. The front
+pairs it with a decode replica
 (`deepinfer_sched`'s `LeastLoadedPairing`), which receives ``decode``: it imports the pages into
 its own blocks when it has room (`LLMEngine.add_prefilled_request`) and streams the request from
 its first token on.
@@ -22,6 +23,7 @@ from deepinfer.engine.outputs import RequestOutput
 from deepinfer.models.kv_pool import OutOfBlocksError
 from deepinfer.pd.messages import params_from_json
 from deepinfer.pd.transport import discard, export_pages, import_pages
+from deepinfer.serve.logprobs import to_wire
 
 
 class PDRole:
@@ -59,6 +61,7 @@ class PDRole:
         bs = self.engine.config.block_size
         handle = export_pages(self.engine.pool, blocks[: -(-num_tokens // bs)])
         m = out.metrics
+        first = out.outputs[0].logprobs
         self.engine.abort(out.request_id, save_prefix=True)
         return {
             "op": "prefilled",
@@ -67,6 +70,9 @@ class PDRole:
             "kv": handle,
             "prompt_tokens": num_tokens,
             "cached_tokens": m.num_cached_tokens if m else 0,
+            # The decode replica never sees the first token's distribution: the front patches
+            # these into its first output.
+            "first_logprobs": to_wire(first[:1]) if first else None,
         }
 
     def abort(self, request_id: str) -> None:

@@ -188,6 +188,9 @@ class ServeService:
             )
         if not prompt_ids:
             raise bad_request("the prompt is empty", param)
+        if self.config.pd is not None and spec.candidates > 1:
+            # A prefill replica hands one KV copy to one decode request.
+            raise bad_request("n > 1 and best_of > 1 are not supported with --pd yet", "n")
         if not [h for h in self.replicas if h.status is ReplicaStatus.UP]:
             raise unavailable("no replica is up yet")
         rid = f"{uuid.uuid4().hex[:24]}"
@@ -299,6 +302,7 @@ class ServeService:
         tracked.replica = handle
         tracked.kv = message["kv"]
         tracked.cached_tokens = int(message.get("cached_tokens", 0))
+        tracked.first_logprobs = message.get("first_logprobs")
         view.on_routed(tracked.request_id, (), 0)
         handle.send(
             {
@@ -326,23 +330,24 @@ class ServeService:
             tracked.replica.view.on_finished(tracked.request_id)
 
     async def stream(self, tracked: Tracked) -> AsyncIterator[Delta]:
-        """The request's deltas as they come; the last has ``finished``. Leaving the loop
-        early (the client went away) aborts the request."""
+        """The request's deltas as they come (one per completion step; with ``n > 1`` the
+        completions interleave); the last has ``last``. Leaving the loop early (the client
+        went away) aborts the request."""
         maker = DeltaMaker(tracked, self.metrics)
         finished = False
         try:
             while True:
                 message = await tracked.queue.get()
                 delta = maker.make(message)
-                if delta.finished:
+                if delta.last:
                     finished = True
-                    if maker.stopped_early:
-                        self._cancel(tracked)  # a stop string hit; the engine runs on
                     if delta.error is None:
                         self._account(tracked, message, delta.completion_tokens)
+                    elif not tracked.done:
+                        self._cancel(tracked)  # one completion failed: stop its siblings
                     yield delta
                     return
-                if delta.text or delta.token_ids:
+                if delta.text or delta.token_ids or delta.finished:
                     yield delta
         finally:
             if not finished:
@@ -364,8 +369,7 @@ class ServeService:
             tracked = self._tracked.get(str(message["request_id"]))
             if tracked is None or tracked.replica is not handle:
                 return  # aborted, or the answer of a replica it was moved away from
-            tracked.streamed += len(message["new_token_ids"])
-            if message["finished"]:
+            if tracked.on_output(message):
                 self._tracked.pop(tracked.request_id, None)
                 tracked.done = True
                 handle.view.on_finished(tracked.request_id)

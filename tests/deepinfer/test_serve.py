@@ -151,6 +151,7 @@ def test_stop_strings_cut_the_text_streaming_or_not(client: openai.OpenAI) -> No
     )
     assert out.choices[0].text == expected
     assert out.choices[0].finish_reason == "stop"
+    assert out.choices[0].model_extra["stop_reason"] == stop  # the engine's, passed on
     streamed = client.completions.create(
         model=MODEL,
         prompt=prompt,
@@ -193,12 +194,13 @@ def test_unknown_model_is_404(client: openai.OpenAI) -> None:
     [
         ({"temperature": -1.0}, "temperature"),
         ({"top_p": 0.0}, "top_p"),
-        ({"n": 2}, "n"),
+        ({"n": 17}, "n"),
         ({"max_tokens": 0}, "max_tokens"),
-        ({"logprobs": 2}, "logprobs"),
+        ({"logprobs": 21}, "logprobs"),
         ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),
         ({"echo": True}, "echo"),
-        ({"best_of": 3}, "best_of"),
+        ({"best_of": 3, "temperature": 0.0}, "best_of"),
+        ({"best_of": 3, "stream": True}, "best_of"),
     ],
 )
 def test_bad_parameters_are_400_naming_the_parameter(

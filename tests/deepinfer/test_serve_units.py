@@ -1,9 +1,11 @@
-"""Pieces of `deepinfer serve` without a server: stop strings, parameter mapping, the live
-replica view under the `deepinfer_sched` routers, the step-time fit."""
+"""Pieces of `deepinfer serve` without a server: stop strings (the engine's matcher, which the
+replicas apply), parameter mapping, log-probability and choice formatting, the live replica view
+under the `deepinfer_sched` routers, the step-time fit."""
 
 from __future__ import annotations
 
 import itertools
+import math
 
 import pytest
 from hypothesis import example, given, settings
@@ -11,16 +13,23 @@ from hypothesis import strategies as st
 
 pytest.importorskip("fastapi")
 
+from deepinfer.engine.outputs import Logprob
+from deepinfer.engine.stop_strings import StopStringMatcher
+from deepinfer.serve.choices import Collected
 from deepinfer.serve.errors import APIError
+from deepinfer.serve.logprobs import FLOOR, chat_logprobs, completion_logprobs, to_wire
 from deepinfer.serve.params import build_spec
 from deepinfer.serve.protocol import ChatCompletionRequest, CompletionRequest
 from deepinfer.serve.replica_view import ReplicaView
+from deepinfer.serve.request_stream import Delta
 from deepinfer.serve.routing import ReplicaRouter, RoutedRequest, prompt_hashes
 from deepinfer.serve.step_model import StepTimeFit
-from deepinfer.serve.stop import StopMatcher
 
 
 # ---------------------------------------------------------------------- stop strings
+# The server has no stop matcher of its own: stop strings travel in SamplingParams and the
+# replica's engine cuts them (deepinfer.engine.stop_strings). These pin the streaming
+# semantics the HTTP API promises on that matcher.
 @settings(max_examples=60, deadline=None)
 @given(
     text=st.text(alphabet="abc\n", max_size=40),
@@ -29,38 +38,45 @@ from deepinfer.serve.stop import StopMatcher
 )
 @example(text="\naa", stops=["a", "\naa"], cuts=[2])  # a later-starting stop completes first
 @example(text="\naa", stops=["a", "\naa"], cuts=[])  # one piece: the earliest start wins
-def test_stop_matcher_equals_cutting_the_whole_text(
+def test_engine_stop_matcher_equals_cutting_the_whole_text(
     text: str, stops: list[str], cuts: list[int]
 ) -> None:
     """However the text arrives in pieces, generation stops at the first piece that completes
-    a stop string, and the emitted text is what came before that stop string's earliest
-    occurrence (OpenAI semantics); nothing past it is ever emitted. (Which stop wins can depend
-    on the pieces: with stops "a" and "\\naa", pieces "\\na" + "a" stop at "a" before "\\naa"
-    exists, as an engine checking after each token does.)"""
+    a stop string, and the released text is what came before that stop string's earliest
+    occurrence (OpenAI semantics); nothing past it is ever released. (Which stop wins can
+    depend on the pieces: with stops "a" and "\\naa", pieces "\\na" + "a" stop at "a" before
+    "\\naa" exists, as an engine checking after each token does.)"""
     bounds = sorted({0, len(text), *(c for c in cuts if c <= len(text))})
-    expected, hit = text, False
+    expected, hit = text, None
     for b in bounds[1:]:
-        found = [i for i in (text[:b].find(s) for s in stops) if i >= 0]
+        found = [(i, s) for s in stops if (i := text[:b].find(s)) >= 0]
         if found:
-            expected, hit = text[: min(found)], True
+            at = min(i for i, _ in found)
+            expected, hit = text[:at], True
             break
-    m = StopMatcher(tuple(stops))
-    out = ""
+    m = StopStringMatcher(stops)
+    out, matched = "", None
     for a, b in itertools.pairwise(bounds):
-        out += m.feed(text[a:b])
+        released, matched = m.push(text[a:b])
+        out += released
         assert expected.startswith(out)
-    out += m.flush()
+        if matched is not None:
+            break
+    if matched is None:
+        out += m.flush()
     assert out == expected
-    assert m.stopped == hit
+    assert (matched is not None) == bool(hit)
+    if matched is not None:
+        assert expected + matched == text[: len(expected) + len(matched)]
 
 
-def test_stop_matcher_holds_back_a_partial_stop() -> None:
-    m = StopMatcher(("END",))
-    assert m.feed("abcE") == "abc"
-    assert m.feed("N") == ""
-    assert m.feed("x") == "ENx"
-    assert m.feed("yEND tail") == "y" and m.stopped
-    assert m.feed("more") == "" and m.flush() == ""
+def test_engine_stop_matcher_holds_back_a_partial_stop() -> None:
+    m = StopStringMatcher(("END",))
+    assert m.push("abcE") == ("abc", None)
+    assert m.push("N") == ("", None)
+    assert m.push("x") == ("ENx", None)
+    assert m.push("yEND tail") == ("y", "END")
+    assert m.push("more") == ("", "END")
 
 
 # ---------------------------------------------------------------------- parameters
@@ -81,7 +97,7 @@ def test_parameters_map_onto_sampling_params() -> None:
     spec = build_spec(req, default_max_tokens=16)
     p = spec.params
     assert (p.max_tokens, p.temperature, p.top_p, p.top_k, p.seed) == (7, 0.5, 0.9, -1, 3)
-    assert spec.stop == ("##",)
+    assert p.stop == ("##",)  # the engine applies it
     assert spec.namespace == b"user:alice"
     assert spec.include_usage
 
@@ -110,7 +126,11 @@ def test_chat_max_completion_tokens_and_defaults() -> None:
 @pytest.mark.parametrize(
     ("fields", "param"),
     [
-        ({"n": 3}, "n"),
+        ({"n": 0}, "n"),
+        ({"n": 17}, "n"),
+        ({"best_of": 2, "stream": True}, "best_of"),
+        ({"best_of": 2, "temperature": 0.0}, "best_of"),
+        ({"logprobs": 21}, "logprobs"),
         ({"temperature": -0.5}, "temperature"),
         ({"top_p": 1.5}, "top_p"),
         ({"stream_options": {"include_usage": True}}, "stream_options"),
@@ -124,6 +144,104 @@ def test_bad_parameters_raise_400_naming_them(fields: dict[str, object], param: 
     assert err.value.status == 400
     assert err.value.param == param
     assert err.value.body()["error"]["param"] == param
+
+
+def test_n_logprobs_and_stop_reach_sampling_params() -> None:
+    spec = build_spec(
+        CompletionRequest(
+            model="m", prompt="x", n=2, best_of=3, logprobs=4, seed=9, stop=["a", "bb"]
+        ),
+        default_max_tokens=4,
+    )
+    p = spec.params
+    assert (p.n, p.best_of, p.logprobs, p.stop) == (2, 3, 4, ("a", "bb"))
+    assert spec.candidates == 3
+    msgs = [{"role": "user", "content": "hi"}]
+    chat = build_spec(
+        ChatCompletionRequest(model="m", messages=msgs, logprobs=True, top_logprobs=5, n=2),
+        default_max_tokens=4,
+    )
+    assert (chat.params.logprobs, chat.params.n) == (5, 2)
+    plain = build_spec(ChatCompletionRequest(model="m", messages=msgs), default_max_tokens=4)
+    assert plain.params.logprobs is None
+    assert (
+        build_spec(
+            ChatCompletionRequest(model="m", messages=msgs, logprobs=True), default_max_tokens=4
+        ).params.logprobs
+        == 0
+    )
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"top_logprobs": 2}, "top_logprobs"),  # needs logprobs=true
+        ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+        ({"n": 0}, "n"),
+    ],
+)
+def test_bad_chat_logprob_parameters_name_them(fields: dict[str, object], param: str) -> None:
+    msgs = [{"role": "user", "content": "hi"}]
+    with pytest.raises(APIError) as err:
+        build_spec(ChatCompletionRequest(model="m", messages=msgs, **fields), default_max_tokens=4)  # type: ignore[arg-type]
+    assert err.value.status == 400 and err.value.param == param
+
+
+# ---------------------------------------------------------------------- logprobs, choices
+def _position(chosen: int, table: dict[int, tuple[float, int]]) -> dict[int, Logprob]:
+    out = {chosen: Logprob(table[chosen][0], table[chosen][1], f"t{chosen}")}
+    for t, (lp, rank) in table.items():
+        out.setdefault(t, Logprob(lp, rank, f"t{t}"))
+    return out
+
+
+def test_logprobs_wire_and_openai_shapes() -> None:
+    # Token 7 sampled at rank 3; the top 2 are 1 and 2. -inf becomes the JSON-safe floor.
+    pos = _position(7, {7: (-2.5, 3), 1: (-0.5, 1), 2: (-1.0, 2)})
+    ruled_out = _position(4, {4: (-math.inf, 9)})
+    wire = to_wire([pos, ruled_out])
+    assert wire[0][0] == [7, -2.5, 3, "t7"] and wire[1][0][1] == FLOOR
+    legacy, end = completion_logprobs(wire, 10)
+    assert legacy["tokens"] == ["t7", "t4"]
+    assert legacy["token_logprobs"] == [-2.5, FLOOR]
+    assert legacy["top_logprobs"][0] == {"t7": -2.5, "t1": -0.5, "t2": -1.0}  # top k + chosen
+    assert legacy["text_offset"] == [10, 12] and end == 14
+    chat = chat_logprobs(wire[:1], 2)["content"]
+    assert chat[0]["token"] == "t7" and chat[0]["bytes"] == list(b"t7")
+    assert [e["token"] for e in chat[0]["top_logprobs"]] == ["t1", "t2"]  # exactly k, by rank
+    assert chat_logprobs(wire[:1], 0)["content"][0]["top_logprobs"] == []
+
+
+def test_best_of_keeps_the_most_likely_completions_renumbered() -> None:
+    done = Collected()
+    for i, (text, cum) in enumerate((("a", -3.0), ("b", -1.0), ("c", -2.0))):
+        done.add(
+            Delta(
+                index=i,
+                text=text,
+                finished=True,
+                finish_reason="length",
+                cumulative_logprob=cum,
+                last=i == 2,
+            )
+        )
+    choices = done.completion_choices(2, with_logprobs=False)
+    assert [(c["index"], c["text"]) for c in choices] == [(0, "b"), (1, "c")]
+    assert all(c["finish_reason"] == "length" for c in choices)
+
+
+def test_interleaved_completions_keep_their_own_text() -> None:
+    done = Collected()
+    for index, text in ((0, "x"), (1, "p"), (0, "y"), (1, "q")):
+        done.add(Delta(index=index, text=text))
+    done.add(Delta(index=1, finished=True, finish_reason="stop", stop_reason="##"))
+    done.add(Delta(index=0, finished=True, finish_reason="length", last=True))
+    choices = done.chat_choices(2, None)
+    assert [c["message"]["content"] for c in choices] == ["xy", "pq"]
+    assert [(c["finish_reason"], c["stop_reason"]) for c in choices] == [
+        ("length", None),
+        ("stop", "##"),
+    ]
 
 
 # ---------------------------------------------------------------------- routing
