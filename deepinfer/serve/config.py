@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from deepinfer.engine.cache_setup import PrefixCacheConfig
-from deepinfer.engine.config import EngineConfig
+from deepinfer.engine.config import EngineConfig, SpeculativeConfig
 from deepinfer_sched.policies import ROUTERS
 
 _DTYPES = ("float32", "bfloat16", "float16")
@@ -22,7 +22,9 @@ class ServeConfig:
     predicted TTFT on the chosen replica exceeds it. ``max_waiting``: reject (429) when the
     chosen replica already queues this many requests. ``drain_timeout_s``: on SIGTERM, how long
     in-flight requests may run before they are aborted. ``restart``: restart a replica that
-    died. ``pd``: ``(P, D)`` runs the first P replicas as prefill and the other D as decode
+    died. ``speculative``: each replica drafts with DSpark (``"dspark"``, a drafter
+    checkpoint directory, or a `SpeculativeConfig` that also fixes the verify count or turns the
+    draft gate off). ``pd``: ``(P, D)`` runs the first P replicas as prefill and the other D as decode
     replicas (``replicas`` must be P + D), paired per request with the PD KV transfer.
     """
 
@@ -35,7 +37,7 @@ class ServeConfig:
     device: str = "cpu"
     engine: EngineConfig = field(default_factory=EngineConfig)
     prefix_cache: PrefixCacheConfig | None = field(default_factory=PrefixCacheConfig)
-    speculative: str | None = None
+    speculative: str | SpeculativeConfig | None = None
     threads_per_replica: int = 1
     cache_dir: str | None = None
     ttft_slo_s: float | None = None
@@ -46,6 +48,13 @@ class ServeConfig:
     pd: tuple[int, int] | None = None
 
     def __post_init__(self) -> None:
+        if self.speculative is not None and not isinstance(
+            self.speculative, (str, SpeculativeConfig)
+        ):
+            raise ValueError(
+                "speculative must be None, 'dspark', a drafter checkpoint directory or a "
+                f"SpeculativeConfig, got {self.speculative!r}"
+            )
         if not isinstance(self.replicas, int) or self.replicas < 1:
             raise ValueError(f"replicas must be an int >= 1, got {self.replicas!r}")
         if self.router not in ROUTERS:

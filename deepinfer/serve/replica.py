@@ -32,7 +32,7 @@ from typing import Any
 import torch
 
 from deepinfer.engine.cache_setup import PrefixCacheConfig
-from deepinfer.engine.config import EngineConfig
+from deepinfer.engine.config import EngineConfig, SpeculativeConfig
 from deepinfer.engine.engine import LLMEngine
 from deepinfer.engine.fanout import fan_out
 from deepinfer.engine.outputs import RequestOutput
@@ -57,7 +57,7 @@ class ReplicaSettings:
     device: str = "cpu"
     engine: dict[str, Any] = field(default_factory=dict)
     cache: dict[str, Any] | None = None
-    speculative: str = ""
+    speculative: str | dict[str, Any] = ""  # a SpeculativeConfig crosses as its dict
     threads: int = 1
     cache_dir: str | None = None
 
@@ -309,7 +309,11 @@ def build_replica_engine(settings: ReplicaSettings) -> tuple[LLMEngine, Any]:
         dtype=settings.dtype,
         device=settings.device,
         engine_config=EngineConfig(**settings.engine),
-        speculative=settings.speculative or None,
+        speculative=(
+            SpeculativeConfig(**settings.speculative)
+            if isinstance(settings.speculative, dict)
+            else settings.speculative or None
+        ),
         prefix_cache=cache,
         cache_dir=settings.cache_dir,
         directory_suffix=suffix,

@@ -15,7 +15,7 @@ from types import FrameType
 from typing import Any
 
 from deepinfer.engine.cache_setup import PrefixCacheConfig
-from deepinfer.engine.config import EngineConfig
+from deepinfer.engine.config import EngineConfig, SpeculativeConfig
 from deepinfer.serve.config import ServeConfig
 from deepinfer_sched.policies import ROUTERS
 
@@ -36,6 +36,18 @@ def add_serve_parser(sub: Any) -> argparse.ArgumentParser:
         "--pd", default=None, metavar="P:D", help="P prefill + D decode replicas (not --replicas)"
     )
     p.add_argument("--speculative", default=None, help="'dspark' or a drafter checkpoint dir")
+    p.add_argument(
+        "--num-speculative-tokens",
+        type=int,
+        default=None,
+        metavar="K",
+        help="verify K drafts per step (default: DSpark's scheduler picks per step)",
+    )
+    p.add_argument(
+        "--no-draft-gate",
+        action="store_true",
+        help="draft on every step, even where this machine's profile says it does not pay",
+    )
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--device", default="cpu")
     p.add_argument("--num-blocks", type=int, default=2048, help="KV blocks per replica")
@@ -83,12 +95,25 @@ def config_from_args(args: argparse.Namespace) -> ServeConfig:
             max_model_len=args.max_model_len,
         ),
         prefix_cache=cache,
-        speculative=args.speculative,
+        speculative=_speculative(args),
         threads_per_replica=args.threads,
         ttft_slo_s=args.ttft_slo,
         max_waiting=args.max_waiting,
         drain_timeout_s=args.drain_timeout,
     )
+
+
+def _speculative(args: argparse.Namespace) -> str | SpeculativeConfig | None:
+    if args.num_speculative_tokens is None and not args.no_draft_gate:
+        return args.speculative  # type: ignore[no-any-return]
+    if args.speculative is None:
+        raise SystemExit("--num-speculative-tokens / --no-draft-gate need --speculative")
+    try:
+        return SpeculativeConfig(
+            args.speculative, args.num_speculative_tokens, draft_gate=not args.no_draft_gate
+        )
+    except ValueError as exc:
+        raise SystemExit(f"--speculative: {exc}") from None
 
 
 def run_server(config: ServeConfig, host: str, port: int, log_level: str = "info") -> int:

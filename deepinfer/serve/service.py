@@ -18,6 +18,7 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
+from deepinfer.engine.config import SpeculativeConfig
 from deepinfer.pd.messages import params_to_json
 from deepinfer.pd.transport import discard
 from deepinfer.serve.config import ServeConfig
@@ -93,7 +94,11 @@ class ServeService:
                 device=cfg.device,
                 engine=dataclasses.asdict(cfg.engine),
                 cache=cache,
-                speculative=cfg.speculative or "",
+                speculative=(
+                    cfg.speculative.to_dict()
+                    if isinstance(cfg.speculative, SpeculativeConfig)
+                    else cfg.speculative or ""
+                ),
                 threads=cfg.threads_per_replica,
                 cache_dir=cfg.cache_dir,
             )
