@@ -1,4 +1,4 @@
-"""`LlamaConfig`: the shape of a Llama-family model (Llama, SmolLM2, Qwen2-style dense models)."""
+"""`LlamaConfig`: the shape of a Llama-family decoder (Llama, SmolLM2, Qwen2, Qwen3, Mistral)."""
 
 from __future__ import annotations
 
@@ -6,11 +6,11 @@ import dataclasses
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
-ROPE_SCALING_TYPES = ("llama3", "factors")
+ROPE_SCALING_TYPES = ("llama3", "factors", "yarn")
 
 
 @dataclass(frozen=True)
@@ -24,6 +24,11 @@ class RopeScaling:
 
     ``factors`` (llama.cpp's): ``f'_i = f_i / factors[i]``, one divisor per frequency, as a
     GGUF file's ``rope_freqs`` tensor stores Llama-3.1/3.2 scaling.
+
+    ``yarn`` (YaRN, as Hugging Face computes it; DeepSeek-V2/V3, long-context Qwen): each
+    frequency blends ``f/factor`` and ``f`` along a linear ramp between the correction
+    dimensions of ``beta_fast`` and ``beta_slow`` rotations; cos/sin are multiplied by
+    :attr:`attention_factor` (``mscale``/``mscale_all_dim`` give DeepSeek's form).
     """
 
     rope_type: str = "llama3"
@@ -32,6 +37,12 @@ class RopeScaling:
     high_freq_factor: float = 4.0
     original_max_position_embeddings: int = 8192
     factors: tuple[float, ...] | None = None
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    mscale: float = 0.0
+    mscale_all_dim: float = 0.0
+    yarn_attention_factor: float | None = None
+    truncate: bool = True
 
     def __post_init__(self) -> None:
         if self.rope_type not in ROPE_SCALING_TYPES:
@@ -53,6 +64,15 @@ class RopeScaling:
             )
         if not self.factor >= 1.0:
             raise ValueError(f"rope_scaling.factor must be >= 1, got {self.factor}")
+        if self.original_max_position_embeddings <= 0:
+            raise ValueError("rope_scaling.original_max_position_embeddings must be positive")
+        if self.rope_type == "yarn":
+            if not 0 < self.beta_slow <= self.beta_fast:
+                raise ValueError(
+                    "rope_scaling (yarn) needs 0 < beta_slow <= beta_fast, got "
+                    f"{self.beta_slow} and {self.beta_fast}"
+                )
+            return
         if not 0 < self.low_freq_factor < self.high_freq_factor:
             raise ValueError(
                 "rope_scaling needs 0 < low_freq_factor < high_freq_factor, got "
@@ -61,9 +81,38 @@ class RopeScaling:
         if self.original_max_position_embeddings <= 0:
             raise ValueError("rope_scaling.original_max_position_embeddings must be positive")
 
+    @property
+    def attention_factor(self) -> float:
+        """What YaRN multiplies cos and sin by (1 for the other types)."""
+        if self.rope_type != "yarn":
+            return 1.0
+        if self.yarn_attention_factor is not None:
+            return self.yarn_attention_factor
+        if self.mscale and self.mscale_all_dim:
+            return yarn_mscale(self.factor, self.mscale) / yarn_mscale(
+                self.factor, self.mscale_all_dim
+            )
+        return yarn_mscale(self.factor)
+
     def to_hf(self) -> dict[str, Any]:
         if self.rope_type == "factors":  # not a Hugging Face type: read back by from_hf_config
             return {"rope_type": "factors", "factors": list(self.factors or ())}
+        if self.rope_type == "yarn":
+            out: dict[str, Any] = {
+                "rope_type": "yarn",
+                "factor": self.factor,
+                "original_max_position_embeddings": self.original_max_position_embeddings,
+                "beta_fast": self.beta_fast,
+                "beta_slow": self.beta_slow,
+                "truncate": self.truncate,
+            }
+            if self.mscale:
+                out["mscale"] = self.mscale
+            if self.mscale_all_dim:
+                out["mscale_all_dim"] = self.mscale_all_dim
+            if self.yarn_attention_factor is not None:
+                out["attention_factor"] = self.yarn_attention_factor
+            return out
         return {
             "rope_type": self.rope_type,
             "factor": self.factor,
@@ -71,6 +120,11 @@ class RopeScaling:
             "high_freq_factor": self.high_freq_factor,
             "original_max_position_embeddings": self.original_max_position_embeddings,
         }
+
+
+def yarn_mscale(scale: float, mscale: float = 1.0) -> float:
+    """YaRN's magnitude correction ``0.1 * mscale * ln(scale) + 1`` (1 when not scaled)."""
+    return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
 
 
 def _positive(name: str, value: int) -> None:
@@ -104,6 +158,11 @@ class LlamaConfig:
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = field(default_factory=tuple)
     attention_bias: bool = False  # Qwen2 has biases on q/k/v
+    qk_norm: bool = False  # Qwen3: RMSNorm over each head of q and k before the rotation
+    # Per-layer sliding window (0: full attention); empty when no layer slides (Mistral: all).
+    layer_windows: tuple[int, ...] = ()
+    model_type: str = "llama"  # the Hugging Face family the checkpoint came from
+    MODEL_TYPES: ClassVar[tuple[str, ...]] = ("llama", "qwen2", "qwen3", "mistral")
 
     def __post_init__(self) -> None:
         for name in (
@@ -143,6 +202,18 @@ class LlamaConfig:
                 f"rope_scaling.factors must hold head_dim / 2 = {self.head_dim // 2} values, "
                 f"got {len(factors)}"
             )
+        windows = tuple(int(w) for w in self.layer_windows)
+        if windows and (len(windows) != self.num_layers or min(windows) < 0):
+            raise ValueError(
+                f"layer_windows must hold num_layers = {self.num_layers} values >= 0, got "
+                f"{list(windows)}"
+            )
+        object.__setattr__(self, "layer_windows", windows if any(windows) else ())
+        if self.model_type not in self.MODEL_TYPES:
+            raise ValueError(
+                f"model_type {self.model_type!r} is not supported here (supported: "
+                f"{', '.join(self.MODEL_TYPES)})"
+            )
         eos = self.eos_token_ids
         if isinstance(eos, int):
             eos = (eos,)
@@ -157,6 +228,15 @@ class LlamaConfig:
     @property
     def q_size(self) -> int:
         return self.num_heads * self.head_dim
+
+    def window_of(self, layer: int) -> int:
+        """Layer ``layer``'s sliding window (0: it attends over the whole context)."""
+        return self.layer_windows[layer] if self.layer_windows else 0
+
+    def kv_page_layout(self) -> tuple[int, int, int]:
+        """``(planes, heads, width)`` of one token's KV in one layer: K and V planes of
+        ``num_kv_heads x head_dim``."""
+        return 2, self.num_kv_heads, self.head_dim
 
     @property
     def kv_size(self) -> int:
@@ -173,12 +253,7 @@ class LlamaConfig:
         try:
             hidden = int(cfg["hidden_size"])
             heads = int(cfg["num_attention_heads"])
-            eos = cfg.get("eos_token_id")
-            eos_ids: tuple[int, ...] = (
-                () if eos is None else (int(eos),) if isinstance(eos, int) else tuple(eos)
-            )
-            archs = cfg.get("architectures") or []
-            is_qwen2 = cfg.get("model_type") == "qwen2" or any("Qwen2" in a for a in archs)
+            model_type = hf_model_type(cfg)
             return cls(
                 vocab_size=int(cfg["vocab_size"]),
                 hidden_size=hidden,
@@ -188,13 +263,16 @@ class LlamaConfig:
                 num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
                 head_dim=int(cfg.get("head_dim") or hidden // heads),
                 rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-5)),
-                rope_theta=float(cfg.get("rope_theta", 10000.0)),
-                rope_scaling=_rope_scaling_from_dict(cfg.get("rope_scaling")),
+                rope_theta=hf_rope_theta(cfg),
+                rope_scaling=_rope_scaling_from_dict(hf_rope_scaling(cfg)),
                 max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
                 tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
                 bos_token_id=cfg.get("bos_token_id"),
-                eos_token_ids=eos_ids,
-                attention_bias=bool(cfg.get("attention_bias", is_qwen2)),
+                eos_token_ids=hf_eos_ids(cfg),
+                attention_bias=bool(cfg.get("attention_bias", model_type == "qwen2")),
+                qk_norm=model_type == "qwen3",
+                layer_windows=hf_layer_windows(cfg, model_type),
+                model_type=model_type,
             )
         except KeyError as exc:
             raise ValueError(f"config.json is missing required key {exc.args[0]!r}") from exc
@@ -209,9 +287,24 @@ class LlamaConfig:
             if len(self.eos_token_ids) == 1
             else list(self.eos_token_ids)
         )
+        windows = set(self.layer_windows) - {0}
+        window = max(windows) if windows else None
+        slide: dict[str, Any] = {}
+        if self.model_type == "mistral":
+            slide = {"sliding_window": window}
+        elif window is not None:
+            slide = {
+                "use_sliding_window": True,
+                "sliding_window": window,
+                "max_window_layers": self.num_layers,
+                "layer_types": [
+                    "sliding_attention" if w else "full_attention" for w in self.layer_windows
+                ],
+            }
         return {
-            "architectures": ["LlamaForCausalLM"],
-            "model_type": "llama",
+            "architectures": [ARCHITECTURE_OF[self.model_type]],
+            "model_type": self.model_type,
+            **slide,
             "vocab_size": self.vocab_size,
             "hidden_size": self.hidden_size,
             "intermediate_size": self.intermediate_size,
@@ -297,9 +390,15 @@ class LlamaConfig:
         return dataclasses.replace(self, **changes)
 
 
-# What `LlamaModel` implements; everything else is refused by name.
-SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "mistral")
-SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM")
+# What `LlamaModel` (and the Qwen3 variant in qwen.py) implements; the rest is refused by name.
+ARCHITECTURE_OF = {
+    "llama": "LlamaForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+    "mistral": "MistralForCausalLM",
+}
+SUPPORTED_MODEL_TYPES = tuple(ARCHITECTURE_OF)
+SUPPORTED_ARCHITECTURES = tuple(ARCHITECTURE_OF.values())
 SUPPORTED_ACTIVATIONS = ("silu", "swish")
 # Per-layer GGUF tensor kinds (``blk.N.<kind>.weight|bias``) and global tensors the loader maps.
 GGUF_LAYER_TENSORS = frozenset(
@@ -339,14 +438,6 @@ def check_hf_config(cfg: Mapping[str, Any]) -> None:
         act = cfg.get(key)
         if act is not None and act not in SUPPORTED_ACTIVATIONS:
             raise ValueError(f"{key} {act!r} is not supported (only silu)")
-    sliding = cfg.get("sliding_window")
-    if sliding is not None and cfg.get("use_sliding_window", True):
-        limit = int(cfg.get("max_position_embeddings", 2048))
-        if int(sliding) < limit:
-            raise ValueError(
-                f"sliding_window = {sliding} is not supported: attention here is over the full "
-                f"context (max_position_embeddings = {limit})"
-            )
     for key in ("mlp_bias",):
         if cfg.get(key):
             raise ValueError(f"{key} = true is not supported")
@@ -356,6 +447,74 @@ def check_hf_config(cfg: Mapping[str, Any]) -> None:
     partial = cfg.get("partial_rotary_factor", 1.0)
     if partial != 1.0:
         raise ValueError(f"partial_rotary_factor = {partial} is not supported (only 1.0)")
+
+
+def hf_model_type(cfg: Mapping[str, Any]) -> str:
+    """The family of a ``config.json``: its ``model_type``, else read from ``architectures``."""
+    model_type = cfg.get("model_type")
+    if model_type is not None:
+        return str(model_type)
+    for arch in cfg.get("architectures") or []:
+        for kind, name in ARCHITECTURE_OF.items():
+            if arch == name:
+                return kind
+    return "llama"
+
+
+def hf_rope_theta(cfg: Mapping[str, Any], default: float = 10000.0) -> float:
+    """``rope_theta`` at the top level (transformers 4) or in ``rope_parameters`` (5)."""
+    params = cfg.get("rope_parameters")
+    if cfg.get("rope_theta") is not None:
+        return float(cfg["rope_theta"])
+    if isinstance(params, Mapping) and params.get("rope_theta") is not None:
+        return float(params["rope_theta"])
+    return default
+
+
+def hf_rope_scaling(cfg: Mapping[str, Any]) -> Any:
+    """The rope scaling dict: ``rope_scaling`` (transformers 4, model repos) or the scaling
+    keys of ``rope_parameters`` (transformers 5)."""
+    if cfg.get("rope_scaling") is not None:
+        return cfg["rope_scaling"]
+    params = cfg.get("rope_parameters")
+    if isinstance(params, Mapping):
+        return {k: v for k, v in params.items() if k != "rope_theta"}
+    return None
+
+
+def hf_eos_ids(cfg: Mapping[str, Any]) -> tuple[int, ...]:
+    eos = cfg.get("eos_token_id")
+    return () if eos is None else (int(eos),) if isinstance(eos, int) else tuple(eos)
+
+
+def hf_layer_windows(cfg: Mapping[str, Any], model_type: str) -> tuple[int, ...]:
+    """Per-layer sliding windows (0: full) as Hugging Face applies them: Mistral slides every
+    layer by ``sliding_window``; Qwen2/Qwen3 only with ``use_sliding_window``, on the layers
+    ``layer_types`` marks (by default those from ``max_window_layers`` on)."""
+    window = cfg.get("sliding_window")
+    layers = int(cfg["num_hidden_layers"])
+    if window is None or (model_type != "mistral" and not cfg.get("use_sliding_window", False)):
+        kinds = cfg.get("layer_types")
+        if kinds and any(k != "full_attention" for k in kinds):
+            raise ValueError(
+                f"layer_types {sorted(set(kinds))} without a sliding_window is not supported"
+            )
+        return ()
+    window = int(window)
+    if window <= 0:
+        raise ValueError(f"sliding_window must be positive, got {window}")
+    kinds = cfg.get("layer_types")
+    if kinds is None:
+        if model_type == "mistral":
+            return (window,) * layers
+        first = int(cfg.get("max_window_layers", layers))
+        return tuple(window if i >= first else 0 for i in range(layers))
+    if len(kinds) != layers:
+        raise ValueError(f"layer_types has {len(kinds)} entries for {layers} layers")
+    unknown = sorted(set(kinds) - {"full_attention", "sliding_attention"})
+    if unknown:
+        raise ValueError(f"layer type {unknown[0]!r} is not supported")
+    return tuple(window if k == "sliding_attention" else 0 for k in kinds)
 
 
 def check_gguf_tensors(names: set[str] | frozenset[str]) -> None:
@@ -391,6 +550,23 @@ def _rope_scaling_from_dict(raw: Any) -> RopeScaling | None:
         return None
     if kind == "factors":
         return RopeScaling(rope_type="factors", factors=tuple(raw.get("factors") or ()))
+    if kind == "yarn":
+        if raw.get("factor") is None or raw.get("original_max_position_embeddings") is None:
+            raise ValueError(
+                "rope_scaling (yarn) needs factor and original_max_position_embeddings"
+            )
+        attention = raw.get("attention_factor")
+        return RopeScaling(
+            rope_type="yarn",
+            factor=float(raw["factor"]),
+            original_max_position_embeddings=int(raw["original_max_position_embeddings"]),
+            beta_fast=float(raw.get("beta_fast") or 32.0),
+            beta_slow=float(raw.get("beta_slow") or 1.0),
+            mscale=float(raw.get("mscale") or 0.0),
+            mscale_all_dim=float(raw.get("mscale_all_dim") or 0.0),
+            yarn_attention_factor=None if attention is None else float(attention),
+            truncate=bool(raw.get("truncate", True)),
+        )
     return RopeScaling(
         rope_type=str(kind),
         factor=float(raw.get("factor", 8.0)),

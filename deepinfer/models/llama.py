@@ -8,7 +8,7 @@ holds one decode token or a mix of prefill chunks and decodes.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, cast
+from typing import Any, ClassVar, cast
 
 import torch
 import torch.nn.functional as F
@@ -35,10 +35,12 @@ from deepinfer_kernels.cpu import (
 
 
 class LlamaAttention(nn.Module):
-    """GQA self-attention: ``softmax(q k^T / sqrt(D) + causal mask) v`` over the paged cache."""
+    """GQA self-attention: ``softmax(q k^T / sqrt(D) + causal mask) v`` over the paged cache,
+    within the layer's sliding window when it has one (Mistral)."""
 
-    def __init__(self, config: LlamaConfig) -> None:
+    def __init__(self, config: LlamaConfig, layer: int = 0) -> None:
         super().__init__()
+        self.window = config.window_of(layer)
         self.num_heads = config.num_heads
         self.num_kv_heads = config.num_kv_heads
         self.head_dim = config.head_dim
@@ -97,6 +99,7 @@ class LlamaAttention(nn.Module):
             head_dim=self.head_dim,
             scale=self.scale,
             causal=True,
+            sliding_window=self.window or None,
             cpu_kernel=cpu_kernel,
         )
 
@@ -105,11 +108,17 @@ class LlamaAttention(nn.Module):
     ) -> torch.Tensor:
         """Plain causal attention over ``x`` ``[B, S, H]`` with no cache (training, reference)."""
         q, k, v = self.project_qkv(x, cos, sin, rope)
+        mask = None
+        if self.window:
+            pos = torch.arange(x.shape[-2], device=x.device)
+            diff = pos[:, None] - pos[None, :]
+            mask = (diff >= 0) & (diff < self.window)  # key j in (p - window, p]
         out = F.scaled_dot_product_attention(
             q.transpose(1, 2),
             k.transpose(1, 2),
             v.transpose(1, 2),
-            is_causal=True,
+            attn_mask=mask,
+            is_causal=mask is None,
             scale=self.scale,
             enable_gqa=self.num_heads != self.num_kv_heads,
         )
@@ -133,10 +142,12 @@ class LlamaMLP(nn.Module):
 
 
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, config: LlamaConfig) -> None:
+    def __init__(
+        self, config: LlamaConfig, layer: int = 0, attention: type[LlamaAttention] = LlamaAttention
+    ) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.self_attn = LlamaAttention(config)
+        self.self_attn = attention(config, layer)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = LlamaMLP(config)
 
@@ -154,11 +165,16 @@ class LlamaModel(nn.Module):
         next_id = model.compute_logits(hidden[-1:]).argmax(-1)
     """
 
+    # The attention of each layer: families differ here (qwen.py's adds per-head q/k norms).
+    attention_class: ClassVar[type[LlamaAttention]] = LlamaAttention
+
     def __init__(self, config: LlamaConfig, *, init: bool = True) -> None:
         super().__init__()
         self.config = config
         self.embed_tokens = Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(LlamaDecoderLayer(config) for _ in range(config.num_layers))
+        self.layers = nn.ModuleList(
+            LlamaDecoderLayer(config, i, self.attention_class) for i in range(config.num_layers)
+        )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.lm_head: Linear | None = (
             None if config.tie_word_embeddings else Linear(config.hidden_size, config.vocab_size)
@@ -237,8 +253,8 @@ class LlamaModel(nn.Module):
         # attention).
         if not layers:
             return self.norm.forward(residual), []
-        kernels = self.cpu_kernels
-        plan = layers[0].self_attn.plan_attention(attn, kv_pool.block_size, kernels.attention)
+        plans = self._plan_layers(attn, kv_pool.block_size)
+        plan = plans[0]
         panels = self._fused_panels(residual, kv_pool, attn)
         if panels is not None:
             return self._forward_fused(
@@ -250,7 +266,9 @@ class LlamaModel(nn.Module):
         residual, normed = self._add_norm(residual, None, layers[0].input_layernorm)
         for i, layer in enumerate(layers):
             k_cache, v_cache = kv_pool.layer_caches(i)
-            h = layer.self_attn.forward(normed, cos, sin, self.rope, k_cache, v_cache, plan, writer)
+            h = layer.self_attn.forward(
+                normed, cos, sin, self.rope, k_cache, v_cache, plans[i], writer
+            )
             residual, normed = self._add_norm(residual, h, layer.post_attention_layernorm)
             h = layer.mlp.forward(normed)
             residual, normed = self._add_norm(residual, h, self._norm_after(i))
@@ -264,9 +282,33 @@ class LlamaModel(nn.Module):
         """Every layer's bf16 panels when this step can take ``cpu_kernels.layer``
         (``DecoderLayerKernel.applies``) and every projection weight is bf16-exact."""
         kernel = self.cpu_kernels.layer
-        if kernel is None or not kernel.applies(x, kv_pool.layer_caches(0)[0], attn.slot_mapping):
+        if (
+            kernel is None
+            or not self.fused_layer_kernel_fits()
+            or not kernel.applies(x, kv_pool.layer_caches(0)[0], attn.slot_mapping)
+        ):
             return None
         return self.layer_panels.get()
+
+    def fused_layer_kernel_fits(self) -> bool:
+        """Whether ``cpu_kernels.layer`` computes these layers: it knows Llama's attention
+        over the full context, not q/k norms or sliding windows."""
+        return type(self).attention_class is LlamaAttention and not self.config.layer_windows
+
+    def _plan_layers(
+        self, attn: AttentionMetadata, block_size: int
+    ) -> list[deepinfer_kernels.PagedAttentionPlan]:
+        """One attention plan per layer, planned once per distinct sliding window."""
+        by_window: dict[int, deepinfer_kernels.PagedAttentionPlan] = {}
+        plans = []
+        for layer in self.decoder_layers():
+            attention = layer.self_attn
+            if attention.window not in by_window:
+                by_window[attention.window] = attention.plan_attention(
+                    attn, block_size, self.cpu_kernels.attention
+                )
+            plans.append(by_window[attention.window])
+        return plans
 
     def _projections(self) -> list[LayerProjections]:
         return [

@@ -12,7 +12,9 @@ import torch
 from deepinfer.models.chat_template import ChatTemplate
 from deepinfer.models.config import LlamaConfig
 from deepinfer.models.convert import convert_gguf
+from deepinfer.models.families import config_from_hf, model_class
 from deepinfer.models.gguf_model import load_gguf_model_cached
+from deepinfer.models.half_weights import build_own_dtype_model, runs_from_own_dtype
 from deepinfer.models.llama import LlamaModel
 from deepinfer.models.registry import default_model_path
 from deepinfer.models.safetensors_loader import load_hf_dir
@@ -37,8 +39,9 @@ def build_model(
     dtype: torch.dtype = torch.float32,
     device: torch.device | str = "cpu",
 ) -> LlamaModel:
-    """A `LlamaModel` holding ``state`` (HF names), skipping random initialisation."""
-    model = LlamaModel(config, init=False)  # storage is replaced by ``state`` right away
+    """The family's model (:func:`~deepinfer.models.families.model_class`) holding ``state``
+    (HF names), skipping random initialisation."""
+    model = model_class(config)(config, init=False)  # storage is replaced by ``state`` now
     model.load_hf_state_dict({k: v.to(device=device, dtype=dtype) for k, v in state.items()})
     return model.eval().requires_grad_(False)
 
@@ -88,7 +91,7 @@ def load_model_files(
     config_file = model_dir / "config.json"
     if not config_file.is_file():
         raise ValueError(f"model directory {os.fspath(model_dir)!r} has no config.json")
-    config = LlamaConfig.from_hf_config(json.loads(config_file.read_text(encoding="utf-8")))
+    config = config_from_hf(json.loads(config_file.read_text(encoding="utf-8")))
     tokenizer = Tokenizer.from_file(model_dir / "tokenizer.json")
     if not tokenizer.eos_token_ids and config.eos_token_ids:
         tokenizer.eos_token_ids = config.eos_token_ids
@@ -130,7 +133,11 @@ def load_model(
         # when ``dtype`` is wider; a GGUF file asked for in another dtype runs from its
         # converted copy.
         config, state = load_hf_dir(model_dir)
-        model = build_model(config, state, dtype=dtype, device=device)
+        if runs_from_own_dtype(state, dtype, device):
+            # fp32 arithmetic on the checkpoint's bf16/fp16 matrices, one copy each.
+            model = build_own_dtype_model(config, state, model_class(config)(config, init=False))
+        else:
+            model = build_model(config, state, dtype=dtype, device=device)
         del state
     tokenizer = Tokenizer.from_file(model_dir / "tokenizer.json")
     if not tokenizer.eos_token_ids and config.eos_token_ids:

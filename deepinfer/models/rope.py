@@ -19,6 +19,8 @@ def inverse_frequencies(
     inv = 1.0 / (theta**exponents)
     if scaling is None:
         return inv
+    if scaling.rope_type == "yarn":
+        return _yarn_frequencies(inv, head_dim, theta, scaling)
     if scaling.factors is not None:
         # Divide in float64: llama.cpp scales the angle by 1/factor in full precision.
         factors = torch.tensor(scaling.factors, dtype=torch.float64)
@@ -34,6 +36,29 @@ def inverse_frequencies(
     out = torch.where(wavelen > low_wavelen, inv / scaling.factor, inv)
     is_mid = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
     return torch.where(is_mid, mid, out)
+
+
+def _yarn_frequencies(
+    inv: torch.Tensor, head_dim: int, theta: float, scaling: RopeScaling
+) -> torch.Tensor:
+    """YaRN: frequencies rotating fewer than ``beta_slow`` times over the original context
+    are interpolated (``f/factor``), those rotating more than ``beta_fast`` times kept, with a
+    linear ramp between (the dimensions where each count is reached; floored/ceiled when
+    ``truncate``), as Hugging Face computes it."""
+
+    def correction_dim(rotations: float) -> float:
+        ctx = scaling.original_max_position_embeddings
+        return head_dim * math.log(ctx / (rotations * 2 * math.pi)) / (2 * math.log(theta))
+
+    low, high = correction_dim(scaling.beta_fast), correction_dim(scaling.beta_slow)
+    if scaling.truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, head_dim - 1)
+    if low == high:
+        high += 0.001  # a one-point ramp would divide by zero
+    ramp = ((torch.arange(head_dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
+    keep = 1 - ramp  # the share of the original (extrapolated) frequency
+    return (inv / scaling.factor) * (1 - keep) + inv * keep
 
 
 class RotaryEmbedding:
@@ -55,6 +80,8 @@ class RotaryEmbedding:
         self.head_dim = head_dim
         self.max_position_embeddings = max_position_embeddings
         self.inv_freq = inverse_frequencies(head_dim, theta, scaling)
+        # YaRN scales cos and sin (the attention temperature); 1 for the other types.
+        self.attention_factor = 1.0 if scaling is None else scaling.attention_factor
 
     def cos_sin(
         self, positions: torch.Tensor, dtype: torch.dtype
@@ -68,6 +95,8 @@ class RotaryEmbedding:
         inv = self.inv_freq.to(positions.device)
         angles = positions.float().unsqueeze(-1) * inv
         cos, sin = angles.cos(), angles.sin()
+        if self.attention_factor != 1.0:
+            cos, sin = cos * self.attention_factor, sin * self.attention_factor
         full_cos = torch.cat((cos, cos), dim=-1).to(dtype).unsqueeze(-2)
         signed_sin = torch.cat((-sin, sin), dim=-1).to(dtype).unsqueeze(-2)
         return full_cos, signed_sin

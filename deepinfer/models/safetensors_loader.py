@@ -21,7 +21,9 @@ def load_hf_config(model_dir: str | os.PathLike[str]) -> LlamaConfig:
         raise ValueError(f"{path} is not valid JSON: {exc}") from exc
     if not isinstance(raw, dict):
         raise ValueError(f"{path} must hold a JSON object")
-    return LlamaConfig.from_hf_config(raw)
+    from deepinfer.models.families import config_from_hf  # families import the model classes
+
+    return config_from_hf(raw)
 
 
 def load_safetensors_dir(

@@ -95,7 +95,9 @@ def test_qwen2_config_gets_qkv_bias() -> None:
 
 def test_rope_scaling_validation() -> None:
     with pytest.raises(ValueError, match="rope_type"):
-        RopeScaling(rope_type="yarn")
+        RopeScaling(rope_type="longrope")
+    with pytest.raises(ValueError, match="beta_slow"):
+        RopeScaling(rope_type="yarn", beta_fast=1.0, beta_slow=32.0)
     with pytest.raises(ValueError, match="low_freq_factor"):
         RopeScaling(low_freq_factor=4.0, high_freq_factor=1.0)
     cfg = LlamaConfig(**BASE, rope_scaling={"rope_type": "llama3", "factor": 8.0})  # type: ignore[arg-type]

@@ -39,12 +39,20 @@ LLAMA: dict[str, Any] = {
     ("changes", "needle"),
     [
         ({"model_type": "gemma", "architectures": ["GemmaForCausalLM"]}, "model_type 'gemma'"),
-        ({"model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"]}, "model_type 'qwen3'"),
-        ({"model_type": None, "architectures": ["Qwen3ForCausalLM"]}, "'Qwen3ForCausalLM'"),
+        ({"model_type": "qwen3_moe", "architectures": ["Qwen3MoeForCausalLM"]}, "'qwen3_moe'"),
+        ({"model_type": None, "architectures": ["Qwen3MoeForCausalLM"]}, "'Qwen3MoeForCausalLM'"),
         ({"hidden_act": "gelu_pytorch_tanh"}, "hidden_act 'gelu_pytorch_tanh'"),
         ({"hidden_activation": "gelu"}, "hidden_activation 'gelu'"),
-        ({"model_type": "mistral", "sliding_window": 1024}, "sliding_window = 1024"),
-        ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "rope_type 'yarn'"),
+        (
+            {
+                "model_type": "qwen2",
+                "use_sliding_window": True,
+                "sliding_window": 64,
+                "layer_types": ["full_attention", "chunked_attention"],
+            },
+            "layer type 'chunked_attention'",
+        ),
+        ({"rope_scaling": {"rope_type": "dynamic", "factor": 4.0}}, "rope_type 'dynamic'"),
         ({"rope_scaling": {"type": "linear", "factor": 2.0}}, "rope_type 'linear'"),
         ({"mlp_bias": True}, "mlp_bias"),
         ({"quantization_config": {"quant_method": "awq"}}, "quantization_config (awq)"),
@@ -64,7 +72,16 @@ def test_unsupported_hf_settings_are_refused_by_name(changes: dict[str, Any], ne
         {},
         {"model_type": "mistral", "architectures": ["MistralForCausalLM"], "sliding_window": None},
         {"model_type": "mistral", "sliding_window": 4096},  # window covers the whole context
+        {"model_type": "mistral", "sliding_window": 1024},  # sliding-window attention
         {"model_type": "qwen2", "sliding_window": 1024, "use_sliding_window": False},
+        {"model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"]},
+        {
+            "rope_scaling": {
+                "rope_type": "yarn",
+                "factor": 4.0,
+                "original_max_position_embeddings": 64,
+            }
+        },
         {"rope_scaling": {"rope_type": "llama3", "factor": 8.0}},
         {"rope_scaling": {"type": "default"}},
     ],

@@ -1,0 +1,95 @@
+"""Tiny random checkpoints of each supported family, written by transformers' own classes.
+
+Each directory holds what a Hugging Face repo holds (``config.json``, ``model.safetensors``,
+``tokenizer.json`` built with the ``tokenizers`` library, ``tokenizer_config.json`` with a chat
+template), so the engine loads it exactly as it would a downloaded model.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from model_helpers import CHAT_TEMPLATE, MERGES, SPECIALS, tiny_vocab
+
+COMMON: dict[str, Any] = {
+    "hidden_size": 64,
+    "intermediate_size": 96,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 512,
+    "rms_norm_eps": 1e-6,
+    # Wider than HF's 0.02 so the logits spread: greedy choices are then far from ties that
+    # float rounding (1e-6) could flip, and the token-identity check means something.
+    "initializer_range": 0.2,
+    "bos_token_id": None,
+    "eos_token_id": None,
+}
+
+# (transformers class name, config class name, extra config) per family.
+FAMILIES: dict[str, tuple[str, str, dict[str, Any]]] = {
+    "qwen2": ("Qwen2ForCausalLM", "Qwen2Config", {"tie_word_embeddings": False}),
+    "qwen3": ("Qwen3ForCausalLM", "Qwen3Config", {"head_dim": 16, "tie_word_embeddings": True}),
+    # A window shorter than prompt + output: positions past it must not see the oldest keys.
+    "mistral": ("MistralForCausalLM", "MistralConfig", {"sliding_window": 12}),
+}
+
+
+def write_tokenizer(out: Path) -> None:
+    """A byte-level BPE ``tokenizer.json`` over :func:`model_helpers.tiny_vocab`."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    tokens, _ = tiny_vocab()
+    vocab = {t: i for i, t in enumerate(tokens)}
+    merges = [tuple(m.split(" ")) for m in MERGES]
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges))  # type: ignore[arg-type]
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)  # type: ignore[assignment]
+    tok.decoder = decoders.ByteLevel()  # type: ignore[assignment]
+    tok.add_special_tokens(SPECIALS)
+    tok.save(str(out / "tokenizer.json"))
+    meta = {"eos_token": "<|im_end|>", "bos_token": None, "chat_template": CHAT_TEMPLATE}
+    (out / "tokenizer_config.json").write_text(json.dumps(meta), encoding="utf-8")
+
+
+def build_checkpoint(family: str, out: Path, seed: int = 0, **extra: Any) -> torch.nn.Module:
+    """Save a random ``family`` model (fp32) with its tokenizer into ``out``; returns the
+    transformers model, in eval mode."""
+    import transformers
+
+    model_cls, config_cls, family_extra = FAMILIES.get(family, (None, None, {}))
+    if model_cls is None or config_cls is None:
+        raise KeyError(family)
+    tokens, _ = tiny_vocab()
+    config = getattr(transformers, config_cls)(
+        vocab_size=len(tokens), **{**COMMON, **family_extra, **extra}
+    )
+    torch.manual_seed(seed)
+    model = getattr(transformers, model_cls)(config).eval()
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(str(out))
+    write_tokenizer(out)
+    return model
+
+
+def prompts(vocab: int, count: int = 10, seed: int = 3) -> list[list[int]]:
+    """``count`` prompts of 1..~30 ordinary (non-special) tokens."""
+    gen = torch.Generator().manual_seed(seed)
+    lengths = [1 + (7 * i) % 29 for i in range(count)]
+    return [torch.randint(len(SPECIALS), vocab, (n,), generator=gen).tolist() for n in lengths]
+
+
+def hf_greedy(model: torch.nn.Module, prompt: list[int], max_new: int) -> list[int]:
+    """transformers' own ``generate`` (greedy, no EOS: the configs define none)."""
+    with torch.inference_mode():
+        out = model.generate(  # type: ignore[operator]
+            torch.tensor([prompt]),
+            attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+            max_new_tokens=max_new,
+            do_sample=False,
+            eos_token_id=None,
+            pad_token_id=0,
+        )
+    return [int(t) for t in out[0, len(prompt) :]]

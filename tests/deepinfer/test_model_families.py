@@ -1,0 +1,146 @@
+"""Qwen2, Qwen3 and Mistral checkpoints written by transformers load and run exactly.
+
+Each family's tiny random model is saved by transformers' own class (``save_pretrained``) with
+a ``tokenizers``-built tokenizer; the engine loads the directory like a downloaded model. In
+fp32: logits within 1e-4 of transformers' on the dense and the paged path, greedy output
+token-identical to ``generate`` for 10 prompts x 32 tokens under continuous batching (fewer
+slots than requests, chunked prefill), prefix-cache hits after a restart, and DSpark with an
+untrained drafter staying lossless.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from family_helpers import build_checkpoint, hf_greedy, prompts
+from model_helpers import one_thread
+
+from deepinfer import LLM, EngineConfig, LLMEngine, SamplingParams
+from deepinfer.engine.cache_setup import PrefixCacheConfig
+from deepinfer.models import AttentionMetadata, KVPool, LoadedModel, load_model
+from deepinfer.models.qwen import Qwen3Model
+from deepinfer.models.spec_adapter import LlamaTargetAdapter
+from deepinfer.speculative import DSparkSpeculator
+from deepinfer_spec import DSparkConfig, DSparkDrafter, FixedGammaScheduler
+
+transformers = pytest.importorskip("transformers")
+pytestmark = pytest.mark.integration
+
+_threads = pytest.fixture(scope="module", autouse=True)(one_thread)
+
+FAMILIES = ["qwen2", "qwen3", "mistral"]
+MAX_NEW = 32
+# Fewer slots than the 10 requests and a small token budget: requests join as others finish
+# and long prompts prefill in chunks next to running decodes.
+CFG = EngineConfig(block_size=8, num_blocks=160, max_num_seqs=4, max_batched_tokens=24)
+GREEDY = SamplingParams(temperature=0.0, max_tokens=MAX_NEW, ignore_eos=True)
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def family(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
+    """``(name, checkpoint dir, transformers model, deepinfer LoadedModel)``."""
+    out = tmp_path_factory.mktemp(request.param)
+    hf = build_checkpoint(request.param, out, seed=FAMILIES.index(request.param))
+    return request.param, out, hf, load_model(out)
+
+
+@pytest.fixture(scope="module")
+def reference(family) -> tuple[list[list[int]], list[list[int]]]:
+    """10 prompts and transformers' greedy continuations of each."""
+    _, _, hf, loaded = family
+    ps = prompts(loaded.config.vocab_size)
+    return ps, [hf_greedy(hf, p, MAX_NEW) for p in ps]
+
+
+def test_config_names_the_family_features(family) -> None:
+    name, _, hf, loaded = family
+    cfg = loaded.config
+    assert cfg.model_type == name
+    assert cfg.attention_bias == (name == "qwen2")
+    assert cfg.qk_norm == (name == "qwen3")
+    assert isinstance(loaded.model, Qwen3Model) == (name == "qwen3")
+    window = hf.config.sliding_window if name == "mistral" else None
+    assert cfg.layer_windows == ((window,) * cfg.num_layers if window else ())
+    assert cfg.rope_theta == hf.config.rope_parameters["rope_theta"]
+    assert cfg.tie_word_embeddings == hf.config.tie_word_embeddings
+
+
+def _paged_logits(loaded: LoadedModel, ids: list[int], split: int) -> torch.Tensor:
+    """Logits of every position: ``ids[:split]`` prefilled, then the rest one chunk later
+    (its queries read the first part from the pool)."""
+    model, block = loaded.model, 8
+    pool = KVPool.for_weights(model, -(-len(ids) // block), block)
+    table = pool.allocate(pool.num_blocks)
+    rows = []
+    with torch.inference_mode():
+        for start, end in ((0, split), (split, len(ids))):
+            attn = AttentionMetadata.build([table], [end], [end - start], block)
+            hidden = model(torch.tensor(ids[start:end]), attn.positions(), attn, pool)
+            rows.append(model.compute_logits(hidden))
+    return torch.cat(rows)
+
+
+def test_logits_match_transformers(family, reference) -> None:
+    _, _, hf, loaded = family
+    ps, outs = reference
+    ids = ps[3] + outs[3]  # 22 prompt + 32 generated tokens: past Mistral's 12-token window
+    with torch.inference_mode():
+        ref = hf(torch.tensor([ids])).logits[0].float()
+        dense = loaded.model.compute_logits(loaded.model.forward_dense(torch.tensor([ids]))[0])[0]
+    torch.testing.assert_close(dense, ref, atol=1e-4, rtol=0)
+    torch.testing.assert_close(_paged_logits(loaded, ids, 13), ref, atol=1e-4, rtol=0)
+    # The greedy check below is meaningful only away from near-ties.
+    top2 = ref.topk(2, dim=-1).values
+    assert float((top2[:, 0] - top2[:, 1]).min()) > 1e-3
+
+
+def test_greedy_matches_transformers_generate_under_continuous_batching(family, reference) -> None:
+    _, _, _, loaded = family
+    ps, expected = reference
+    llm = LLM(loaded, engine_config=CFG, enable_prefix_caching=False)
+    outs = llm.generate(ps, GREEDY)
+    assert [o.token_ids for o in outs] == expected
+    # The batch really was continuous: more requests than slots.
+    assert len(ps) > CFG.max_num_seqs
+
+
+def test_prefix_cache_hits_after_a_restart(family, reference, tmp_path: Path) -> None:
+    _, _, _, loaded = family
+    ps, _ = reference
+    shared = ps[4] + ps[5]  # 30 + 7 tokens: 4 full blocks of 8
+    first, second = [*shared, 5, 6, 7], [*shared, 9, 10]
+    cache = PrefixCacheConfig(
+        device_blocks=0, host_bytes=0, disk_bytes=1 << 22, directory=str(tmp_path / "kv")
+    )
+    with LLM(loaded, engine_config=CFG, prefix_cache_config=cache) as writer:
+        seed = writer.generate([first], GREEDY)[0]
+    with LLM(loaded, engine_config=CFG, prefix_cache_config=cache) as restarted:
+        hit = restarted.generate([second], GREEDY)[0]
+        assert restarted.store is not None
+        disk = restarted.store.stats().tiers[0]
+    assert seed.metrics is not None and seed.metrics.num_cached_tokens == 0
+    assert hit.metrics is not None and hit.metrics.num_cached_tokens == 32
+    assert disk.hit_blocks == 4 and disk.bytes_read > 0
+    cold = LLM(loaded, engine_config=CFG, enable_prefix_caching=False)
+    assert hit.token_ids == cold.generate([second], GREEDY)[0].token_ids
+
+
+def test_dspark_with_an_untrained_drafter_is_lossless(family, reference) -> None:
+    _, _, _, loaded = family
+    ps, expected = reference
+    model = loaded.model
+    target = LlamaTargetAdapter(model, KVPool.for_weights(model, num_blocks=4, block_size=4))
+    torch.manual_seed(1)
+    drafter = DSparkDrafter(DSparkConfig(target_layer_ids=(0, 1), gamma=3, window=8), target)
+    spec = DSparkSpeculator(drafter.eval(), FixedGammaScheduler(3), max_seqs=CFG.max_num_seqs)
+    engine = LLMEngine(model, None, CFG, speculator=spec)
+    ids = [engine.add_request(p, GREEDY) for p in ps[:6]]
+    done = {}
+    while engine.has_unfinished():
+        for out in engine.step():
+            if out.finished:
+                done[out.request_id] = out
+    assert [done[i].token_ids for i in ids] == expected[:6]
+    assert sum(done[i].metrics.num_spec_steps for i in ids) > 0
