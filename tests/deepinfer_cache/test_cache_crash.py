@@ -1,6 +1,6 @@
 """Crash test: a writer process is SIGKILLed at random moments; reopening must find every block
-it reported durable (``flush()`` returned True, in either write mode), and nothing it serves may
-fail its checksum. This is the test behind the guarantees table in docs/cache.md."""
+it reported durable (``flush()`` returned True, in either write mode, with either disk format:
+one file per block or segments with a manifest), and nothing it serves may fail its checksum. This is the test behind the guarantees table in docs/cache.md."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import pytest
 import torch
 from _cache_helpers import BS, PAGE, PAGE_BYTES, page_for, pages_for
 
-from deepinfer_cache import DiskTier, HostTier, TieredKVStore, hash_token_blocks
+from deepinfer_cache import DiskTier, HostTier, SegmentDiskTier, TieredKVStore, hash_token_blocks
 
 # A "zygote" imports torch once, then forks one writer per run (a fresh interpreter per run
 # would spend most of the test importing torch). Writers log to a file, flushed per line.
@@ -25,13 +25,15 @@ import os, signal, sys
 sys.path.insert(0, sys.argv[2])
 import torch
 from _cache_helpers import BS, PAGE, PAGE_BYTES, pages_for
-from deepinfer_cache import DiskTier, HostTier, TieredKVStore
+import deepinfer_cache
+from deepinfer_cache import HostTier, TieredKVStore
 signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the kernel reaps killed writers
 
-def writer(seed, policy, log):
+def writer(seed, policy, disk, log):
+    disk_cls = getattr(deepinfer_cache, disk)
     store = TieredKVStore(
         [HostTier(PAGE, torch.float32, 4 * PAGE_BYTES),
-         DiskTier(sys.argv[1], PAGE, torch.float32, 1 << 30, fsync=True)],
+         disk_cls(sys.argv[1], PAGE, torch.float32, 1 << 30, fsync=True)],
         BS, write_policy=policy)
     log.write("READY\n"); log.flush()
     i = 0
@@ -44,22 +46,22 @@ def writer(seed, policy, log):
         i += 1
 
 for line in sys.stdin:
-    seed, policy, logpath = line.split()
+    seed, policy, disk, logpath = line.split()
     pid = os.fork()
     if pid == 0:
         try:
-            writer(int(seed), policy, open(logpath, "w"))
+            writer(int(seed), policy, disk, open(logpath, "w"))
         finally:
             os._exit(1)
     print(pid, flush=True)
 """
 
 
-def reopen(path: Path) -> TieredKVStore:
+def reopen(path: Path, disk: type = DiskTier) -> TieredKVStore:
     return TieredKVStore(
         [
             HostTier(PAGE, torch.float32, 4 * PAGE_BYTES),
-            DiskTier(path, PAGE, torch.float32, 1 << 30),
+            disk(path, PAGE, torch.float32, 1 << 30),
         ],
         BS,
     )
@@ -82,9 +84,17 @@ def _gone(pid: int) -> bool:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("policy", ["write-through", "write-back"])
-def test_sigkill_at_random_moments_loses_nothing_durable(tmp_path, policy: str) -> None:
-    rng = random.Random(1234 if policy == "write-through" else 4321)
+@pytest.mark.parametrize(
+    ("policy", "disk"),
+    [
+        ("write-through", DiskTier),
+        ("write-back", DiskTier),
+        ("write-through", SegmentDiskTier),
+        ("write-back", SegmentDiskTier),
+    ],
+)
+def test_sigkill_at_random_moments_loses_nothing_durable(tmp_path, policy: str, disk: type) -> None:
+    rng = random.Random((1234 if policy == "write-through" else 4321) + (disk is SegmentDiskTier))
     cache = tmp_path / "cache"
     script = tmp_path / "zygote.py"
     script.write_text(ZYGOTE)
@@ -99,9 +109,10 @@ def test_sigkill_at_random_moments_loses_nothing_durable(tmp_path, policy: str) 
     durable: list[int] = []
     kills = 0
     try:
-        for run in range(12):
+        runs = 12 if disk is DiskTier else 8
+        for run in range(runs):
             log = tmp_path / f"run{run}.log"
-            zygote.stdin.write(f"{run} {policy} {log}\n")
+            zygote.stdin.write(f"{run} {policy} {disk.__name__} {log}\n")
             zygote.stdin.flush()
             pid = int(zygote.stdout.readline())
             _wait_for(lambda log=log: log.exists() and log.read_text().startswith("READY"))
@@ -115,26 +126,26 @@ def test_sigkill_at_random_moments_loses_nothing_durable(tmp_path, policy: str) 
                 if ln.startswith("DURABLE")
             ]
 
-            store = reopen(cache)
-            disk = store.tiers[1]
-            assert isinstance(disk, DiskTier)
+            store = reopen(cache, disk)
+            tier = store.tiers[1]
+            assert isinstance(tier, disk)
             for start in durable:
                 tokens = list(range(start, start + 6 * BS))
                 assert store.lookup(tokens).num_blocks == 6, f"lost a durable chain in run {run}"
             # Everything served (reported durable or not) must be intact and what was stored.
             indexed = store.index.keys_in(1)
-            assert set(indexed) == set(disk.keys())  # orphans of torn chains were removed
+            assert set(indexed) == set(tier.keys())  # orphans of torn chains were removed
             for key in indexed:
-                page = disk.get(key)
+                page = tier.get(key)
                 assert page is not None, "a header-valid block failed its checksum"
                 assert torch.equal(page, page_for(key))
-            assert disk.counters.corrupt_quarantined == 0
+            assert tier.counters.corrupt_quarantined == 0  # torn tails are not corruption
             assert not os.listdir(cache / "tmp")
             store.close()
     finally:
         zygote.kill()
         zygote.wait()
-    assert kills >= 12 and len(durable) > 0
+    assert kills == runs and len(durable) > 0
 
 
 def test_reopen_ignores_blocks_whose_parent_never_landed(tmp_path) -> None:
