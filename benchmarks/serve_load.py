@@ -14,6 +14,11 @@ TTFT is the time to the first content chunk, ITL the gaps between chunks, TPOT
 ``(e2e - ttft) / (completion_tokens - 1)``. Goodput counts requests meeting both SLOs per second
 of the run; the prefix hit rate is ``cached_tokens / prompt_tokens`` from ``usage``.
 
+With ``--cost-model costmodel.json`` (``deepinfer bench --profile`` then ``deepinfer-sched
+calibrate``) each run is also replayed through the simulator with that fitted cost model, the
+same router and replica count and the run's own arrival times and lengths (`serve_sim.py`), and
+the table gains the predicted goodput beside the measured one.
+
 Writes ``<out>/serve_load.json``, ``<out>/serve_load.md`` (a table) and ``<out>/serve_load.png``.
 """
 
@@ -119,11 +124,13 @@ async def run_conversation(
     t0: float,
     max_tokens: int,
     records: list[Record],
+    prompts: dict[tuple[int, int], list[dict[str, str]]],
 ) -> None:
     await asyncio.sleep(max(0.0, t0 + conv.start_s - time.perf_counter()))
     messages: list[dict[str, str]] = [{"role": "system", "content": conv.system}]
     for j, user in enumerate(conv.user_turns):
         messages.append({"role": "user", "content": user})
+        prompts[(i, j)] = list(messages)  # what the simulator's trace hashes
         rec = Record(i, j, time.perf_counter() - t0)
         records.append(rec)
         body = {
@@ -271,7 +278,10 @@ def summarize(
 
 
 async def replay(
-    base: str, convs: list[Conversation], max_tokens: int
+    base: str,
+    convs: list[Conversation],
+    max_tokens: int,
+    prompts: dict[tuple[int, int], list[dict[str, str]]],
 ) -> tuple[list[Record], float]:
     records: list[Record] = []
     limits = httpx.Limits(max_connections=256, max_keepalive_connections=256)
@@ -283,7 +293,7 @@ async def replay(
         t0 = time.perf_counter()
         await asyncio.gather(
             *(
-                run_conversation(client, base, "bench", i, c, t0, max_tokens, records)
+                run_conversation(client, base, "bench", i, c, t0, max_tokens, records, prompts)
                 for i, c in enumerate(convs)
             )
         )
@@ -357,16 +367,29 @@ def write_report(out: Path, results: list[dict[str, Any]], args: argparse.Namesp
     def f(v: Any, n: int = 3) -> str:
         return "-" if v is None else f"{v:.{n}f}"
 
+    sim = any("sim_goodput_rps" in r for r in results)
     lines = [
-        "| router | replicas | goodput req/s | SLO met | out tok/s | TTFT p50 / p90 / p99 s | ITL p50 / p99 s | prefix hit | errors |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| router | replicas | goodput req/s | SLO met | out tok/s | TTFT p50 / p90 / p99 s | ITL p50 / p99 s | prefix hit | errors |"
+        + (
+            " simulated goodput req/s | sim / measured | sim TTFT p50 / p90 s | sim prefix hit |"
+            if sim
+            else ""
+        ),
+        "|---|---|---|---|---|---|---|---|---|" + ("---|---|---|---|" if sim else ""),
     ]
     for r in results:
-        lines.append(
+        line = (
             f"| {r['router']} | {r['replicas']} | {f(r['goodput_rps'])} | {r['slo_attainment']:.0%} | "
             f"{f(r['output_tokens_per_s'], 1)} | {f(r['ttft_p50'])} / {f(r['ttft_p90'])} / {f(r['ttft_p99'])} | "
             f"{f(r['itl_p50'])} / {f(r['itl_p99'])} | {r['prefix_hit_rate']:.0%} | {r['errors']} |"
         )
+        if "sim_goodput_rps" in r:
+            ratio = r["sim_goodput_rps"] / r["goodput_rps"] if r["goodput_rps"] else None
+            line += (
+                f" {f(r['sim_goodput_rps'])} | {f(ratio, 2)} | {f(r['sim_ttft_p50'])} / "
+                f"{f(r['sim_ttft_p90'])} | {r['sim_prefix_hit_rate']:.0%} |"
+            )
+        lines.append(line)
     (out / "serve_load.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
     print("\n".join(lines))
     import matplotlib
@@ -414,6 +437,12 @@ def main() -> None:
     ap.add_argument("--max-num-seqs", type=int, default=16)
     ap.add_argument("--threads", type=int, default=1, help="torch threads per replica")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument(
+        "--cost-model",
+        default=None,
+        help="fitted cost model JSON (deepinfer-sched calibrate): also predict each run",
+    )
+    ap.add_argument("--repeats", type=int, default=1, help="runs per router and replica count")
     ap.add_argument("--out", default="out/serve_load")
     ap.add_argument("--overhead", action="store_true", help="HTTP vs offline tokens/s only")
     ap.add_argument("--overhead-prompts", type=int, default=8)
@@ -429,14 +458,27 @@ def main() -> None:
         return
     convs = build_workload(args)
     results = []
+    predictor = None
+    if args.cost_model:
+        import serve_sim  # the simulator side: deepinfer_sched and the model's tokenizer
+
+        predictor = (serve_sim, serve_sim.load_cost_model(args.cost_model))
+        front = serve_sim.frontend(args.model)
+    users = {i: c.user for i, c in enumerate(convs)}
     for replicas in args.replicas:
-        for router in args.routers:
+        for router in args.routers * args.repeats:
+            prompts: dict[tuple[int, int], list[dict[str, str]]] = {}
             with (
                 tempfile.TemporaryDirectory() as cache,
                 server(args, router, replicas, cache) as base,
             ):
-                records, wall = asyncio.run(replay(base, convs, args.max_tokens))
+                records, wall = asyncio.run(replay(base, convs, args.max_tokens, prompts))
             row = {**summarize(router, records, wall, args), "replicas": replicas}
+            row["load_average"] = os.getloadavg()[0]
+            if predictor is not None:
+                sim, cost_model = predictor
+                trace = sim.build_trace(records, prompts, users, front)
+                row.update(sim.predict(trace, cost_model, router, replicas, args))
             print(json.dumps(row))
             row["records"] = [asdict(r) for r in records]  # goodput at other SLOs, later
             results.append(row)
