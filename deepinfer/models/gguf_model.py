@@ -63,13 +63,19 @@ def _quant_projection(
 
 
 def build_gguf_model(
-    config: LlamaConfig, floats: dict[str, torch.Tensor], blocks: dict[str, QuantWeight]
+    config: LlamaConfig,
+    floats: dict[str, torch.Tensor],
+    blocks: dict[str, QuantWeight],
+    *,
+    model: LlamaModel | None = None,
 ) -> LlamaModel:
     """A CPU fp32 :class:`LlamaModel` over ``floats`` and ``blocks`` (HF names, as
     :func:`~deepinfer.models.gguf_loader.load_gguf_blocks` returns them; both are consumed).
-    Raises ``ValueError`` naming a missing, unexpected or mis-shaped tensor."""
+    ``model``: an unloaded model of ``config``'s family (built with ``init=False``) to fill;
+    default a new :class:`LlamaModel`. Raises ``ValueError`` naming a missing, unexpected or
+    mis-shaped tensor."""
     floats, blocks = dict(floats), dict(blocks)
-    model = LlamaModel(config, init=False)
+    model = LlamaModel(config, init=False) if model is None else model
     replaced: set[str] = set()
     for i, layer in enumerate(model.decoder_layers()):
         for path, names in _PROJECTIONS:
