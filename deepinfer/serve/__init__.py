@@ -21,6 +21,7 @@ import importlib
 from typing import Any
 
 from deepinfer.serve.config import ServeConfig
+from deepinfer.serve.ray_config import RayOptions
 from deepinfer.serve.server import add_serve_parser, run_server
 
 # Names whose modules import fastapi / prometheus-client (the ``serve`` extra).
@@ -34,6 +35,7 @@ _LAZY = {
 __all__ = [
     "APIError",
     "Delta",
+    "RayOptions",
     "ServeConfig",
     "ServeService",
     "add_serve_parser",

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from deepinfer.engine.cache_setup import PrefixCacheConfig
 from deepinfer.engine.config import EngineConfig, SpeculativeConfig
+from deepinfer.serve.ray_config import RayOptions
 from deepinfer_sched.policies import ROUTERS
 
 _DTYPES = ("float32", "bfloat16", "float16")
@@ -26,6 +27,8 @@ class ServeConfig:
     checkpoint directory, or a `SpeculativeConfig` that also fixes the verify count or turns the
     draft gate off). ``pd``: ``(P, D)`` runs the first P replicas as prefill and the other D as decode
     replicas (``replicas`` must be P + D), paired per request with the PD KV transfer.
+    ``ray``: run every replica as a Ray actor placed as `RayOptions` says (Ray is imported
+    only then; KV pages of ``pd`` travel through Ray's object store).
     """
 
     model: str | None = None
@@ -46,6 +49,7 @@ class ServeConfig:
     restart: bool = True
     startup_timeout_s: float = 600.0
     pd: tuple[int, int] | None = None
+    ray: RayOptions | None = None
 
     def __post_init__(self) -> None:
         if self.speculative is not None and not isinstance(
@@ -71,6 +75,10 @@ class ServeConfig:
             raise ValueError(f"max_waiting must be >= 1, got {self.max_waiting}")
         if not self.drain_timeout_s >= 0:
             raise ValueError(f"drain_timeout_s must be >= 0, got {self.drain_timeout_s}")
+        if self.ray is not None and not isinstance(self.ray, RayOptions):
+            raise ValueError(f"ray must be None or a RayOptions, got {self.ray!r}")
+        if self.ray is not None and self.in_process:
+            raise ValueError("ray and in_process are exclusive: replicas are Ray actors")
         if self.pd is not None:
             p, d = self.pd
             if not (isinstance(p, int) and isinstance(d, int) and p >= 1 and d >= 1):

@@ -39,7 +39,7 @@ from deepinfer.engine.outputs import RequestOutput
 from deepinfer.engine.sampling_params import SamplingParams
 from deepinfer.pd.messages import params_from_json, recv, send
 from deepinfer.serve.logprobs import to_wire
-from deepinfer.serve.replica_pd import PDRole
+from deepinfer.serve.replica_pd import KVTransport, PDRole
 from deepinfer.serve.step_model import StepTimeFit
 from deepinfer_cache import AllBlocksCleared, BlockStored
 
@@ -77,12 +77,14 @@ def block_key(h: bytes) -> int:
 class Replica:
     """One engine plus the bookkeeping the front needs from it."""
 
-    def __init__(self, conn: Connection, engine: LLMEngine, store: Any) -> None:
+    def __init__(
+        self, conn: Connection, engine: LLMEngine, store: Any, transport: KVTransport | None = None
+    ) -> None:
         self.conn = conn
         self.engine = engine
         self.store = store
         self.fit = StepTimeFit()
-        self.pd = PDRole(engine)
+        self.pd = PDRole(engine, transport)
         self._events = store.subscribe() if store is not None else None
         self._resync = True
         self._last_load: tuple[int, ...] = ()
@@ -321,8 +323,14 @@ def build_replica_engine(settings: ReplicaSettings) -> tuple[LLMEngine, Any]:
     return built.engine, built.store
 
 
-def replica_main(conn: Connection, settings_json: str, set_threads: bool = True) -> None:
-    """Entry point of a replica process (``set_threads`` False when run as a thread)."""
+def replica_main(
+    conn: Connection,
+    settings_json: str,
+    set_threads: bool = True,
+    transport: KVTransport | None = None,
+) -> None:
+    """Entry point of a replica process (``set_threads`` False when run as a thread;
+    ``transport`` moves PD KV pages, shared memory by default)."""
     store = None
     try:
         settings = ReplicaSettings.from_json(settings_json)
@@ -336,7 +344,7 @@ def replica_main(conn: Connection, settings_json: str, set_threads: bool = True)
         if store is not None:
             store.close()
         return
-    replica = Replica(conn, engine, store)
+    replica = Replica(conn, engine, store, transport)
     try:
         send(
             conn,

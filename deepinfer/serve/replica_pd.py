@@ -16,21 +16,31 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import replace
 from functools import partial
-from typing import Any
+from typing import Any, Protocol
 
 from deepinfer.engine.engine import LLMEngine
 from deepinfer.engine.outputs import RequestOutput
 from deepinfer.models.kv_pool import OutOfBlocksError
+from deepinfer.pd import transport as shm_transport
 from deepinfer.pd.messages import params_from_json
-from deepinfer.pd.transport import discard, export_pages, import_pages
 from deepinfer.serve.logprobs import to_wire
+
+
+class KVTransport(Protocol):
+    """How a replica's KV pages travel: POSIX shared memory (`deepinfer.pd.transport`, the
+    default) or Ray's object store (`deepinfer.serve.ray_transport`, replicas on Ray)."""
+
+    def export_pages(self, pool: Any, block_ids: list[int]) -> dict[str, Any]: ...
+    def import_pages(self, pool: Any, handle: dict[str, Any], block_ids: list[int]) -> None: ...
+    def discard(self, handle: dict[str, Any]) -> bool: ...
 
 
 class PDRole:
     """The prefill and decode bookkeeping of one replica (either may be idle)."""
 
-    def __init__(self, engine: LLMEngine) -> None:
+    def __init__(self, engine: LLMEngine, transport: KVTransport | None = None) -> None:
         self.engine = engine
+        self.transport: KVTransport = shm_transport if transport is None else transport
         self.prefilling: dict[str, int] = {}  # request id -> prompt length
         self.pending: deque[dict[str, Any]] = deque()  # decodes waiting for KV room
 
@@ -59,7 +69,7 @@ class PDRole:
             return None
         blocks = self.engine.kv_block_ids(out.request_id)
         bs = self.engine.config.block_size
-        handle = export_pages(self.engine.pool, blocks[: -(-num_tokens // bs)])
+        handle = self.transport.export_pages(self.engine.pool, blocks[: -(-num_tokens // bs)])
         m = out.metrics
         first = out.outputs[0].logprobs
         self.engine.abort(out.request_id, save_prefix=True)
@@ -80,7 +90,7 @@ class PDRole:
         for message in list(self.pending):
             if str(message["request_id"]) == request_id:
                 self.pending.remove(message)
-                discard(message["kv"])
+                self.transport.discard(message["kv"])
 
     def admit_decodes(self) -> list[RequestOutput | tuple[str, str]]:
         """Import waiting transfers in order while the pool has room. Returns each admitted
@@ -94,7 +104,7 @@ class PDRole:
                     [int(t) for t in message["prompt_ids"]],
                     int(message["first_token"]),
                     params_from_json(message["params"]),
-                    partial(import_pages, self.engine.pool, message["kv"]),
+                    partial(self.transport.import_pages, self.engine.pool, message["kv"]),
                     request_id=rid,
                     namespace=bytes.fromhex(message.get("namespace", "")),
                 )
@@ -102,12 +112,12 @@ class PDRole:
                 if self.engine.has_unfinished():
                     return results  # running sequences will free blocks
                 self.pending.popleft()
-                discard(message["kv"])
+                self.transport.discard(message["kv"])
                 results.append((rid, "the request does not fit in the decode replica's KV pool"))
                 continue
             except (ValueError, TypeError) as exc:
                 self.pending.popleft()
-                discard(message["kv"])
+                self.transport.discard(message["kv"])
                 results.append((rid, str(exc)))
                 continue
             self.pending.popleft()
@@ -116,4 +126,4 @@ class PDRole:
 
     def shutdown(self) -> None:
         while self.pending:
-            discard(self.pending.popleft()["kv"])
+            self.transport.discard(self.pending.popleft()["kv"])

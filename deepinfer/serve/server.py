@@ -17,6 +17,7 @@ from typing import Any
 from deepinfer.engine.cache_setup import PrefixCacheConfig
 from deepinfer.engine.config import EngineConfig, SpeculativeConfig
 from deepinfer.serve.config import ServeConfig
+from deepinfer.serve.ray_config import add_ray_arguments, ray_options_from_args
 from deepinfer_sched.policies import ROUTERS
 
 
@@ -62,6 +63,7 @@ def add_serve_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--drain-timeout", type=float, default=30.0)
     p.add_argument("--in-process", action="store_true", help="replicas as threads (tests)")
     p.add_argument("--log-level", default="info")
+    add_ray_arguments(p)
     return p
 
 
@@ -100,6 +102,7 @@ def config_from_args(args: argparse.Namespace) -> ServeConfig:
         ttft_slo_s=args.ttft_slo,
         max_waiting=args.max_waiting,
         drain_timeout_s=args.drain_timeout,
+        ray=ray_options_from_args(args),
     )
 
 

@@ -65,6 +65,7 @@ class ServeService:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._tier_hits: dict[int, dict[str, int]] = {}
         self._restart_handles: dict[int, asyncio.TimerHandle] = {}
+        self._ray: Any = None  # a RayBackend with ``config.ray`` (its module imports Ray)
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
@@ -80,6 +81,11 @@ class ServeService:
         # quantized block formats (4-8x less memory and bandwidth than the converted copy the
         # front reads its tokenizer from).
         model = cfg.model
+        if cfg.ray is not None:
+            from deepinfer.serve.ray_backend import RayBackend  # Ray only with --ray
+
+            self._ray = RayBackend.connect(cfg)
+            await asyncio.to_thread(self._ray.wait_placed)
         for i in range(cfg.replicas):
             cache = None
             if cfg.prefix_cache is not None:
@@ -102,7 +108,11 @@ class ServeService:
                 threads=cfg.threads_per_replica,
                 cache_dir=cfg.cache_dir,
             )
-            handle = ReplicaHandle(settings, in_process=cfg.in_process)
+            handle = (
+                ReplicaHandle(settings, in_process=cfg.in_process)
+                if self._ray is None
+                else self._ray.handle(settings)
+            )
             self.replicas.append(handle)
             self.metrics.up.labels(str(i)).set(0)
             handle.start(self._loop, self._on_message)
@@ -172,6 +182,8 @@ class ServeService:
         await asyncio.gather(
             *(asyncio.to_thread(h.stop, 30.0) for h in self.replicas), return_exceptions=True
         )
+        if self._ray is not None:
+            await asyncio.to_thread(self._ray.close)
 
     # ------------------------------------------------------------------ requests
     def max_model_len(self) -> int | None:
