@@ -278,6 +278,27 @@ def test_get_many_coalesces_adjacent_records(tmp_path, monkeypatch) -> None:
     tier.close()
 
 
+def test_get_many_into_reads_into_the_callers_buffer(tmp_path) -> None:
+    tier = open_tier(tmp_path, segment_bytes=64 * 4096)
+    fill(tier, range(8))
+    assert tier.flush()
+    fill(tier, [8])  # may still be pending: served from memory into the buffer too
+    out = torch.full((5, *PAGE), -1.0, dtype=torch.bfloat16)
+    ids = [2, 3, 4, 42, 8]
+    assert tier.get_many_into([key(i) for i in ids], out) == [True, True, True, False, True]
+    for row, i in zip(out, ids):
+        assert i == 42 or torch.equal(row, page_of(i))
+    path, off = tier.location_of(key(3))
+    _flip(Path(path), off + RECORD_HEADER_BYTES + 1)
+    assert tier.get_many_into([key(i) for i in ids[:3]], out[:3]) == [True, False, True]
+    assert tier.counters.corrupt_quarantined == 1 and key(3) not in tier
+    with pytest.raises(ValueError, match="shape"):
+        tier.get_many_into([key(2)], out)
+    with pytest.raises(TypeError, match="out"):
+        tier.get_many_into([key(2)], torch.zeros(1, *PAGE))
+    tier.close()
+
+
 def test_pending_blocks_are_served_from_memory_and_put_checks_arguments(tmp_path) -> None:
     tier = open_tier(tmp_path, capacity_bytes=2 * 4096)  # two records
     assert tier.put(key(0), page_of(0), meta(0))

@@ -244,7 +244,22 @@ def check_record(
     buf: bytes | memoryview, geometry: Geometry, segment: int, slot: int, key: bytes | None
 ) -> RecordHeader:
     """Verify a whole record (header and payload checksum) read from ``segment``/``slot``."""
-    h = decode_record_header(buf)
+    view = memoryview(buf)
+    return check_record_parts(
+        view[:RECORD_HEADER_BYTES], view[RECORD_HEADER_BYTES:], geometry, segment, slot, key
+    )
+
+
+def check_record_parts(
+    head: bytes | memoryview,
+    payload: bytes | memoryview,
+    geometry: Geometry,
+    segment: int,
+    slot: int,
+    key: bytes | None,
+) -> RecordHeader:
+    """``check_record`` for a header and a payload read into separate buffers."""
+    h = decode_record_header(head)
     if h.segment != segment or h.slot != slot:
         raise CorruptBlockError("record is not where its header says")
     if key is not None and h.key != key:
@@ -253,10 +268,9 @@ def check_record(
         raise CorruptBlockError(
             f"payload is {h.payload_len} bytes, tier pages are {geometry.page_bytes}"
         )
-    end = RECORD_HEADER_BYTES + h.payload_len
-    if len(buf) < end:
+    if memoryview(payload).nbytes < h.payload_len:
         raise CorruptBlockError("record truncated")
-    if xxhash.xxh3_64_intdigest(buf[RECORD_HEADER_BYTES:end]) != h.payload_xxh3:
+    if xxhash.xxh3_64_intdigest(memoryview(payload)[: h.payload_len]) != h.payload_xxh3:
         raise CorruptBlockError("payload checksum mismatch")
     return h
 

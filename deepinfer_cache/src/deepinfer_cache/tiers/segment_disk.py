@@ -35,6 +35,7 @@ from collections import deque
 from collections.abc import Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -50,7 +51,7 @@ from ..segment_format import (
     RECORD_HEADER_BYTES,
     Geometry,
     Manifest,
-    check_record,
+    check_record_parts,
     encode_manifest,
     encode_record_header,
     encode_segment_header,
@@ -346,6 +347,37 @@ class SegmentDiskTier:
         """Read ``keys`` with few large reads: records in consecutive slots of one segment are
         read by one ``preadv`` (up to ``max_read_bytes``), runs in parallel on reader threads."""
         futs: list[Future[torch.Tensor | None]] = [Future() for _ in keys]
+        for run in self._runs(keys):
+            job = self._readers.submit(self._read_run, [keys[i] for i in run])
+            job.add_done_callback(functools.partial(_fan_out, run=run, futs=futs))
+        return futs
+
+    def get_many_into(self, keys: Sequence[bytes], out: torch.Tensor) -> list[bool]:
+        """Read ``keys`` straight into ``out[i]`` (a CPU tensor ``[len(keys), *page_shape]`` of
+        the tier's dtype, e.g. a reused pinned staging buffer): payloads land in ``out`` with
+        no intermediate copy. Entry i is False when block i is missing or corrupt (``out[i]``
+        is then unspecified)."""
+        if not isinstance(out, torch.Tensor) or out.dtype != self.dtype:
+            raise TypeError(f"out must be a {self.dtype} tensor")
+        if tuple(out.shape) != (len(keys), *self.page_shape):
+            raise ValueError(
+                f"out must have shape {(len(keys), *self.page_shape)}, got {tuple(out.shape)}"
+            )
+        if out.device.type != "cpu" or not out.is_contiguous():
+            raise ValueError("out must be a contiguous CPU tensor")
+        rows = out.view(len(keys), -1).view(torch.uint8)
+        ok = [False] * len(keys)
+        jobs = []
+        for run in self._runs(keys):
+            dest = [rows[i] for i in run]
+            jobs.append((run, self._readers.submit(self._read_run, [keys[i] for i in run], dest)))
+        for run, job in jobs:
+            for i, page in zip(run, job.result()):
+                ok[i] = page is not None
+        return ok
+
+    def _runs(self, keys: Sequence[bytes]) -> list[list[int]]:
+        """Group key positions into runs of consecutive slots of one segment."""
         with self._lock:
             located = [
                 (self._loc[k][0], self._loc[k][1], i) for i, k in enumerate(keys) if k in self._loc
@@ -364,13 +396,8 @@ class SegmentDiskTier:
                 runs.append([i])
             last = (sid, slot)
             done.add(i)
-        for i in range(len(keys)):
-            if i not in done:  # pending (served from memory) or absent
-                runs.append([i])
-        for run in runs:
-            job = self._readers.submit(self._read_run, [keys[i] for i in run])
-            job.add_done_callback(functools.partial(_fan_out, run=run, futs=futs))
-        return futs
+        runs.extend([i] for i in range(len(keys)) if i not in done)  # pending or absent
+        return runs
 
     def get_many(self, keys: Sequence[bytes]) -> list[torch.Tensor | None]:
         return [f.result() for f in self.get_many_async(keys)]
@@ -673,62 +700,86 @@ class SegmentDiskTier:
             return True
 
     # ------------------------------------------------------------------ reading
-    def _read_run(self, keys: Sequence[bytes]) -> list[torch.Tensor | None]:
-        """Read ``keys`` (consecutive slots of one segment, or a single key) with one pread."""
-        out: list[torch.Tensor | None] = [None] * len(keys)
+    def _read_run(
+        self, keys: Sequence[bytes], dest: Sequence[torch.Tensor] | None = None
+    ) -> list[torch.Tensor | None]:
+        """Read ``keys`` (consecutive slots of one segment, or a single key) with one
+        ``preadv``: record headers go to a scratch buffer, payloads straight into ``dest``
+        rows (uint8, ``page_bytes`` each; allocated when None) and are verified there."""
+        n = len(keys)
+        if dest is None:
+            block = torch.empty((n, self.page_bytes), dtype=torch.uint8)
+            dest = [block[i] for i in range(n)]
+        out: list[torch.Tensor | None] = [None] * n
         with self._lock:
             recs: list[Rec | None] = []
             for i, k in enumerate(keys):
                 pend = self._pending.get(k)
                 if pend is not None:
-                    out[i] = pend[1].clone()
+                    dest[i].copy_(pend[1].reshape(-1).view(torch.uint8))
+                    out[i] = self._as_page(dest[i])
                     recs.append(None)
                 else:
                     recs.append(self._loc.get(k))
             todo = [i for i, r in enumerate(recs) if r is not None]
             if not todo:
                 return out
-            seg = self._segments.get(recs[todo[0]][0])  # type: ignore[index]
-            if seg is None:
-                return out
-            seg.users += 1
+            first_rec = recs[todo[0]]
+            assert first_rec is not None
+            seg = self._segments.get(first_rec[0])
+            consecutive = all(
+                r is not None and r[0] == first_rec[0] and r[1] == first_rec[1] + j
+                for j, r in enumerate(recs[i] for i in todo)
+            )
+            if seg is not None and consecutive:
+                seg.users += 1
+        if seg is None:
+            return out
+        if not consecutive:  # not one run: read each on its own
+            for i in todo:
+                out[i] = self._read_run([keys[i]], [dest[i]])[0]
+            return out
         sb = self.record_bytes
-        first = recs[todo[0]][1]  # type: ignore[index]
-        n = recs[todo[-1]][1] - first + 1  # type: ignore[index]
-        rec_len = RECORD_HEADER_BYTES + self.page_bytes
+        pad = sb - RECORD_HEADER_BYTES - self.page_bytes
+        heads = bytearray(RECORD_HEADER_BYTES * len(todo))
+        hv = memoryview(heads)
+        scratch = memoryview(bytearray(pad))
+        iov: list[memoryview] = []
+        for j, i in enumerate(todo):
+            if j:
+                iov.append(scratch)
+            iov.append(hv[j * RECORD_HEADER_BYTES : (j + 1) * RECORD_HEADER_BYTES])
+            iov.append(_bytes_of(dest[i]))
         t0 = time.perf_counter()
         try:
-            buf = bytearray((n - 1) * sb + rec_len)
-            got = _pread_into(self._fd(seg), buf, slot_offset(first, sb))
+            got = _preadv_all(self._fd(seg), iov, slot_offset(first_rec[1], sb))
         except OSError:
             got = 0
-            buf = bytearray(0)
         finally:
             self._release_fd(seg, user=True)
-        view = memoryview(buf)
         nread = 0
-        for i in todo:
+        for j, i in enumerate(todo):
             r = recs[i]
             assert r is not None
-            off = (r[1] - first) * sb
-            rec = view[off : off + rec_len]
+            head = hv[j * RECORD_HEADER_BYTES : (j + 1) * RECORD_HEADER_BYTES]
+            payload = _bytes_of(dest[i])
             try:
-                if off + rec_len > got:
+                if j * sb + RECORD_HEADER_BYTES + self.page_bytes > got:
                     raise CorruptBlockError("record beyond the end of its segment")
-                check_record(rec, self.geometry, r[0], r[1], keys[i])
+                check_record_parts(head, payload, self.geometry, r[0], r[1], keys[i])
             except CorruptBlockError:
-                self._lost(keys[i], r, bytes(rec))
+                self._lost(keys[i], r, bytes(head) + bytes(payload))
                 continue
-            page = torch.frombuffer(
-                buf, dtype=torch.uint8, offset=off + RECORD_HEADER_BYTES, count=self.page_bytes
-            )
-            out[i] = page.view(self.dtype).reshape(self.page_shape)
+            out[i] = self._as_page(dest[i])
             nread += 1
         with self._lock:
-            self.counters.bytes_read += nread * rec_len
+            self.counters.bytes_read += nread * (RECORD_HEADER_BYTES + self.page_bytes)
             self.counters.blocks_read += nread
             self.counters.read_seconds += time.perf_counter() - t0
         return out
+
+    def _as_page(self, row: torch.Tensor) -> torch.Tensor:
+        return row.view(self.dtype).reshape(self.page_shape)
 
     def _lost(self, key: bytes, r: Rec, raw: bytes) -> None:
         """A record failed its check: forget it, keep a copy in quarantine, zero its header."""
@@ -812,14 +863,26 @@ def _pwrite_all(fd: int, bufs: list[bytes | memoryview], offset: int) -> None:
             views[0] = views[0][n:]
 
 
-def _pread_into(fd: int, buf: bytearray, offset: int) -> int:
-    view = memoryview(buf)
+def _bytes_of(row: torch.Tensor) -> memoryview:
+    """A writable byte view of a contiguous CPU uint8 tensor (no copy)."""
+    arr: Any = row.numpy()
+    return memoryview(arr)
+
+
+def _preadv_all(fd: int, iov: list[memoryview], offset: int) -> int:
+    """``preadv`` until every buffer is full or the file ends; returns bytes read."""
+    views = [v.cast("B") for v in iov]
     got = 0
-    while got < len(buf):
-        n = os.preadv(fd, [view[got:]], offset + got)
+    while views:
+        n = os.preadv(fd, views[:1024], offset + got)  # IOV_MAX
         if not n:
             break
         got += n
+        while views and n >= views[0].nbytes:
+            n -= views[0].nbytes
+            views.pop(0)
+        if views and n:
+            views[0] = views[0][n:]
     return got
 
 
