@@ -1,33 +1,39 @@
-"""Ahead-of-time resource check of Triton kernels for sm_90 (H100/H200), on a machine without
-a GPU (#23 item 1, first step).
+"""Ahead-of-time resource check of every Triton kernel configuration for sm_90 (H100/H200),
+on a machine without a GPU (#23 item 1).
 
 Triton compiles for a GPU it does not have: ``triton.compile`` with ``GPUTarget("cuda", 90,
 32)`` produces the cubin, and the ``cuobjdump`` bundled with Triton's NVIDIA backend reads its
-register count and stack (local-memory spill) size. This reports the split-K decode kernel at
-the launch settings its wrapper uses (``triton_decode.decode_launch_config``, shared), so a
-change that makes a configuration spill shows up in CI, not on the first GPU run.
+register count and stack (local-memory spill) size. The configurations come from
+:func:`deepinfer_kernels.launch_configs.readiness_cases`, the table the wrappers launch from,
+and are compiled with the specialisation the JIT gives a real launch (16-byte aligned
+pointers, strides that are multiples of 16, unit strides as constants), so a change that makes
+a configuration spill shows up in CI, not on the first GPU run.
 
-Run ``python -m deepinfer_kernels.gpu_readiness`` (add ``--json`` for machine-readable
-output). The Triton interpreter must be off in that process (``TRITON_INTERPRET`` unset before
-import), since interpreted kernels cannot be compiled.
+Run ``python -m deepinfer_kernels.gpu_readiness`` (``--quick`` for the CI subset, ``--json``
+for machine-readable output); the exit status is 1 when a configuration spills. The Triton
+interpreter must be off in that process (``TRITON_INTERPRET`` unset before import), since
+interpreted kernels cannot be compiled.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import inspect
 import json
 import os
 import re
 import subprocess
 import tempfile
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from deepinfer_kernels.launch_configs import ReadinessCase, readiness_cases
+
 SM90 = 90
-_INT_PTRS = ("block_table_ptr", "seq_lens_ptr", "cu_q_ptr")
-_FP32_PTRS = ("po_ptr", "plse_ptr", "lse_ptr")
+_FLOAT_ARGS = ("scale", "soft_cap")
 
 
 @dataclass(frozen=True)
@@ -64,27 +70,41 @@ def cuda_target_available() -> bool:
     return True
 
 
-def _signature(fn: Any, dtype: str, constexprs: dict[str, Any]) -> dict[str, str]:
-    sig = {}
-    for name in inspect.signature(fn.fn).parameters:
+def _is_stride(name: str) -> bool:
+    return name.startswith(("stride", "s_"))
+
+
+def signature_and_attrs(
+    fn: Any, case: ReadinessCase
+) -> tuple[dict[str, str], dict[str, Any], dict[tuple[int, ...], list[list[Any]]]]:
+    """``(signature, constexprs, attrs)`` for ``ASTSource``, as the JIT would specialise a
+    launch of ``case``: pointers typed by ``case.ptr_types`` (else the case dtype), floats for
+    scale arguments, int32 otherwise; ``tt.divisibility`` 16 on pointers, aligned strides and
+    ``case.aligned``; arguments in ``case.ones`` become the constant 1."""
+    constexprs = dict(case.constexprs)
+    constexprs.update(dict.fromkeys(case.ones, 1))
+    sig: dict[str, str] = {}
+    attrs: dict[tuple[int, ...], list[list[Any]]] = {}
+    for index, name in enumerate(inspect.signature(fn.fn).parameters):
         if name in constexprs:
             sig[name] = "constexpr"
-        elif name.endswith("_ptr"):
-            sig[name] = (
-                "*i32" if name in _INT_PTRS else "*fp32" if name in _FP32_PTRS else f"*{dtype}"
-            )
-        elif name in ("scale", "soft_cap"):
+            continue
+        if name.endswith("_ptr"):
+            sig[name] = case.ptr_types.get(name, f"*{case.dtype}")
+            aligned = True
+        elif name in _FLOAT_ARGS:
             sig[name] = "fp32"
+            aligned = False
         else:
             sig[name] = "i32"
-    return sig
+            aligned = (_is_stride(name) and name not in case.unaligned) or name in case.aligned
+        if aligned:
+            attrs[(index,)] = [["tt.divisibility", 16]]
+    return sig, constexprs, attrs
 
 
-def compile_usage(
-    fn: Any, *, dtype: str, constexprs: dict[str, Any], num_warps: int, num_stages: int,
-    config: str, arch: int = SM90,
-) -> ResourceUsage:  # fmt: skip
-    """Compile ``fn`` (a ``@triton.jit`` kernel) for ``sm_<arch>`` and read its resources."""
+def compile_case(case: ReadinessCase, arch: int = SM90) -> ResourceUsage:
+    """Compile one table entry for ``sm_<arch>`` and read its registers and spills."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -92,11 +112,13 @@ def compile_usage(
     tool = _cuobjdump()
     if tool is None:
         raise RuntimeError("gpu_readiness: Triton's cuobjdump is not installed")
-    src = ASTSource(fn=fn, signature=_signature(fn, dtype, constexprs), constexprs=constexprs)
+    fn = getattr(importlib.import_module(case.module), case.kernel)
+    sig, constexprs, attrs = signature_and_attrs(fn, case)
+    src = ASTSource(fn=fn, signature=sig, constexprs=constexprs, attrs=attrs)
     kernel = triton.compile(
         src,
         target=GPUTarget("cuda", arch, 32),
-        options={"num_warps": num_warps, "num_stages": num_stages},
+        options={"num_warps": case.num_warps, "num_stages": case.num_stages},
     )
     with tempfile.TemporaryDirectory() as tmp:
         cubin = Path(tmp) / "kernel.cubin"
@@ -108,58 +130,46 @@ def compile_usage(
     regs = re.search(r"REG:(\d+)", text)
     stack = re.search(r"STACK:(\d+)", text)
     if regs is None or stack is None:
-        raise RuntimeError(f"gpu_readiness: unreadable resource usage for {config}: {text!r}")
-    return ResourceUsage(fn.fn.__name__, config, int(regs.group(1)), int(stack.group(1)))
+        raise RuntimeError(f"gpu_readiness: unreadable resource usage for {case.label}: {text!r}")
+    return ResourceUsage(case.kernel, case.label, int(regs.group(1)), int(stack.group(1)))
 
 
-def decode_usages(
-    head_dims: tuple[int, ...] = (128, 256), dtypes: tuple[str, ...] = ("bf16", "fp32")
-) -> list[ResourceUsage]:
-    """The split-K decode kernel at its wrapper's launch settings (GQA group 4, 16-token
-    blocks, 4 splits), per head dim and dtype."""
-    from deepinfer_kernels.attention.triton_decode import (
-        _decode_split_kernel,
-        decode_launch_config,
+def selected_cases(quick: bool = False, match: str | None = None) -> list[ReadinessCase]:
+    """The table, or its ``quick`` subset; ``match`` keeps labels containing that text."""
+    cases = [c for c in readiness_cases() if c.quick or not quick]
+    return [c for c in cases if match is None or match in c.label]
+
+
+def usages(cases: Iterable[ReadinessCase]) -> list[ResourceUsage]:
+    return [compile_case(c) for c in cases]
+
+
+def format_usage(usage: ResourceUsage) -> str:
+    flag = "SPILLS" if usage.spills else "ok"
+    return (
+        f"{usage.kernel:26s} {usage.config:58s} regs={usage.registers:3d} "
+        f"stack={usage.stack_bytes:5d} B  {flag}"
     )
-
-    out = []
-    for dtype in dtypes:
-        for d in head_dims:
-            launch = decode_launch_config(4, d)
-            constexprs = {
-                "NUM_SPLITS": 4, "NUM_Q_HEADS": 32, "HEAD_DIM": d, "D_PAD": d, "BLOCK_SIZE": 16,
-                "GROUP": 4, "BLOCK_H": launch["BLOCK_H"], "BLOCK_N": launch["BLOCK_N"],
-                "USE_WINDOW": False, "USE_CAP": False,
-                "PRECISION": "ieee" if dtype == "fp32" else "tf32", "UPCAST": False,
-            }  # fmt: skip
-            config = f"{dtype} D={d} BLOCK_H={launch['BLOCK_H']} BLOCK_N={launch['BLOCK_N']}"
-            usage = compile_usage(
-                _decode_split_kernel,
-                dtype=dtype,
-                constexprs=constexprs,
-                num_warps=launch["num_warps"],
-                num_stages=launch["num_stages"],
-                config=config,
-            )
-            out.append(usage)
-    return out
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--json", action="store_true", help="print JSON lines")
+    parser.add_argument("--quick", action="store_true", help="only the CI subset")
+    parser.add_argument("--match", default=None, help="only labels containing this text")
     args = parser.parse_args(argv)
     if not cuda_target_available():
         print("gpu_readiness: this Triton cannot target CUDA here (or TRITON_INTERPRET=1)")
         return 2
-    for usage in decode_usages():
+    spilled = False
+    for case in selected_cases(args.quick, args.match):
+        usage = compile_case(case)
+        spilled |= usage.spills
         if args.json:
-            print(json.dumps({**asdict(usage), "spills": usage.spills}))
+            print(json.dumps({**asdict(usage), "spills": usage.spills}), flush=True)
         else:
-            flag = "SPILLS" if usage.spills else "ok"
-            print(f"{usage.kernel:24s} {usage.config:40s} regs={usage.registers:3d} "
-                  f"stack={usage.stack_bytes:5d} B  {flag}")  # fmt: skip
-    return 0
+            print(format_usage(usage), flush=True)
+    return 1 if spilled else 0
 
 
 if __name__ == "__main__":

@@ -17,12 +17,12 @@ Example::
 """
 
 from deepinfer_kernels.attention.api import (
-    choose_num_splits,
     merge_attention_states,
     paged_attention,
     paged_decode_attention,
 )
 from deepinfer_kernels.attention.plan import PagedAttentionPlan, plan_paged_attention
+from deepinfer_kernels.attention.splits import choose_num_splits
 
 __all__ = [
     "PagedAttentionPlan",

@@ -27,6 +27,11 @@ from deepinfer_kernels.attention.ops import (
     paged_decode_attention_impl,
     paged_decode_attention_op,
 )
+from deepinfer_kernels.attention.splits import (
+    choose_num_splits,
+    compiled_split_count,
+    decode_split_count,
+)
 from deepinfer_kernels.attention.torch_path import default_scale
 from deepinfer_kernels.attention.validate import (
     check_options,
@@ -34,22 +39,6 @@ from deepinfer_kernels.attention.validate import (
     check_paged_values,
     want_value_checks,
 )
-
-# Enough programs to fill an H200-class GPU (132 SMs) about twice over.
-_TARGET_PROGRAMS = 264
-_MIN_KEYS_PER_SPLIT = 256
-_MAX_SPLITS = 64
-
-
-def choose_num_splits(batch: int, num_kv_heads: int, max_kv_len: int) -> int:
-    """Split-K factor for decode from static sizes only (no host sync).
-
-    Enough splits that ``batch * num_kv_heads * splits`` programs fill the GPU, but never
-    fewer than ``256`` keys per split, and at most 64 splits.
-    """
-    want = -(-_TARGET_PROGRAMS // max(1, batch * num_kv_heads))
-    by_len = max(1, max_kv_len // _MIN_KEYS_PER_SPLIT)
-    return max(1, min(want, by_len, _MAX_SPLITS))
 
 
 def _check_bool(value: object, name: str) -> None:
@@ -131,10 +120,12 @@ def paged_decode_attention(
     """Decode attention (one query per sequence, ``q`` is ``[batch, Hq, D]``), split-K.
 
     The Triton path splits each sequence's keys into ``num_splits`` chunks attended in
-    parallel and merges them by log-sum-exp (flash-decoding); ``None`` picks the count from
-    the batch size and the block table's capacity. The torch path computes the same result
-    without splitting. Same semantics and options as :func:`paged_attention` with causal
-    masking.
+    parallel and merges them by log-sum-exp (flash-decoding). ``None`` picks the count from
+    the batch size and the longest real ``seq_lens`` when value checks run (they read the
+    lengths anyway), else from the block table's capacity (no host sync), rounded down to a
+    compiled count (``deepinfer_kernels.launch_configs.SPLIT_COUNTS``); an explicit count is
+    used as given. The torch path computes the same result without splitting. Same semantics
+    and options as :func:`paged_attention` with causal masking.
     """
     convert = result_converter(q, k_cache, v_cache)
     q, k_cache, v_cache = (
@@ -146,15 +137,21 @@ def paged_decode_attention(
     seq_lens = to_torch(seq_lens, "seq_lens")
     shape = check_paged_shapes(q, k_cache, v_cache, block_table, seq_lens, None)
     scale, window, cap = check_options(scale, sliding_window, soft_cap)
-    if num_splits is None:
+    if num_splits is not None and (
+        isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 1
+    ):
+        raise ValueError(f"num_splits: expected an int >= 1 or None, got {num_splits!r}")
+    checked = want_value_checks(check_values)
+    if checked:
+        check_paged_values(shape, block_table, seq_lens, None)
+    if num_splits is None and checked:
+        lens = seq_lens.tolist()
+        num_splits = decode_split_count([1] * len(lens), lens, shape.num_kv_heads, window)
+    elif num_splits is None:
         span = shape.max_blocks * shape.block_size
         if window > 0:
             span = min(span, window)
-        num_splits = choose_num_splits(shape.batch, shape.num_kv_heads, span)
-    elif isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 1:
-        raise ValueError(f"num_splits: expected an int >= 1 or None, got {num_splits!r}")
-    if want_value_checks(check_values):
-        check_paged_values(shape, block_table, seq_lens, None)
+        num_splits = compiled_split_count(choose_num_splits(shape.batch, shape.num_kv_heads, span))
     triton = should_use_triton(q.device, use_triton)
     s = default_scale(shape.head_dim, scale)
     op = eager_or_op(paged_decode_attention_op, paged_decode_attention_impl)

@@ -22,14 +22,17 @@ Example::
         k, v = torch.randn(8, 16, 2, 64), torch.randn(8, 16, 2, 64)
         out = plan.run(torch.randn(3, 4, 64), k, v)
 
-On the Triton path (CUDA tensors, or forced) the plan only keeps the validated metadata and
-``run`` calls the Triton kernel, which plans on the device itself; no host sync happens at run
-time. ``run`` is meant for eager execution; under ``torch.compile`` call the registered op
+On the Triton path (CUDA tensors, or forced) the plan keeps the validated metadata and picks
+the launch: a decode batch (one query per sequence) that would give the GPU too few programs
+runs the split-K decode kernel (keys cut into :attr:`PagedAttentionPlan.decode_splits` chunks
+from the real lengths, merged by log-sum-exp), everything else the unified kernel, which plans
+its tiles on the device itself; no host sync happens at run time. ``run`` is meant for eager execution; under ``torch.compile`` call the registered op
 :func:`~deepinfer_kernels.paged_attention` instead.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from typing import Any
 
@@ -37,6 +40,7 @@ import torch
 
 from deepinfer_kernels._dispatch import eager_or_op, should_use_triton
 from deepinfer_kernels._interop import result_converter, to_torch
+from deepinfer_kernels.attention.splits import decode_split_count
 from deepinfer_kernels.attention.torch_path import (
     TileBatch,
     default_scale,
@@ -84,6 +88,7 @@ class PagedAttentionPlan:
     def __init__(
         self,
         *,
+        decode_splits: int = 1,
         block_table: torch.Tensor,
         seq_lens: torch.Tensor,
         cu_seqlens_q: torch.Tensor,
@@ -117,6 +122,8 @@ class PagedAttentionPlan:
         self.max_block_id = max_block_id  # -1 when unknown or no page is read
         self._batches = batches
         self.cpu_kernel = cpu_kernel
+        # > 1: the Triton path runs split-K decode with this many key chunks per sequence.
+        self.decode_splits = decode_splits
 
     @property
     def device(self) -> torch.device:
@@ -147,6 +154,11 @@ class PagedAttentionPlan:
         if self.total_q is not None and q.shape[0] != self.total_q:
             raise ValueError(
                 f"q: expected {self.total_q} rows (cu_seqlens_q[-1]), got {q.shape[0]}"
+            )
+        if self.decode_splits > 1 and q.shape[0] != self.block_table.shape[0]:
+            raise ValueError(
+                f"q: split-K decode expects one row per sequence "
+                f"({self.block_table.shape[0]}), got {q.shape[0]}"
             )
         if q.dtype not in ATTN_DTYPES:
             raise ValueError(f"q: expected dtype float32, float16 or bfloat16, got {q.dtype}")
@@ -240,7 +252,9 @@ class PagedAttentionPlan:
             to_torch(v_cache, "v_cache"),
         )
         self._check(q, k_cache, v_cache)
-        if self.use_triton:
+        if self.use_triton and self.decode_splits > 1:
+            out, lse = self._run_split_k(q, k_cache, v_cache)
+        elif self.use_triton:
             from deepinfer_kernels.attention.autograd import with_reference_backward
             from deepinfer_kernels.attention.ops import paged_attention_impl, paged_attention_op
 
@@ -272,6 +286,36 @@ class PagedAttentionPlan:
             lse = lse_opt
         return (convert(out), convert(lse)) if return_lse else convert(out)
 
+    def _run_split_k(
+        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        from deepinfer_kernels.attention.autograd import with_reference_backward
+        from deepinfer_kernels.attention.ops import (
+            paged_decode_attention_impl,
+            paged_decode_attention_op,
+        )
+
+        op = eager_or_op(paged_decode_attention_op, paged_decode_attention_impl)
+        args = (q, k_cache, v_cache, self.block_table, self.seq_lens)
+        meta = (self.scale, self.window, self.soft_cap, self.decode_splits, True)
+        if torch.compiler.is_compiling():
+            out, lse = op(*args, *meta)
+        else:
+            out, lse = with_reference_backward(
+                lambda: op(*args, *meta), *args, self.cu_seqlens_q,
+                scale=self.scale, causal=self.causal, window=self.window,
+                soft_cap=self.soft_cap,
+            )  # fmt: skip
+        return out, lse
+
+
+def _split_option(split_k: object) -> int | None:
+    if split_k is None:
+        return None
+    if isinstance(split_k, bool) or not isinstance(split_k, int) or split_k < 1:
+        raise ValueError(f"split_k: expected None or an int >= 1, got {split_k!r}")
+    return split_k
+
 
 def plan_paged_attention(
     block_table: Any,
@@ -290,6 +334,7 @@ def plan_paged_attention(
     use_triton: bool | None = None,
     check_values: bool = True,
     cpu_kernel: PagedAttentionTiles | None = None,
+    split_k: int | None = None,
 ) -> PagedAttentionPlan:
     """Validate paged-attention metadata once and precompute its layer-independent work.
 
@@ -306,6 +351,13 @@ def plan_paged_attention(
     ``cpu_kernel``: a :class:`~deepinfer_kernels.cpu.PagedAttentionTiles` the torch path runs
     its short tiles (decode, verification) on when the tensors are contiguous fp32 CPU ones;
     ``None`` keeps gather + SDPA everywhere.
+
+    ``split_k`` (Triton path): ``None`` picks from the real lengths (split-K decode when every
+    sequence has one query and the batch's ``batch * num_kv_heads`` programs are too few for
+    the GPU, see ``attention/splits.py``; with ``check_values=False`` the lengths are not read
+    and the unified kernel runs); ``1`` always runs the unified kernel; ``n >= 2`` runs split-K
+    decode with ``n`` chunks, which needs one query per sequence (checked from the metadata, or
+    only from ``q``'s row count at run time when value checks are off). The torch path ignores it.
     """
     block_size = _positive_int(block_size, "block_size")
     if block_size & (block_size - 1):
@@ -329,6 +381,7 @@ def plan_paged_attention(
     lens_t = _index(seq_lens, "seq_lens", (batch,), dev)
     cu_t = _index(cu_seqlens_q, "cu_seqlens_q", (batch + 1,), dev)
     triton = should_use_triton(dev, use_triton)
+    forced = _split_option(split_k)
     common: dict[str, Any] = {
         "block_table": bt,
         "seq_lens": lens_t,
@@ -344,7 +397,9 @@ def plan_paged_attention(
         "use_triton": triton,
     }
     if triton and not want_value_checks(check_values):
-        return PagedAttentionPlan(**common, total_q=None, max_block_id=-1, batches=[])
+        return PagedAttentionPlan(
+            **common, total_q=None, max_block_id=-1, batches=[], decode_splits=forced or 1
+        )
     total_q = int(cu_t[-1]) if batch else 0
     shape = PagedShape(
         batch, total_q, num_q_heads, num_kv_heads, head_dim, _ANY_POOL, block_size, bt.shape[1]
@@ -354,6 +409,19 @@ def plan_paged_attention(
     in_use = torch.arange(bt.shape[1], device=dev)[None, :] < used[:, None]
     max_id = int(torch.where(in_use, bt, -1).max()) if bt.numel() else -1
     lens = lens_t.tolist()
+    splits = 1
+    if triton:
+        cu = cu_t.tolist()
+        q_lens = [hi - lo for lo, hi in itertools.pairwise(cu)]
+        if forced is None:
+            splits = decode_split_count(q_lens, lens, num_kv_heads, window)
+        elif forced > 1 and any(n != 1 for n in q_lens):
+            raise ValueError(
+                f"split_k: split-K decode needs one query per sequence, got query lengths "
+                f"{q_lens[:8]}{'...' if len(q_lens) > 8 else ''}"
+            )
+        else:
+            splits = forced
     batches = (
         []
         if triton
@@ -369,5 +437,10 @@ def plan_paged_attention(
         )
     )
     return PagedAttentionPlan(
-        **common, total_q=total_q, max_block_id=max_id, batches=batches, cpu_kernel=cpu_kernel
+        **common,
+        total_q=total_q,
+        max_block_id=max_id,
+        batches=batches,
+        cpu_kernel=cpu_kernel,
+        decode_splits=splits,
     )

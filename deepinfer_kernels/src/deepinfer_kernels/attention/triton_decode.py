@@ -22,10 +22,10 @@ from deepinfer_kernels.attention.triton_common import (
     dot_precision,
     load_kv_tile,
     next_pow2,
-    on_interpreter,
     soft_cap_logits,
     upcast_dot,
 )
+from deepinfer_kernels.launch_configs import decode_split_launch
 
 
 @triton.jit
@@ -166,18 +166,6 @@ def _merge_states_kernel(
     tl.store(lse_ptr + row, lse)
 
 
-def decode_launch_config(group: int, head_dim: int) -> dict[str, int]:
-    """Tiles and launch settings of ``_decode_split_kernel`` for a GQA group and head dim: the
-    one place the wrapper and the sm_90 resource check (``deepinfer_kernels.gpu_readiness``)
-    read them from. ``num_warps`` / ``num_stages`` are Triton's defaults, which the launch uses."""
-    return {
-        "BLOCK_H": next_pow2(group, 16),
-        "BLOCK_N": 16 if on_interpreter() else (64 if head_dim <= 128 else 32),
-        "num_warps": 4,
-        "num_stages": 3,
-    }
-
-
 def paged_decode_attention_triton(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -199,7 +187,7 @@ def paged_decode_attention_triton(
     if batch == 0:
         return out, lse
     group = hq // hkv
-    launch = decode_launch_config(group, d)
+    launch = decode_split_launch(group, d, q.dtype == torch.float32)
     block_h, block_n = launch["BLOCK_H"], launch["BLOCK_N"]
     if num_splits == 1:
         part_out, part_lse = out, lse
@@ -218,6 +206,7 @@ def paged_decode_attention_triton(
         HEAD_DIM=d, D_PAD=next_pow2(d, 16), BLOCK_SIZE=block_size,
         GROUP=group, BLOCK_H=block_h, BLOCK_N=block_n,
         USE_WINDOW=window > 0, USE_CAP=soft_cap > 0, PRECISION=dot_precision(q.dtype), UPCAST=upcast_dot(q.dtype),
+        num_warps=launch.num_warps, num_stages=launch.num_stages,
     )  # fmt: skip
     if num_splits > 1:
         _merge_splits_kernel[(batch * hq,)](

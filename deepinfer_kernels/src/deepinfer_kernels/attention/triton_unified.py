@@ -26,10 +26,10 @@ from deepinfer_kernels.attention.triton_common import (
     dot_precision,
     load_kv_tile,
     next_pow2,
-    on_interpreter,
     soft_cap_logits,
     upcast_dot,
 )
+from deepinfer_kernels.launch_configs import unified_launch
 
 
 @triton.jit
@@ -152,18 +152,6 @@ def _unified_attention_kernel(
     tl.store(lse_ptr + lse_row, lse, mask=row_ok)
 
 
-def _tile_sizes(total_q: int, batch: int, group: int, head_dim: int) -> tuple[int, int, int]:
-    """(G_PAD, BLOCK_Q, BLOCK_N): small tiles under the interpreter and for decode-heavy
-    batches, larger ones for prefill-heavy batches on the GPU."""
-    g_pad = next_pow2(group)
-    if on_interpreter():
-        return g_pad, max(1, 16 // g_pad), 16
-    block_m = 16 if total_q <= 2 * max(batch, 1) else (128 if head_dim <= 128 else 64)
-    block_m = max(block_m, g_pad)
-    block_n = 64 if head_dim <= 128 else 32
-    return g_pad, block_m // g_pad, block_n
-
-
 def paged_attention_triton(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -189,7 +177,8 @@ def paged_attention_triton(
     if total_q == 0 or batch == 0:
         return out, lse
     group = hq // hkv
-    g_pad, block_q, block_n = _tile_sizes(total_q, batch, group, d)
+    launch = unified_launch(total_q, batch, group, d, q.dtype == torch.float32)
+    g_pad, block_q, block_n = launch["G_PAD"], launch["BLOCK_Q"], launch["BLOCK_N"]
     grid = (total_q // block_q + batch, hkv)
     _unified_attention_kernel[grid](
         q, k_cache, v_cache, out, lse,
@@ -204,9 +193,7 @@ def paged_attention_triton(
         GROUP=group, G_PAD=g_pad, BLOCK_Q=block_q, BLOCK_N=block_n,
         CAUSAL=causal, USE_WINDOW=window > 0, USE_CAP=soft_cap > 0,
         PRECISION=dot_precision(q.dtype), UPCAST=upcast_dot(q.dtype),
-        # Big accumulators (128 x 128 or 64 x 256 fp32) need 8 warps to stay in registers.
-        num_warps=8 if block_q * g_pad * next_pow2(d, 16) >= 128 * 128 else 4,
-        num_stages=2 if d > 128 else 3,
+        num_warps=launch.num_warps, num_stages=launch.num_stages,
     )  # fmt: skip
     return out, lse
 

@@ -20,6 +20,7 @@ import triton
 import triton.language as tl
 
 from deepinfer_kernels._dispatch import interpreter_active
+from deepinfer_kernels.launch_configs import mla_launch
 
 # Enough programs to fill an H200-class GPU (132 SMs) about twice over.
 _TARGET_PROGRAMS = 264
@@ -144,8 +145,8 @@ def mla_attention_triton(
     rope = q_rope.shape[2]
     device = q_nope.device
     interp = interpreter_active()
-    block_h = 16
-    block_n = 16 if interp else 32
+    launch = mla_launch(q_nope.dtype == torch.float32)
+    block_h, block_n = launch["BLOCK_H"], launch["BLOCK_N"]
     if num_splits <= 0:
         span = block_table.shape[1] * latent_cache.shape[1]
         num_splits = choose_mla_splits(total_q, heads, block_h, span)
@@ -170,8 +171,7 @@ def mla_attention_triton(
         NUM_SPLITS=num_splits, CAUSAL=causal,
         PRECISION="ieee" if q_nope.dtype == torch.float32 else "tf32",
         UPCAST=q_nope.dtype == torch.bfloat16 and interp,
-        # A [16, 512] fp32 accumulator plus a [32, 512] latent tile: 8 warps avoid spilling.
-        num_warps=4 if interp else 8,
+        num_warps=launch.num_warps, num_stages=launch.num_stages,
     )  # fmt: skip
     if num_splits == 1:
         return po[0].to(q_nope.dtype), plse[0]

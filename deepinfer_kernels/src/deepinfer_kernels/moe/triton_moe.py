@@ -16,6 +16,7 @@ import triton
 import triton.language as tl
 
 from deepinfer_kernels._dispatch import interpreter_active
+from deepinfer_kernels.launch_configs import moe_launch
 from deepinfer_kernels.moe.align import align_by_expert
 
 
@@ -110,14 +111,6 @@ def _down_kernel(
     )
 
 
-def _block_sizes(num_pairs: int, num_experts: int) -> tuple[int, int, int]:
-    if interpreter_active():
-        return 16, 32, 32
-    # Decode batches give each expert few rows: small BLOCK_M wastes less padding.
-    block_m = 16 if num_pairs <= 4 * num_experts else 64
-    return block_m, 64, 64
-
-
 def fused_moe_triton(
     hidden: torch.Tensor,
     w_gate_up: torch.Tensor,
@@ -131,7 +124,8 @@ def fused_moe_triton(
     hidden = hidden.contiguous()
     w_gate_up, w_down = w_gate_up.contiguous(), w_down.contiguous()
     num_pairs = num_tokens * top_k
-    block_m, block_n, block_k = _block_sizes(num_pairs, num_experts)
+    launch = moe_launch(num_pairs, num_experts, hidden.dtype == torch.float32)
+    block_m, block_n, block_k = launch["BLOCK_M"], launch["BLOCK_N"], launch["BLOCK_K"]
     layout = align_by_expert(topk_ids, num_experts, block_m)
     rows = layout.sorted_pairs.numel()
     act = torch.empty(rows, inter, dtype=hidden.dtype, device=hidden.device)
@@ -148,6 +142,7 @@ def fused_moe_triton(
         hidden.stride(0), w_gate_up.stride(0), w_gate_up.stride(1), act.stride(0),
         TOP_K=top_k, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
         PRECISION=precision, UPCAST=upcast,
+        num_warps=launch.num_warps, num_stages=launch.num_stages,
     )  # fmt: skip
     _down_kernel[(row_blocks, triton.cdiv(hidden_size, block_n))](
         act, w_down, out_pairs, weights, layout.sorted_pairs, layout.block_expert,
@@ -155,5 +150,6 @@ def fused_moe_triton(
         act.stride(0), w_down.stride(0), w_down.stride(1), out_pairs.stride(0),
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
         PRECISION=precision, UPCAST=upcast,
+        num_warps=launch.num_warps, num_stages=launch.num_stages,
     )  # fmt: skip
     return out_pairs.view(num_tokens, top_k, hidden_size).sum(1).to(hidden.dtype)
