@@ -454,8 +454,10 @@ def hf_model_type(cfg: Mapping[str, Any]) -> str:
     model_type = cfg.get("model_type")
     if model_type is not None:
         return str(model_type)
+    known = {**ARCHITECTURE_OF, "deepseek_v2": "DeepseekV2ForCausalLM",
+             "deepseek_v3": "DeepseekV3ForCausalLM"}  # fmt: skip
     for arch in cfg.get("architectures") or []:
-        for kind, name in ARCHITECTURE_OF.items():
+        for kind, name in known.items():
             if arch == name:
                 return kind
     return "llama"

@@ -83,13 +83,19 @@ def blocks_for_context(max_model_len: int, max_num_seqs: int, block_size: int = 
 
 
 def bytes_per_block(config: LlamaConfig, block_size: int, dtype: torch.dtype) -> int:
-    """Bytes one block of K and V takes across all layers."""
+    """Bytes one block of KV (K and V, or an MLA model's latent) takes across all layers."""
     size = torch.empty((), dtype=dtype).element_size()
-    return config.num_layers * 2 * block_size * config.num_kv_heads * config.head_dim * size
+    planes, heads, width = config.kv_page_layout()
+    return config.num_layers * planes * block_size * heads * width * size
 
 
 class KVPool:
-    """Paged KV storage ``[num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim]``.
+    """Paged KV storage ``[num_layers, planes, num_blocks, block_size, num_kv_heads, head_dim]``.
+
+    ``planes`` is 2 (K and V) for standard attention; an MLA model (DeepSeek-V2/V3) caches one
+    latent per token: one plane of one head, ``kv_lora_rank + qk_rope_head_dim`` wide
+    (:meth:`latent_cache`). Either way dimension 2 is the block dimension, so the prefix cache
+    and PD transfer move latent pages exactly as they move K/V pages.
 
     ``pool.k_cache(l)`` / ``pool.v_cache(l)`` are views ``[num_blocks, block_size, Hkv, D]`` in the
     layout of DESIGN.md; dimension 2 of :attr:`tensor` is the block dimension that the cache
@@ -113,8 +119,10 @@ class KVPool:
         *,
         dtype: torch.dtype = torch.float32,
         device: torch.device | str = "cpu",
+        planes: int = 2,
     ) -> None:
         for name, value in (
+            ("planes", planes),
             ("num_layers", num_layers),
             ("num_blocks", num_blocks),
             ("block_size", block_size),
@@ -126,11 +134,12 @@ class KVPool:
         self.block_size = block_size
         self.num_blocks = num_blocks
         self.tensor = lazy_zeros(
-            (num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim), dtype, device
+            (num_layers, planes, num_blocks, block_size, num_kv_heads, head_dim), dtype, device
         )
         # Per-layer (K, V) views made once: indexing the 6-d tensor per layer per step costs
-        # more than the decode attention of a short sequence on CPU.
-        self._layer_views = [(layer[0], layer[1]) for layer in self.tensor.unbind(0)]
+        # more than the decode attention of a short sequence on CPU. A one-plane (latent) pool
+        # has a single view per layer; its "K" and "V" are the same latent.
+        self._layer_views = [(layer[0], layer[-1]) for layer in self.tensor.unbind(0)]
         self._ref = [0] * num_blocks
         self._free: deque[int] = deque(range(num_blocks))
 
@@ -144,14 +153,16 @@ class KVPool:
         dtype: torch.dtype = torch.float32,
         device: torch.device | str = "cpu",
     ) -> KVPool:
+        planes, heads, width = config.kv_page_layout()
         return cls(
             config.num_layers,
             num_blocks,
             block_size,
-            config.num_kv_heads,
-            config.head_dim,
+            heads,
+            width,
             dtype=dtype,
             device=device,
+            planes=planes,
         )
 
     @classmethod
@@ -167,6 +178,21 @@ class KVPool:
     @property
     def num_layers(self) -> int:
         return int(self.tensor.shape[0])
+
+    @property
+    def page_layout(self) -> tuple[int, int, int]:
+        """``(planes, heads, width)`` of one token in one layer."""
+        _, planes, _, _, heads, width = self.tensor.shape
+        return int(planes), int(heads), int(width)
+
+    def latent_cache(self, layer: int) -> torch.Tensor:
+        """An MLA pool's latent cache of ``layer``: ``[num_blocks, block_size, width]``."""
+        if self.page_layout[:2] != (1, 1):
+            raise ValueError(
+                f"latent_cache needs a one-plane, one-head (MLA) pool; this one is "
+                f"{self.page_layout} (planes, heads, width)"
+            )
+        return self._layer_views[layer][0][:, :, 0]
 
     def k_cache(self, layer: int) -> torch.Tensor:
         return self._layer_views[layer][0]

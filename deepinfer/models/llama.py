@@ -128,11 +128,12 @@ class LlamaAttention(nn.Module):
 class LlamaMLP(nn.Module):
     """SwiGLU: ``down(silu(gate(x)) * up(x))``."""
 
-    def __init__(self, config: LlamaConfig) -> None:
+    def __init__(self, config: LlamaConfig, intermediate_size: int | None = None) -> None:
         super().__init__()
-        self.intermediate_size = config.intermediate_size
-        self.gate_up_proj = Linear(config.hidden_size, 2 * config.intermediate_size)
-        self.down_proj = Linear(config.intermediate_size, config.hidden_size)
+        size = config.intermediate_size if intermediate_size is None else intermediate_size
+        self.intermediate_size = size
+        self.gate_up_proj = Linear(config.hidden_size, 2 * size)
+        self.down_proj = Linear(size, config.hidden_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # Transposed views are fine here: chunk, silu and mul are element-wise, and the down
@@ -172,9 +173,7 @@ class LlamaModel(nn.Module):
         super().__init__()
         self.config = config
         self.embed_tokens = Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(
-            LlamaDecoderLayer(config, i, self.attention_class) for i in range(config.num_layers)
-        )
+        self.layers = nn.ModuleList(self.build_layer(config, i) for i in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.lm_head: Linear | None = (
             None if config.tie_word_embeddings else Linear(config.hidden_size, config.vocab_size)
@@ -189,6 +188,10 @@ class LlamaModel(nn.Module):
         self.use_cpu_kernels(CpuKernels.all())
         if init:
             self.init_weights()
+
+    def build_layer(self, config: LlamaConfig, layer: int) -> nn.Module:
+        """Decoder layer ``layer`` (families with other layers override this)."""
+        return LlamaDecoderLayer(config, layer, self.attention_class)
 
     def use_cpu_kernels(self, kernels: CpuKernels) -> None:
         """Run on these compiled CPU kernels where they apply (``CpuKernels()``: torch ops
@@ -446,7 +449,7 @@ class LlamaModel(nn.Module):
         Q/K/V and gate/up are concatenated into the fused projections. Raises ``ValueError``
         naming any missing, unexpected or mis-shaped tensor.
         """
-        fused = hf_to_fused(state, self.config)
+        fused = self.own_state_from_hf(state)
         own = self.state_dict()
         missing = sorted(set(own) - set(fused))
         unexpected = sorted(set(fused) - set(own))
@@ -468,6 +471,10 @@ class LlamaModel(nn.Module):
     def hf_state_dict(self) -> dict[str, torch.Tensor]:
         """Weights under Hugging Face ``LlamaForCausalLM`` names (the inverse of loading)."""
         return fused_to_hf(self.state_dict(), self.config)
+
+    def own_state_from_hf(self, state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Checkpoint tensors under this module's names (Q/K/V and gate/up fused)."""
+        return hf_to_fused(state, self.config)
 
     # ------------------------------------------------------------------ checks
     def _check_layer_ids(self, layer_ids: Iterable[int]) -> set[int]:

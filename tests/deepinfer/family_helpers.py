@@ -35,6 +35,59 @@ FAMILIES: dict[str, tuple[str, str, dict[str, Any]]] = {
     "qwen3": ("Qwen3ForCausalLM", "Qwen3Config", {"head_dim": 16, "tie_word_embeddings": True}),
     # A window shorter than prompt + output: positions past it must not see the oldest keys.
     "mistral": ("MistralForCausalLM", "MistralConfig", {"sliding_window": 12}),
+    # MLA (low-rank Q, latent KV), a dense first layer then MoE layers with a shared expert,
+    # grouped top-k over 8 experts (sigmoid + correction bias), YaRN rope with DeepSeek's mscale.
+    "deepseek_v3": (
+        "DeepseekV3ForCausalLM",
+        "DeepseekV3Config",
+        {
+            "num_hidden_layers": 3,
+            "num_key_value_heads": 4,
+            "kv_lora_rank": 32,
+            "q_lora_rank": 48,
+            "qk_rope_head_dim": 8,
+            "qk_nope_head_dim": 16,
+            "v_head_dim": 16,
+            "n_routed_experts": 8,
+            "n_shared_experts": 1,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 32,
+            "n_group": 4,
+            "topk_group": 2,
+            "first_k_dense_replace": 1,
+            "rope_scaling": {
+                "rope_type": "yarn",
+                "factor": 4.0,
+                "original_max_position_embeddings": 128,
+                "beta_fast": 32,
+                "beta_slow": 1,
+                "mscale": 1.0,
+                "mscale_all_dim": 1.0,
+            },
+        },
+    ),
+    # V2: full-rank Q projection, softmax routing with group-limited greedy top-k.
+    "deepseek_v2": (
+        "DeepseekV2ForCausalLM",
+        "DeepseekV2Config",
+        {
+            "num_hidden_layers": 3,
+            "num_key_value_heads": 4,
+            "kv_lora_rank": 32,
+            "q_lora_rank": None,
+            "qk_rope_head_dim": 8,
+            "qk_nope_head_dim": 16,
+            "v_head_dim": 16,
+            "n_routed_experts": 8,
+            "n_shared_experts": 2,
+            "num_experts_per_tok": 3,
+            "moe_intermediate_size": 16,
+            "n_group": 4,
+            "topk_group": 2,
+            "topk_method": "group_limited_greedy",
+            "first_k_dense_replace": 1,
+        },
+    ),
 }
 
 
@@ -68,6 +121,10 @@ def build_checkpoint(family: str, out: Path, seed: int = 0, **extra: Any) -> tor
     )
     torch.manual_seed(seed)
     model = getattr(transformers, model_cls)(config).eval()
+    with torch.no_grad():
+        for name, tensor in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                tensor.normal_(0.0, 0.1)  # HF starts it at zero: make it change choices
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(str(out))
     write_tokenizer(out)

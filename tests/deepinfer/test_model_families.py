@@ -1,4 +1,4 @@
-"""Qwen2, Qwen3 and Mistral checkpoints written by transformers load and run exactly.
+"""Qwen2, Qwen3, Mistral and DeepSeek-V3/V2 checkpoints written by transformers run exactly.
 
 Each family's tiny random model is saved by transformers' own class (``save_pretrained``) with
 a ``tokenizers``-built tokenizer; the engine loads the directory like a downloaded model. In
@@ -10,6 +10,7 @@ untrained drafter staying lossless.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
@@ -20,8 +21,11 @@ from model_helpers import one_thread
 from deepinfer import LLM, EngineConfig, LLMEngine, SamplingParams
 from deepinfer.engine.cache_setup import PrefixCacheConfig
 from deepinfer.models import AttentionMetadata, KVPool, LoadedModel, load_model
+from deepinfer.models.deepseek import DeepseekModel
+from deepinfer.models.deepseek_config import DeepseekConfig
 from deepinfer.models.qwen import Qwen3Model
 from deepinfer.models.spec_adapter import LlamaTargetAdapter
+from deepinfer.pd.transport import export_pages, import_pages
 from deepinfer.speculative import DSparkSpeculator
 from deepinfer_spec import DSparkConfig, DSparkDrafter, FixedGammaScheduler
 
@@ -30,7 +34,7 @@ pytestmark = pytest.mark.integration
 
 _threads = pytest.fixture(scope="module", autouse=True)(one_thread)
 
-FAMILIES = ["qwen2", "qwen3", "mistral"]
+FAMILIES = ["qwen2", "qwen3", "mistral", "deepseek_v3", "deepseek_v2"]
 MAX_NEW = 32
 # Fewer slots than the 10 requests and a small token budget: requests join as others finish
 # and long prompts prefill in chunks next to running decodes.
@@ -57,6 +61,9 @@ def reference(family) -> tuple[list[list[int]], list[list[int]]]:
 def test_config_names_the_family_features(family) -> None:
     name, _, hf, loaded = family
     cfg = loaded.config
+    if name.startswith("deepseek"):
+        _check_deepseek(name, hf, loaded)
+        return
     assert cfg.model_type == name
     assert cfg.attention_bias == (name == "qwen2")
     assert cfg.qk_norm == (name == "qwen3")
@@ -65,6 +72,24 @@ def test_config_names_the_family_features(family) -> None:
     assert cfg.layer_windows == ((window,) * cfg.num_layers if window else ())
     assert cfg.rope_theta == hf.config.rope_parameters["rope_theta"]
     assert cfg.tie_word_embeddings == hf.config.tie_word_embeddings
+
+
+def _check_deepseek(name: str, hf: torch.nn.Module, loaded: LoadedModel) -> None:
+    cfg = loaded.config
+    assert isinstance(cfg, DeepseekConfig) and isinstance(loaded.model, DeepseekModel)
+    assert cfg.model_type == name
+    assert [cfg.is_moe_layer(i) for i in range(cfg.num_layers)] == [False, True, True]
+    assert cfg.scoring_func == ("sigmoid" if name == "deepseek_v3" else "softmax")
+    # The pool holds one latent per token and layer: kv_lora_rank + qk_rope_head_dim values,
+    # not 2 x heads x head_dim.
+    pool = KVPool.for_weights(loaded.model, num_blocks=2, block_size=8)
+    assert pool.page_layout == (1, 1, 32 + 8)
+    assert pool.bytes_per_block == cfg.num_layers * 8 * 40 * 4
+    if name == "deepseek_v3":
+        assert cfg.rope_scaling is not None and cfg.rope_scaling.rope_type == "yarn"
+        assert cfg.softmax_scale == pytest.approx(24**-0.5 * (0.1 * math.log(4.0) + 1) ** 2)
+        hf_inv = hf.model.rotary_emb.inv_freq
+        torch.testing.assert_close(loaded.model.rope.inv_freq, hf_inv, atol=0, rtol=1e-6)
 
 
 def _paged_logits(loaded: LoadedModel, ids: list[int], split: int) -> torch.Tensor:
@@ -144,3 +169,23 @@ def test_dspark_with_an_untrained_drafter_is_lossless(family, reference) -> None
                 done[out.request_id] = out
     assert [done[i].token_ids for i in ids] == expected[:6]
     assert sum(done[i].metrics.num_spec_steps for i in ids) > 0
+
+
+def test_latent_pages_travel_through_pd_export_and_import(family) -> None:
+    """PD moves pages along the pool's block dimension: an MLA pool's latent pages too."""
+    name, _, _, loaded = family
+    model = loaded.model
+    src = KVPool.for_weights(model, num_blocks=6, block_size=8)
+    ids = list(range(3, 23))
+    blocks = src.allocate(3)
+    attn = AttentionMetadata.build([blocks], [len(ids)], [len(ids)], 8)
+    with torch.inference_mode():
+        model(torch.tensor(ids), attn.positions(), attn, src)
+    dst = KVPool.for_weights(model, num_blocks=6, block_size=8)
+    landing = dst.allocate(5)[2:]
+    import_pages(dst, export_pages(src, blocks), landing)
+    assert torch.equal(dst.tensor[:, :, landing], src.tensor[:, :, blocks])
+    if name.startswith("deepseek"):
+        assert src.latent_cache(0)[blocks[0], 0].abs().sum() > 0
+        with pytest.raises(ValueError, match="latent_cache"):
+            KVPool(2, 4, 8, 2, 16).latent_cache(0)
