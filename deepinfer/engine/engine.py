@@ -274,13 +274,23 @@ class LLMEngine:
         self.outputs.forget(seq)
 
     def _reject_unschedulable(self) -> list[RequestOutput]:
-        """Nothing could run: with nothing running either, the head request can never fit."""
-        if self.running or not self.waiting:
+        """Nothing could run this step, so nothing ever will without ending a request.
+
+        With requests running, they hold the whole pool and the batch policy found nothing to
+        preempt (a lone sequence that needs one more block than the pool has): the one holding
+        most blocks ends with ``"length"``, as when a context limit is reached, keeping what it
+        generated. With none running, the head waiting request can never fit: it fails with
+        ``error`` set."""
+        if self.running:
+            seq = max(self.running, key=lambda s: len(s.block_ids))
+            self._finish(seq, "length", save=True)
+            return [self.outputs.output(seq, [], "")]
+        if not self.waiting:
             return []
         seq = self.waiting[0]
         out = self.outputs.output(seq, [], "")
         self._finish(seq, "error", save=False)
         out.finished = True
-        out.finish_reason = "error"
+        out.finish_reason = out.outputs[0].finish_reason = "error"
         out.error = "request does not fit in the KV pool"
         return [out]

@@ -120,6 +120,33 @@ def test_bad_sampling_params_name_the_argument(kwargs: dict) -> None:
         SamplingParams(**kwargs)
 
 
+def test_a_sequence_that_outgrows_the_pool_ends_instead_of_hanging(model: LlamaModel) -> None:
+    """The pool (10 blocks of 4) holds 40 tokens; a 39-token prompt asking for 8 more passes
+    admission but runs out of blocks after two tokens with nothing left to preempt. It ends with
+    ``"length"`` (a context limit), keeping its tokens, which equal the unconstrained run's
+    first two; the other request is unaffected and every block returns to the pool."""
+    big = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+    small = SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True)
+    prompt = [(7 * i + 1) % 200 for i in range(39)]
+    roomy = LLMEngine(model, None, EngineConfig(block_size=4, num_blocks=64, max_model_len=64))
+    roomy.add_request(prompt, big, request_id="big")
+    expected = _run(roomy)["big"]
+    engine = LLMEngine(model, None, EngineConfig(block_size=4, num_blocks=10, max_model_len=64))
+    engine.add_request(prompt, big, request_id="big")
+    engine.add_request([1, 2, 3], small, request_id="small")
+    finished = {}
+    for _ in range(100):
+        finished.update({o.request_id: o for o in engine.step() if o.finished})
+        if not engine.has_unfinished():
+            break
+    assert not engine.has_unfinished()
+    out = finished["big"]
+    assert out.finish_reason == out.outputs[0].finish_reason == "length"
+    assert out.error is None and out.token_ids == expected[:2]
+    assert len(finished["small"].token_ids) == 2
+    assert engine.scheduler.pool.num_free_blocks == 10
+
+
 def test_one_bad_request_never_kills_the_batch(gguf_path: Path, tmp_path: Path) -> None:
     loaded = load_model(gguf_path, cache_dir=tmp_path / "models")
     llm = LLM(loaded, engine_config=EngineConfig(num_blocks=64), enable_prefix_caching=False)
