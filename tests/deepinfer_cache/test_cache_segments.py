@@ -307,7 +307,7 @@ def test_pending_blocks_are_served_from_memory_and_put_checks_arguments(tmp_path
     with pytest.raises(ValueError, match="meta"):
         tier.put(key(3), page_of(3), None)
     with pytest.raises(ValueError, match="retention"):
-        tier.put(key(3), page_of(3), BlockMeta(None, "x" * 40, 2e9))
+        tier.put(key(3), page_of(3), BlockMeta(None, "x" * 33, 2e9))
     with pytest.raises(ValueError, match="page"):
         tier.put(key(3), torch.zeros(2, 2), meta(3))
     with pytest.raises(ValueError, match="compact_below"):

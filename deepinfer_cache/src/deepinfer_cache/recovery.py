@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .index import PrefixIndex
+from .index_bulk import bulk_load
 
 
 @dataclass
@@ -29,8 +30,20 @@ class RebuildReport:
 
 
 def rebuild_index(index: PrefixIndex, tier_id: int, tier: Any, now: float) -> RebuildReport:
-    """Restore ``tier.recovered()`` into ``index`` as tier ``tier_id``."""
+    """Restore ``tier.recovered()`` into ``index`` as tier ``tier_id`` (column-wise through
+    ``index_bulk`` when the index is empty and the tier offers ``recovered_columns``)."""
     rep = RebuildReport()
+    if not len(index) and hasattr(tier, "recovered_columns"):
+        res = bulk_load(index, tier_id, tier.recovered_columns(), now)
+        for key in res.orphans:
+            tier.delete(key)
+        for key in res.expired:
+            tier.delete(key)
+        rep.orphans, rep.expired = len(res.orphans), len(res.expired)
+        rep.unknown_blocks = sum(res.unknown.values())
+        rep.unknown_classes = set(res.unknown)
+        rep.tenants = res.tenants
+        return rep
     blocks = {b.key: b for b in tier.recovered()}
     children: dict[bytes | None, list[bytes]] = defaultdict(list)
     for b in blocks.values():

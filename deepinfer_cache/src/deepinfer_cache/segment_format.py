@@ -8,10 +8,10 @@ A segment file ``segments/<16 hex id>.seg`` is a header followed by fixed-size s
     offset 4096    slot 0, slot 1, ... each ``slot_bytes`` (a multiple of ALIGN):
                    RECORD_HEADER_BYTES record header, then the raw little-endian payload
 
-Record header (128 bytes, little-endian): magic b"DKVR", u16 version, u16 flags (1: has a
-parent, 2: has a tenant tag), 16-byte key, parent, tenant, f64 expires_at, u64 payload_len,
-u64 payload XXH3-64, u64 segment id, u32 slot, u8 retention length, 31 bytes of retention
-name, u32 crc32 of the 124 bytes before it. The segment id and slot are inside the checked
+Record header (128 bytes, little-endian): magic b"DKVR", u16 version, u8 flags (1: has a
+parent, 2: has a tenant tag), u8 retention length, 16-byte key, parent, tenant, f64
+expires_at, u64 payload_len, u64 payload XXH3-64, u64 segment id, u32 slot, 32 bytes of
+retention name, u32 crc32 of the 124 bytes before it. The segment id and slot are inside the checked
 header, so a record found anywhere else (a stale manifest, a copied file) fails its check.
 
 The manifest ``manifest`` lists every live record: a header (magic b"DIKVMAN\\0", u16
@@ -46,9 +46,9 @@ ALIGN = 4096
 SEGMENT_HEADER_BYTES = 4096
 _PREFIX = struct.Struct("<8sHI")
 _CRC = struct.Struct("<I")
-_RECORD = struct.Struct("<4sHH16s16s16sdQQQIB31s")
+_RECORD = struct.Struct("<4sHBB16s16s16sdQQQI32s")
 RECORD_HEADER_BYTES = _RECORD.size + _CRC.size  # 128
-MAX_RETENTION_BYTES = 31
+MAX_RETENTION_BYTES = 32  # RetentionPolicy allows 1-32 byte names
 _HAS_PARENT = 1
 _HAS_TENANT = 2
 _ZERO16 = bytes(16)
@@ -197,6 +197,7 @@ def encode_record_header(
         RECORD_MAGIC,
         SEGMENT_VERSION,
         flags,
+        len(ret),
         key,
         meta.parent or _ZERO16,
         meta.tenant or _ZERO16,
@@ -205,7 +206,6 @@ def encode_record_header(
         payload_xxh3,
         segment,
         slot,
-        len(ret),
         ret,
     )
     return head + _CRC.pack(zlib.crc32(head))
@@ -215,7 +215,7 @@ def decode_record_header(buf: bytes | memoryview) -> RecordHeader:
     if len(buf) < RECORD_HEADER_BYTES:
         raise CorruptBlockError("record shorter than its header")
     fields = _RECORD.unpack_from(buf, 0)
-    magic, version, flags, key, parent, tenant, expires, plen, check, seg, slot, rlen, ret = fields
+    magic, version, flags, rlen, key, parent, tenant, expires, plen, check, seg, slot, ret = fields
     if magic != RECORD_MAGIC:
         raise CorruptBlockError("bad record magic")
     if zlib.crc32(buf[: _RECORD.size]) != _CRC.unpack_from(buf, _RECORD.size)[0]:

@@ -1,0 +1,178 @@
+"""Loading a whole durable tier into an empty ``PrefixIndex`` at once (reopen of 1M blocks).
+
+``rebuild_index`` restores blocks one by one (tens of microseconds each: tens of seconds at a
+million blocks). When the index is empty and the tier hands over columns
+(``recovered_columns``), this module does the same work with numpy instead: parent ids,
+which subtrees hang below a missing parent (orphans) or an expired block, depths (for LRU
+order), sibling links, child counts, expiry buckets and the LRU list are computed as arrays
+and written into the index's columns in one go. The result is the index ``restore`` +
+``reorder_lru`` would have built (same nodes, parents, children, tiers, expiries, LRU order).
+"""
+
+from __future__ import annotations
+
+from array import array
+from dataclasses import dataclass
+
+import numpy as np
+
+from .index import _NONE, EXPIRY_BUCKET, PrefixIndex
+
+
+@dataclass
+class RecoveredColumns:
+    """Blocks a durable tier found on open, as parallel lists."""
+
+    keys: list[bytes]
+    parents: list[bytes | None]
+    retention: list[str]
+    expires: list[float]  # the latest persisted expiry of each block
+    tenants: list[bytes | None]
+
+
+@dataclass
+class BulkResult:
+    orphans: list[bytes]  # below a missing parent: delete from the tier
+    expired: list[bytes]  # expired, or below an expired block: delete from the tier
+    unknown: dict[str, int]  # retention classes the policy does not name -> blocks kept
+    tenants: dict[bytes, bytes]  # first block -> tenant tag
+
+
+def _q(a: np.ndarray) -> array[int]:
+    out = array("q")
+    out.frombytes(np.ascontiguousarray(a, dtype=np.int64).tobytes())
+    return out
+
+
+def _l(a: np.ndarray) -> array[int]:
+    out = array("l")
+    out.frombytes(np.ascontiguousarray(a, dtype=np.dtype("l")).tobytes())
+    return out
+
+
+def bulk_load(index: PrefixIndex, tier: int, cols: RecoveredColumns, now: float) -> BulkResult:
+    """Fill the empty ``index`` with ``cols`` as resident in ``tier``."""
+    if len(index):
+        raise ValueError("bulk_load needs an empty index")
+    t = index._check_tier(tier)
+    n = len(cols.keys)
+    pos = dict(zip(cols.keys, range(n)))
+    if len(pos) != n:
+        raise ValueError("duplicate keys in recovered columns")
+    # parent position: -1 root, -2 parent missing
+    par = np.fromiter(
+        (-1 if p is None else pos.get(p, -2) for p in cols.parents), dtype=np.int64, count=n
+    )
+    exp = np.asarray(cols.expires, dtype=np.float64)
+    idx = np.arange(n, dtype=np.int64)
+    # Pointer jumping: ``up`` doubles its reach each round while ``dead`` ORs and ``depth``
+    # sums along the path, so after log2(depth) rounds every block knows the top of its
+    # chain, whether anything on the way up expired, and how deep it is.
+    up = np.where(par >= 0, par, idx)
+    dead = exp <= now
+    depth = (par >= 0).astype(np.int64)
+    for _ in range(64):
+        nxt = up[up]
+        dead = dead | dead[up]
+        depth = depth + depth[up]
+        if np.array_equal(nxt, up):
+            break
+        up = nxt
+    # A chain is anchored when its top block is a true first block (parent None); a top block
+    # whose parent is missing, or a cycle (no top at all), makes the whole chain orphaned.
+    orphan = par[up] != -1
+    dead &= ~orphan
+    keep = ~(orphan | dead)
+
+    keys = cols.keys
+    orphans = [keys[i] for i in np.flatnonzero(orphan).tolist()]
+    expired = [keys[i] for i in np.flatnonzero(dead).tolist()]
+    kept = np.flatnonzero(keep)
+    m = len(kept)
+    # New ids 0..m-1 in kept order; parents map through.
+    new_id = np.full(n, _NONE, dtype=np.int64)
+    new_id[kept] = np.arange(m, dtype=np.int64)
+    kpar = par[kept]
+    parent = np.where(kpar >= 0, new_id[np.maximum(kpar, 0)], _NONE)
+    kexp = exp[kept]
+
+    # Sibling lists: children of one parent linked in id order.
+    first_child = np.full(m, _NONE, dtype=np.int64)
+    next_sib = np.full(m, _NONE, dtype=np.int64)
+    prev_sib = np.full(m, _NONE, dtype=np.int64)
+    has_p = np.flatnonzero(parent >= 0)
+    if len(has_p):
+        order = has_p[np.argsort(parent[has_p], kind="stable")]
+        ps = parent[order]
+        same = ps[1:] == ps[:-1]
+        next_sib[order[:-1][same]] = order[1:][same]
+        prev_sib[order[1:][same]] = order[:-1][same]
+        starts = np.concatenate(([True], ~same))
+        first_child[ps[starts]] = order[starts]
+    nchildren = np.bincount(parent[has_p], minlength=m) if m else np.zeros(0, np.int64)
+
+    # Retention classes.
+    known = index.retention.ttls
+    kret = [cols.retention[i] for i in kept.tolist()]
+    unknown: dict[str, int] = {}
+    for r in set(kret):
+        index._class(r)
+        if r not in known:
+            unknown[r] = 0
+    if unknown:
+        for r in kret:
+            if r in unknown:
+                unknown[r] += 1
+    ret = np.fromiter((index._class_id[r] for r in kret), dtype=np.uint16, count=m)
+
+    # LRU: older expiry first, deeper first on ties (leaves before their ancestors).
+    lru = np.lexsort((-depth[kept], kexp)) if m else np.zeros(0, np.int64)
+    lru_prev = np.full(m, _NONE, dtype=np.int64)
+    lru_next = np.full(m, _NONE, dtype=np.int64)
+    if m:
+        lru_prev[lru[1:]] = lru[:-1]
+        lru_next[lru[:-1]] = lru[1:]
+
+    kkeys = [keys[i] for i in kept.tolist()]
+    index._ids = dict(zip(kkeys, range(m)))
+    index._keys = bytearray(b"".join(kkeys))
+    index._alive = bytearray(b"\x01" * m)
+    index._parent = _q(parent)
+    index._first_child = _q(first_child)
+    index._next_sib = _q(next_sib)
+    index._prev_sib = _q(prev_sib)
+    index._nchildren = _l(nchildren)
+    index._child_in = [
+        _l(nchildren) if j == t else _l(np.zeros(m, np.int64)) for j in range(index.num_tiers)
+    ]
+    index._tiers = bytearray(bytes([1 << t]) * m)
+    index._pins = _l(np.zeros(m, np.int64))
+    index._expires = array("d", kexp.tobytes()) if m else array("d")
+    index._stamp = array("d", kexp.tobytes()) if m else array("d")
+    index._ret = array("H", ret.astype(np.uint16).tobytes()) if m else array("H")
+    buckets = np.floor(kexp / EXPIRY_BUCKET).astype(np.int64)
+    index._bucket_of = _q(buckets)
+    index._buckets = {}
+    if m:
+        border = np.argsort(buckets, kind="stable")
+        bs = buckets[border]
+        cuts = np.flatnonzero(bs[1:] != bs[:-1]) + 1
+        for chunk in np.split(border, cuts):
+            index._buckets[int(buckets[chunk[0]])] = _q(chunk)
+    for j in range(index.num_tiers):
+        if j == t:
+            index._lru_prev[j] = _q(lru_prev)
+            index._lru_next[j] = _q(lru_next)
+        else:
+            index._lru_prev[j] = _q(np.full(m, _NONE, np.int64))
+            index._lru_next[j] = _q(np.full(m, _NONE, np.int64))
+    index._head[t] = int(lru[0]) if m else _NONE
+    index._tail[t] = int(lru[-1]) if m else _NONE
+    index._count[t] = m
+
+    tenants = {
+        keys[i]: ten
+        for i in np.flatnonzero(keep & (par == -1)).tolist()
+        if (ten := cols.tenants[i]) is not None
+    }
+    return BulkResult(orphans, expired, unknown, tenants)
