@@ -137,7 +137,9 @@ def sampling_launch(batch: int, vocab: int, on_gpu: bool, interpret: bool | None
     verification kernels. On a GPU one program owns one row and streams the vocabulary in
     wide chunks; under the interpreter each program takes many rows (programs run serially)."""
     if on_gpu and not _interpreting(interpret):
-        return Launch({"BLOCK_B": 1, "BLOCK_V": min(_next_pow2(vocab), 4096)}, 4, 1)
+        # 8 warps: the rejection sampler's sampling pass holds logits, weights, their running
+        # sum and indices for a 4096-wide chunk (24 bytes per thread spilled on 4 warps).
+        return Launch({"BLOCK_B": 1, "BLOCK_V": min(_next_pow2(vocab), 4096)}, 8, 1)
     block_b = min(_next_pow2(max(batch, 1)), 4096)
     return Launch({"BLOCK_B": block_b, "BLOCK_V": min(_next_pow2(vocab), 128)}, 4, 1)
 
@@ -299,7 +301,11 @@ def _moe_cases() -> list[ReadinessCase]:
 
 def _sampling_cases() -> list[ReadinessCase]:
     launch = sampling_launch(64, 128256, on_gpu=True, interpret=False)
-    tiles = {"BLOCK_B": launch["BLOCK_B"], "BLOCK_V": launch["BLOCK_V"], "MAX_ROUNDS": SAMPLING_MAX_ROUNDS}
+    tiles = {
+        "BLOCK_B": launch["BLOCK_B"],
+        "BLOCK_V": launch["BLOCK_V"],
+        "MAX_ROUNDS": SAMPLING_MAX_ROUNDS,
+    }
     out = []
     for dtype in ("bf16", "fp32"):
         out.append(

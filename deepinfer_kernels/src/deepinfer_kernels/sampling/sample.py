@@ -20,12 +20,13 @@ def _sample_impl(
     top_p: torch.Tensor,
     min_p: torch.Tensor,
     uniforms: torch.Tensor,
+    seed: torch.Tensor,
     use_triton: bool,
 ) -> torch.Tensor:
     if use_triton:
         from deepinfer_kernels.sampling.triton_sampling import sample_triton
 
-        return sample_triton(logits, temperature, top_k, top_p, min_p, uniforms)
+        return sample_triton(logits, temperature, top_k, top_p, min_p, uniforms, seed)
     return sample_torch(logits, temperature, top_k, top_p, min_p, uniforms)
 
 
@@ -40,6 +41,7 @@ def _(
     top_p: torch.Tensor,
     min_p: torch.Tensor,
     uniforms: torch.Tensor,
+    seed: torch.Tensor,
     use_triton: bool,
 ) -> torch.Tensor:
     return logits.new_empty((logits.shape[0],), dtype=torch.int64)
@@ -69,8 +71,11 @@ def sample(
       top-k set;
     * ``t_min`` = ``min_p * max(p)`` (``min_p`` ``None`` or 0: disabled).
 
-    Ties at a threshold are all kept. The draw is an inverse-CDF draw in token order with one
-    uniform per row from ``generator`` (so a zero-probability token is never returned).
+    Ties at a threshold are all kept. The torch path draws by inverse CDF in token order with
+    one uniform per row from ``generator`` (so a zero-probability token is never returned); the
+    Triton kernel draws from the same distribution by rejection (its first round uses that
+    uniform, later rounds Philox numbers keyed by one more draw from ``generator``), so the
+    two paths agree in distribution, and token for token on rows without top-k / top-p / min-p.
     Invalid values (NaN or +inf logits, a row of only -inf, negative temperature, ``top_p``
     outside ``(0, 1]``, ``min_p`` outside ``[0, 1]``) raise ``ValueError`` when
     ``check_values``. CUDA runs the Triton kernel; ``use_triton`` overrides.
@@ -80,7 +85,13 @@ def sample(
     params = normalize_params(x, temperature, top_k, top_p, min_p, want_value_checks(check_values))
     triton = should_use_triton(x.device, use_triton)
     uniforms = torch.rand((x.shape[0],), generator=generator, device=x.device)
-    return convert(eager_or_op(_sample_op, _sample_impl)(x, *params, uniforms, triton))
+    # The kernel's later rejection rounds draw Philox numbers under this key; the torch path
+    # needs only the uniforms (and draws nothing more, so its stream is unchanged).
+    if triton:
+        seed = torch.randint(0, 2**62, (1,), generator=generator, device=x.device)
+    else:
+        seed = torch.zeros((1,), dtype=torch.int64, device=x.device)
+    return convert(eager_or_op(_sample_op, _sample_impl)(x, *params, uniforms, seed, triton))
 
 
 def sampling_probs(
