@@ -138,15 +138,22 @@ def prompts(vocab: int, count: int = 10, seed: int = 3) -> list[list[int]]:
     return [torch.randint(len(SPECIALS), vocab, (n,), generator=gen).tolist() for n in lengths]
 
 
-def hf_greedy(model: torch.nn.Module, prompt: list[int], max_new: int) -> list[int]:
-    """transformers' own ``generate`` (greedy, no EOS: the configs define none)."""
+def hf_greedy(model: torch.nn.Module, prompts: list[list[int]], max_new: int) -> list[list[int]]:
+    """transformers' own ``generate`` (greedy, no EOS: the configs define none), all prompts
+    in one left-padded batch."""
+    width = max(len(p) for p in prompts)
+    ids = torch.zeros(len(prompts), width, dtype=torch.long)
+    mask = torch.zeros(len(prompts), width, dtype=torch.long)
+    for row, p in enumerate(prompts):
+        ids[row, width - len(p) :] = torch.tensor(p)
+        mask[row, width - len(p) :] = 1
     with torch.inference_mode():
         out = model.generate(  # type: ignore[operator]
-            torch.tensor([prompt]),
-            attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+            ids,
+            attention_mask=mask,
             max_new_tokens=max_new,
             do_sample=False,
             eos_token_id=None,
             pad_token_id=0,
         )
-    return [int(t) for t in out[0, len(prompt) :]]
+    return [[int(t) for t in row[width:]] for row in out]
