@@ -12,6 +12,8 @@ instead of leaving half the replicas pending.
 from __future__ import annotations
 
 import contextlib
+import signal
+import threading
 import uuid
 from typing import Any
 
@@ -70,7 +72,15 @@ class RayBackend:
             raise ValueError("RayBackend needs ServeConfig.ray")
         owns = False
         if not ray.is_initialized():
-            ray.init(address=options.address, namespace=options.namespace, log_to_driver=True)
+            # None means a new local instance ("local"), not whichever cluster Ray would find
+            # on this machine; "auto" joins the one `ray start` runs here.
+            address = "local" if options.address is None else options.address
+            main = threading.current_thread() is threading.main_thread()
+            previous = signal.getsignal(signal.SIGTERM) if main else None
+            ray.init(address=address, namespace=options.namespace)
+            if previous is not None:
+                # ray.init makes SIGTERM exit at once; the server's own handler drains first.
+                signal.signal(signal.SIGTERM, previous)
             owns = True
         return cls(config, options, owns)
 

@@ -6,7 +6,8 @@ shared by the module.
   pages cross nodes through Ray's object store, greedy output (streamed or not) equals
   ``LLM.generate``, no page object is left held; killing the decode actor mid-stream ends that
   stream with a clear error, and Ray brings the actor back, which then decodes correctly again.
-- two replicas spread over the two nodes (one ``slot`` resource per node): the router's prefix
+- ``deepinfer serve --ray --ray-address ADDRESS`` (a subprocess joining the cluster) with two
+  replicas spread over the two nodes (one ``slot`` resource per node): the router's prefix
   affinity sends a conversation's second turn to the node whose replica caches its prefix.
 """
 
@@ -20,7 +21,7 @@ from typing import Any
 
 import pytest
 from ray_helpers import complete, open_stream, ray_server, sse_events, sse_text
-from serve_helpers import health, tiny_model, wait_for
+from serve_helpers import health, process_server, tiny_model, wait_for
 
 from deepinfer.engine.cache_setup import PrefixCacheConfig
 from deepinfer.engine.config import EngineConfig
@@ -144,19 +145,45 @@ def test_pd_across_nodes_equals_llm_generate_and_survives_a_decode_kill(
         assert health(base)["in_flight"] == 0
 
 
-def test_prefix_affinity_holds_across_nodes(
+def test_cli_prefix_affinity_holds_across_nodes(
     nodes: dict[str, str], gguf: Path, tmp_path: Path
 ) -> None:
-    config = _config(
-        gguf,
-        tmp_path / "kv",
-        replicas=2,
-        router="prefix_affinity",
-        ray=RayOptions(num_cpus=1, resources={"slot": 1}, strategy="STRICT_SPREAD"),
-    )
-    with ray_server(config) as (base, service):
-        where = {h.index: h.info["node_id"] for h in service.replicas}
-        assert set(where.values()) == set(nodes.values())  # one replica per node
+    """``deepinfer serve --ray --ray-address ADDRESS`` as a subprocess joining the cluster: two
+    replicas, one per node (``slot`` resource, ``STRICT_SPREAD``); a conversation's second turn
+    goes to the node whose replica caches its first turn; SIGTERM drains and releases Ray."""
+    args = [
+        str(gguf),
+        "--served-model-name",
+        "tiny",
+        "--replicas",
+        "2",
+        "--router",
+        "prefix_affinity",
+        "--num-blocks",
+        "96",
+        "--block-size",
+        "8",
+        "--max-model-len",
+        "256",
+        "--cache-dir",
+        str(tmp_path / "kv"),
+        "--ray",
+        "--ray-address",
+        ray.get_runtime_context().gcs_address,
+        "--ray-resources",
+        '{"slot": 1}',
+        "--ray-strategy",
+        "STRICT_SPREAD",
+    ]
+    with process_server(args, {}, timeout=240.0) as (base, proc):
+        # Where each replica runs, asked of its actor through Ray.
+        node_of_pid = {}
+        for entry in ray.util.list_named_actors(all_namespaces=True):
+            if entry["namespace"] == "deepinfer" and entry["name"].startswith("deepinfer-"):
+                where = ray.get(ray.get_actor(entry["name"], "deepinfer").where.remote())
+                node_of_pid[where["pid"]] = where["node_id"]
+        node = {r["index"]: node_of_pid[r["pid"]] for r in health(base)["replicas"]}
+        assert set(node.values()) == set(nodes.values())  # one replica per node
 
         def convo(tag: int) -> list[int]:
             return [(tag * 31 + 7 * j) % 200 + 3 for j in range(40)]
@@ -168,14 +195,15 @@ def test_prefix_affinity_holds_across_nodes(
             c, s = open_stream(base, convo(tag), 24)
             first[tag] = int(s.headers["x-deepinfer-replica"])
             streams.append((c, s))
-        answers = []
         for c, s in streams:
-            answers.append(sse_text(sse_events(s.iter_lines())))
+            assert sse_text(sse_events(s.iter_lines()))
             c.close()
-        assert first[1] != first[2]
+        assert node[first[1]] != node[first[2]]
         for tag in (1, 2):
             turn2 = [*convo(tag), 9, 10, 11, 12, 13, 14, 15, 16, 17]
             r = complete(base, turn2, 2)
             assert r.status_code == 200, r.text
             assert int(r.headers["x-deepinfer-replica"]) == first[tag]
             assert r.json()["usage"]["prompt_tokens_details"]["cached_tokens"] >= 32
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(90) == 0

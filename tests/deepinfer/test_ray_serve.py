@@ -40,6 +40,7 @@ def gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def local_ray() -> Iterator[None]:
     ray.init(
+        address="local",  # a new instance, never another test's or engineer's cluster
         num_cpus=2,
         object_store_memory=200 * 1024 * 1024,
         include_dashboard=False,
