@@ -31,7 +31,7 @@ def _forward_per_layer(
 ) -> torch.Tensor:
     """``LlamaModel.forward`` with ``plan=None``: the public op in every layer."""
     positions = attn.positions()
-    cos, sin = model.rope.cos_sin(positions, model.embed_tokens.weight.dtype)
+    cos, sin = model.rope.cos_sin(positions, model.norm.weight.dtype)
     residual = model.embed(ids)
     for i, layer in enumerate(model.decoder_layers()):
         residual = residual + layer.self_attn.forward(
