@@ -479,7 +479,10 @@ def main() -> None:
                 sim, cost_model = predictor
                 trace = sim.build_trace(records, prompts, users, front)
                 row.update(sim.predict(trace, cost_model, router, replicas, args))
-            print(json.dumps(row))
+                row["sim_trace"] = sim.trace_to_json(trace)
+            print(
+                json.dumps({k: v for k, v in row.items() if k not in ("sim_records", "sim_trace")})
+            )
             row["records"] = [asdict(r) for r in records]  # goodput at other SLOs, later
             results.append(row)
     write_report(out, results, args)

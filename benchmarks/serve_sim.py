@@ -4,6 +4,10 @@
     OMP_NUM_THREADS=1 deepinfer bench --num-prompts 4 --profile profile.json
     deepinfer-sched calibrate --profile profile.json --out costmodel.json
     python benchmarks/serve_load.py --cost-model costmodel.json ...
+    python benchmarks/serve_sim.py out/serve_load/serve_load.json --cost-model costmodel.json
+
+The second form simulates the runs saved in ``serve_load.json`` again (their traces are kept
+there), e.g. with ``--scale`` to see how much of a gap is the machine's contention.
 
 The trace is the measured run's: each request arrives when the benchmark sent it (later turns
 of a conversation were sent when the previous answer had streamed in, so the simulator replays
@@ -17,7 +21,9 @@ KV pool, routed by the same router under the same SLO.
 from __future__ import annotations
 
 import argparse
+import json
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -30,8 +36,35 @@ from deepinfer_sched.sim import SimConfig, run_simulation
 from deepinfer_sched.traces import Trace, TraceRequest
 
 
-def load_cost_model(path: str | Path) -> FittedCostModel:
-    return FittedCostModel.from_json(Path(path).read_text(encoding="utf-8"))
+def load_cost_model(path: str | Path, scale: float = 1.0) -> FittedCostModel:
+    """A fitted cost model; ``scale`` multiplies every step time (a diagnostic: the share of
+    a core each replica really got while the profile ran alone)."""
+    cm = FittedCostModel.from_json(Path(path).read_text(encoding="utf-8"))
+    if scale == 1.0:
+        return cm
+    return replace(
+        cm,
+        prefill_coef=tuple(scale * c for c in cm.prefill_coef),  # type: ignore[arg-type]
+        decode_coef=tuple(scale * c for c in cm.decode_coef),  # type: ignore[arg-type]
+    )
+
+
+def trace_to_json(trace: Trace) -> list[list[Any]]:
+    return [
+        [r.arrival_s, r.input_len, r.output_len, list(r.block_hashes), r.tenant, r.conversation_id]
+        for r in trace.requests
+    ]
+
+
+def trace_from_json(rows: list[list[Any]]) -> Trace:
+    block_size = EngineConfig().block_size
+    return Trace(
+        tuple(
+            TraceRequest(i, float(a), int(n), int(o), tuple(int(h) for h in hs), str(t), int(c))
+            for i, (a, n, o, hs, t, c) in enumerate(rows)
+        ),
+        block_size,
+    )
 
 
 def frontend(model: str | None) -> Frontend:
@@ -111,4 +144,35 @@ def predict(
         "sim_ttft_p50": ttfts[len(ttfts) // 2] if ttfts else None,
         "sim_ttft_p90": ttfts[min(len(ttfts) - 1, int(0.9 * len(ttfts)))] if ttfts else None,
         "sim_prefix_hit_rate": sum(r.cached_tokens for r in recs) / prompt if prompt else 0.0,
+        # (arrival, first token, finish, output tokens) per request: goodput at other SLOs
+        "sim_records": [[r.arrival_s, r.first_token_s, r.finish_s, r.output_len] for r in recs],
     }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description="simulate saved serve_load.py runs again")
+    ap.add_argument("results", help="serve_load.json written with --cost-model")
+    ap.add_argument("--cost-model", required=True)
+    ap.add_argument("--scale", type=float, nargs="+", default=[1.0])
+    cli = ap.parse_args()
+    saved = json.loads(Path(cli.results).read_text(encoding="utf-8"))
+    args = argparse.Namespace(**saved["args"])
+    print("| router | replicas | measured goodput | scale | simulated goodput | sim / measured |")
+    print("|---|---|---|---|---|---|")
+    for row in saved["results"]:
+        if "sim_trace" not in row:
+            continue
+        trace = trace_from_json(row["sim_trace"])
+        for scale in cli.scale:
+            cm = load_cost_model(cli.cost_model, scale)
+            sim = predict(trace, cm, row["router"], row["replicas"], args)
+            measured = row["goodput_rps"]
+            ratio = sim["sim_goodput_rps"] / measured if measured else float("nan")
+            print(
+                f"| {row['router']} | {row['replicas']} | {measured:.3f} | {scale:g} | "
+                f"{sim['sim_goodput_rps']:.3f} | {ratio:.2f} |"
+            )
+
+
+if __name__ == "__main__":
+    main()
