@@ -5,7 +5,8 @@ Covers: each replica is an actor in its own process, placed in the pool's placem
 greedy HTTP output equals ``LLM.generate``; load, free blocks and prefix-block events reach the
 router through actor calls; an actor killed mid-run ends its streamed request with a clear
 error, the request queued there without tokens is retried on the other replica, and Ray
-restarts the actor (``max_restarts``), which rejoins and serves again.
+restarts the actor (``max_restarts``), which rejoins and serves again; past ``max_restarts``
+the front replaces a dead actor with a fresh one.
 """
 
 from __future__ import annotations
@@ -65,7 +66,7 @@ def server(
         engine=ENGINE,
         prefix_cache=PrefixCacheConfig(device_blocks=24, host_bytes=1 << 22, disk_bytes=0),
         cache_dir=str(tmp_path_factory.mktemp("ray-cache")),
-        ray=RayOptions(num_cpus=1, max_restarts=2),
+        ray=RayOptions(num_cpus=0.5, max_restarts=2),  # half the CPUs: room for one more
     )
     with ray_server(config) as (base, service):
         yield base, service
@@ -89,7 +90,7 @@ def test_replicas_are_placed_actors_and_greedy_equals_llm_generate(
         assert where["incarnation"] == handle.info["incarnation"]
     # Both replicas sit in one placement group (the "both" pool), one bundle each.
     (group, bundle) = service._ray.groups["both"]
-    assert bundle == {"CPU": 1.0} and len(group.bundle_specs) == 2
+    assert bundle == {"CPU": 0.5} and len(group.bundle_specs) == 2
 
     prompts = [
         [(13 * i + 5 * j + 4) % 200 + 3 for j in range(n)] for i, n in enumerate((6, 19, 41))
@@ -171,3 +172,35 @@ def test_killed_actor_retries_queued_fails_streamed_and_comes_back(
         served.add(int(r.headers["x-deepinfer-replica"]))
     assert victim in served
     assert health(base)["in_flight"] == 0
+
+
+def test_past_max_restarts_a_fresh_actor_replaces_the_dead_one(
+    local_ray: None, gguf: Path, tmp_path: Path
+) -> None:
+    """``max_restarts=0``: Ray does not restart the killed actor; the front creates a new one in
+    the same placement-group bundle, and it serves."""
+    config = ServeConfig(
+        model=str(gguf),
+        served_model_name="tiny",
+        replicas=1,
+        engine=ENGINE,
+        prefix_cache=None,
+        cache_dir=str(tmp_path),
+        ray=RayOptions(num_cpus=0.5, max_restarts=0),
+    )
+    with ray_server(config) as (base, service):
+        handle = service.replicas[0]
+        first_actor, pid = handle.actor, handle.pid
+        expected = complete(base, [4, 5, 6], 5).json()["choices"][0]["text"]
+        os.kill(pid, signal.SIGKILL)
+
+        def replaced() -> bool:
+            rep = health(base)["replicas"][0]
+            return rep["status"] == "up" and rep["pid"] not in (None, pid)
+
+        wait_for(replaced, 120.0, "a fresh actor to replace the dead one")
+        assert handle.actor is not first_actor and handle.deaths == 0
+        with pytest.raises(ray.exceptions.RayActorError):
+            ray.get(first_actor.where.remote(), timeout=30)  # the old one stays dead
+        r = complete(base, [4, 5, 6], 5)
+        assert r.status_code == 200 and r.json()["choices"][0]["text"] == expected
