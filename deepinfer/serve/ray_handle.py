@@ -115,8 +115,7 @@ class RayReplicaHandle(ReplicaHandle):
                             self._incarnation = str(message.get("incarnation", ""))
                         post(message)
             except _Ended:
-                self._respawn = True
-                error = "the replica ended inside its actor"
+                self._respawn = True  # it sent its own ``fatal`` before it ended
             except ray.exceptions.RayActorError as exc:
                 self.deaths += 1
                 error = f"its Ray actor died ({type(exc).__name__})"

@@ -11,6 +11,7 @@ the front replaces a dead actor with a fresh one.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 from collections.abc import Iterator
@@ -24,7 +25,7 @@ from serve_helpers import health, tiny_model, wait_for
 from deepinfer.engine.cache_setup import PrefixCacheConfig
 from deepinfer.engine.config import EngineConfig
 from deepinfer.engine.sampling_params import SamplingParams
-from deepinfer.serve import RayOptions, ServeConfig
+from deepinfer.serve import RayOptions, ServeConfig, ServeService
 
 ray = pytest.importorskip("ray")
 pytest.importorskip("fastapi")
@@ -204,3 +205,47 @@ def test_past_max_restarts_a_fresh_actor_replaces_the_dead_one(
             ray.get(first_actor.where.remote(), timeout=30)  # the old one stays dead
         r = complete(base, [4, 5, 6], 5)
         assert r.status_code == 200 and r.json()["choices"][0]["text"] == expected
+
+
+def test_a_pool_the_cluster_cannot_hold_fails_at_start_naming_it(
+    local_ray: None, gguf: Path, tmp_path: Path
+) -> None:
+    config = ServeConfig(
+        model=str(gguf),
+        replicas=1,
+        engine=ENGINE,
+        prefix_cache=None,
+        cache_dir=str(tmp_path),
+        ray=RayOptions(num_cpus=0.5, resources={"no_such_node": 1}, placement_timeout_s=3),
+    )
+    service = ServeService(config)
+    with pytest.raises(RuntimeError, match=r"could not place the both pool .*no_such_node"):
+        asyncio.run(service.start())
+    assert not service.replicas  # no actor was created for a pool that was never placed
+
+
+def test_a_replica_that_fails_to_build_reports_its_own_error(
+    local_ray: None, gguf: Path, tmp_path: Path
+) -> None:
+    """The replica's own start-up error reaches the caller, and its actor is removed."""
+    config = ServeConfig(
+        model=str(gguf),
+        replicas=1,
+        device="cuda:7",  # no such device here: the engine refuses to build
+        engine=ENGINE,
+        prefix_cache=None,
+        cache_dir=str(tmp_path),
+        ray=RayOptions(num_cpus=0.5, num_gpus=0),
+    )
+    service = ServeService(config)
+
+    async def start() -> None:
+        try:
+            await service.start()
+        finally:
+            await service.close()
+
+    with pytest.raises(RuntimeError, match=r"replica 0: \w+Error") as err:
+        asyncio.run(start())
+    assert "ended inside" not in str(err.value)
+    assert service.replicas[0].actor is None  # stopped and killed by close()
