@@ -302,7 +302,7 @@ class LlamaConfig:
                 ],
             }
         return {
-            "architectures": [ARCHITECTURE_OF[self.model_type]],
+            "architectures": [ARCHITECTURE_OF.get(self.model_type, self.model_type)],
             "model_type": self.model_type,
             **slide,
             "vocab_size": self.vocab_size,

@@ -120,6 +120,39 @@ class DeepseekConfig(LlamaConfig):
         """One latent plane of one head: ``[c_kv | k_rope]`` per token and layer."""
         return 1, 1, self.latent_dim
 
+    def to_hf_config(self) -> dict[str, Any]:
+        """The ``config.json`` dict transformers' DeepSeek class would load (the inverse of
+        :meth:`from_hf_config`)."""
+        out = {
+            k: v
+            for k, v in super().to_hf_config().items()
+            if k not in ("head_dim", "mlp_bias", "sliding_window", "layer_types")
+        }
+        out.update(
+            architectures=[DEEPSEEK_ARCHITECTURES[self.model_type]],
+            model_type=self.model_type,
+            num_key_value_heads=self.num_heads,
+            qk_rope_head_dim=self.head_dim,
+            kv_lora_rank=self.kv_lora_rank,
+            q_lora_rank=self.q_lora_rank,
+            qk_nope_head_dim=self.qk_nope_head_dim,
+            v_head_dim=self.v_head_dim,
+            n_routed_experts=self.n_routed_experts,
+            n_shared_experts=self.n_shared_experts,
+            num_experts_per_tok=self.num_experts_per_tok,
+            moe_intermediate_size=self.moe_intermediate_size,
+            first_k_dense_replace=self.first_k_dense_replace,
+            n_group=self.n_group,
+            topk_group=self.topk_group,
+            routed_scaling_factor=self.routed_scaling_factor,
+            norm_topk_prob=self.norm_topk_prob,
+            scoring_func=self.scoring_func,
+            rope_interleave=self.rope_interleave,
+        )
+        if self.model_type == "deepseek_v2":
+            out["topk_method"] = "group_limited_greedy" if self.n_group > 1 else "greedy"
+        return out
+
     @classmethod
     def from_hf_config(cls, cfg: Mapping[str, Any]) -> DeepseekConfig:
         """Build from a ``DeepseekV2ForCausalLM`` / ``DeepseekV3ForCausalLM`` ``config.json``;

@@ -10,6 +10,7 @@ untrained drafter staying lossless.
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -23,6 +24,7 @@ from deepinfer.engine.cache_setup import PrefixCacheConfig
 from deepinfer.models import AttentionMetadata, KVPool, LoadedModel, load_model
 from deepinfer.models.deepseek import DeepseekModel
 from deepinfer.models.deepseek_config import DeepseekConfig
+from deepinfer.models.families import config_from_hf
 from deepinfer.models.qwen import Qwen3Model
 from deepinfer.models.spec_adapter import LlamaTargetAdapter
 from deepinfer.pd.transport import export_pages, import_pages
@@ -189,3 +191,40 @@ def test_latent_pages_travel_through_pd_export_and_import(family) -> None:
         assert src.latent_cache(0)[blocks[0], 0].abs().sum() > 0
         with pytest.raises(ValueError, match="latent_cache"):
             KVPool(2, 4, 8, 2, 16).latent_cache(0)
+
+
+def test_config_json_round_trips(family) -> None:
+    _, out, _, loaded = family
+    cfg = loaded.config
+    assert type(cfg).from_hf_config(cfg.to_hf_config()) == cfg
+    raw = json.loads((out / "config.json").read_text())
+    assert config_from_hf(raw) == cfg
+
+
+@pytest.mark.parametrize(
+    ("changes", "needle"),
+    [
+        ({"moe_layer_freq": 2}, "moe_layer_freq = 2"),
+        ({"topk_method": "greedy"}, "topk_method 'greedy'"),
+        ({"scoring_func": "relu"}, "scoring_func 'relu'"),
+        ({"rope_scaling": {"type": "linear", "factor": 2.0}}, "rope_type 'linear'"),
+        ({"hidden_act": "gelu"}, "hidden_act 'gelu'"),
+        ({"quantization_config": {"quant_method": "fp8"}}, "quantization_config (fp8)"),
+        ({"architectures": ["DeepseekV2ForCausalLM"]}, "'DeepseekV2ForCausalLM'"),
+    ],
+)
+def test_unsupported_deepseek_settings_are_refused_by_name(
+    changes: dict[str, object], needle: str
+) -> None:
+    base = {
+        "model_type": "deepseek_v3",
+        "architectures": ["DeepseekV3ForCausalLM"],
+        "vocab_size": 64, "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2,
+        "num_attention_heads": 2, "kv_lora_rank": 16, "q_lora_rank": None,
+        "qk_rope_head_dim": 8, "qk_nope_head_dim": 8, "v_head_dim": 8, "n_routed_experts": 4,
+        "num_experts_per_tok": 2, "moe_intermediate_size": 16,
+    }  # fmt: skip
+    assert isinstance(config_from_hf(base), DeepseekConfig)
+    with pytest.raises(ValueError, match="not supported") as info:
+        config_from_hf({**base, **changes})
+    assert needle in str(info.value)
