@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 from ray_helpers import complete, open_stream, ray_server, sse_events, sse_text
 from serve_helpers import health, tiny_model, wait_for
 
@@ -249,3 +250,46 @@ def test_a_replica_that_fails_to_build_reports_its_own_error(
         asyncio.run(start())
     assert "ended inside" not in str(err.value)
     assert service.replicas[0].actor is None  # stopped and killed by close()
+
+
+# The replica actor filters this warning: scatter only reads the read-only object-store view.
+@pytest.mark.filterwarnings("ignore:The given NumPy array is not writable")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_object_store_transport_round_trips_pages_and_refuses_bad_handles(
+    local_ray: None, dtype: torch.dtype
+) -> None:
+    """Pages put by one transport come out bit-identical in another pool's blocks (bfloat16
+    too: the buffer is raw bytes); a handle that does not fit the pool, or pages never
+    received, are refused with a clear error and the pool is left untouched."""
+    from deepinfer.models.kv_pool import KVPool
+    from deepinfer.serve.ray_transport import ObjectStoreTransport
+
+    src = KVPool(2, 8, 4, 2, 8, dtype=dtype)
+    src.tensor.copy_(torch.randn(src.tensor.shape).to(dtype))
+    dst = KVPool(2, 8, 4, 2, 8, dtype=dtype)
+    sender, receiver = ObjectStoreTransport(), ObjectStoreTransport()
+    handle = sender.export_pages(src, [5, 1, 6])
+    assert handle["nbytes"] == src.tensor[:, :, :3].numel() * src.tensor.element_size()
+    receiver.receive(handle["ray"], sender.take(handle["ray"]))
+    assert sender.held() == 0 and receiver.held() == 1
+    receiver.import_pages(dst, handle, [0, 2, 3])
+    assert receiver.held() == 0
+    assert torch.equal(dst.tensor[:, :, [0, 2, 3]], src.tensor[:, :, [5, 1, 6]])
+
+    before = dst.tensor.clone()
+    cases = [
+        ({**handle, "dtype": "torch.int8"}, [0, 2, 3], "KV dtype"),
+        ({**handle, "shape": [2, 2, 2, 4, 2, 8]}, [0, 2, 3], "shaped"),
+        (handle, [0, 2], "shaped"),
+    ]
+    for bad, blocks, message in cases:
+        again = sender.export_pages(src, [5, 1, 6])
+        receiver.receive(again["ray"], sender.take(again["ray"]))
+        with pytest.raises(ValueError, match=message):
+            receiver.import_pages(dst, {**bad, "ray": again["ray"]}, blocks)
+        assert receiver.held() == 0  # a refused handle does not leak its object
+    with pytest.raises(ValueError, match="never received"):
+        receiver.import_pages(dst, handle, [0, 2, 3])
+    assert torch.equal(dst.tensor, before)
+    lost = sender.export_pages(src, [0])
+    assert sender.discard(lost) and not sender.discard(lost)
