@@ -2,9 +2,9 @@
 for H100/H200 as the JIT would specialise a launch, and the cubins' registers and spills are
 read back. Compiling runs in a subprocess because the suite's Triton interpreter cannot compile.
 
-The CI subset (``--quick``: the heaviest configuration of each kernel) must not spill; a
-configuration known to spill (an fp32 MoE tile on 4 warps, 16 bytes per thread) must be
-reported as spilling, so the check can fail. ``python -m deepinfer_kernels.gpu_readiness``
+The CI subset (``--quick``: the configurations that spilled before, one per other kernel
+family) must not spill; a configuration known to spill (an fp32 MoE tile on 4 warps, 16 bytes
+per thread) must be reported as spilling, so the check can fail. ``python -m deepinfer_kernels.gpu_readiness``
 compiles the whole table (about 25 configurations, a few minutes on two cores)."""
 
 from __future__ import annotations

@@ -151,7 +151,8 @@ def sampling_launch(batch: int, vocab: int, on_gpu: bool, interpret: bool | None
 class ReadinessCase:
     """One compiled configuration: the kernel (module and name), operand dtype, constexprs and
     launch options, as the wrapper would launch it. ``quick`` cases are the ones the CPU test
-    compiles (the heaviest configuration of each kernel, so the test stays near a minute);
+    compiles (the configurations that spilled before, plus one per other kernel family, so
+    the test stays within a minute);
     ``python -m deepinfer_kernels.gpu_readiness`` compiles them all."""
 
     label: str
@@ -207,7 +208,7 @@ def _unified_cases() -> list[ReadinessCase]:
                     ReadinessCase(
                         label, f"{_ATTN}.triton_unified", "_unified_attention_kernel", dtype,
                         constexprs, launch.num_warps, launch.num_stages,
-                        quick=d == 128 and (dtype == "bf16" or mode == "decode"),
+                        quick=d == 128 and (dtype, mode) in (("bf16", "decode"), ("fp32", "extend")),
                         ptr_types=_ATTN_PTRS,
                         unaligned=("stride_bt", "stride_lt"),
                     )
@@ -233,7 +234,7 @@ def _decode_cases() -> list[ReadinessCase]:
             out.append(
                 ReadinessCase(
                     label, f"{_ATTN}.triton_decode", "_decode_split_kernel", dtype, constexprs,
-                    launch.num_warps, launch.num_stages, quick=dtype == "bf16" and d == 128,
+                    launch.num_warps, launch.num_stages, quick=dtype == "fp32" and d == 128,
                     ptr_types=_ATTN_PTRS, unaligned=("stride_bt",),
                 )
             )  # fmt: skip
@@ -263,7 +264,7 @@ def _mla_cases() -> list[ReadinessCase]:
                 f"MLA decode {dtype} rank=512 rope=64 H=16 N={launch['BLOCK_N']} "
                 f"w={launch.num_warps} s={launch.num_stages}",
                 "deepinfer_kernels.mla.triton_mla", "_mla_split_kernel", dtype, constexprs,
-                launch.num_warps, launch.num_stages, quick=dtype == "bf16",
+                launch.num_warps, launch.num_stages,
                 ptr_types={
                     **dict.fromkeys(("bt_ptr", "seq_lens_ptr", "cu_ptr", "row_seq_ptr"), "*i32"),
                     **dict.fromkeys(("po_ptr", "plse_ptr"), "*fp32"),
