@@ -11,7 +11,10 @@ and written into the index's columns in one go. The result is the index ``restor
 
 from __future__ import annotations
 
+import contextlib
+import gc
 from array import array
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -28,6 +31,11 @@ class RecoveredColumns:
     retention: list[str]
     expires: list[float]  # the latest persisted expiry of each block
     tenants: list[bytes | None]
+    # Optional numpy forms of keys/parents ("S16"; parent bytes ignored where not
+    # has_parent), when the tier has them at hand (a manifest): saves joining the lists.
+    key_array: np.ndarray | None = None
+    parent_array: np.ndarray | None = None
+    has_parent: np.ndarray | None = None
 
 
 @dataclass
@@ -56,13 +64,7 @@ def bulk_load(index: PrefixIndex, tier: int, cols: RecoveredColumns, now: float)
         raise ValueError("bulk_load needs an empty index")
     t = index._check_tier(tier)
     n = len(cols.keys)
-    pos = dict(zip(cols.keys, range(n)))
-    if len(pos) != n:
-        raise ValueError("duplicate keys in recovered columns")
-    # parent position: -1 root, -2 parent missing
-    par = np.fromiter(
-        (-1 if p is None else pos.get(p, -2) for p in cols.parents), dtype=np.int64, count=n
-    )
+    par = _parent_positions(cols)  # -1: a first block, -2: the parent is not there
     exp = np.asarray(cols.expires, dtype=np.float64)
     idx = np.arange(n, dtype=np.int64)
     # Pointer jumping: ``up`` doubles its reach each round while ``dead`` ORs and ``depth``
@@ -113,7 +115,7 @@ def bulk_load(index: PrefixIndex, tier: int, cols: RecoveredColumns, now: float)
 
     # Retention classes.
     known = index.retention.ttls
-    kret = [cols.retention[i] for i in kept.tolist()]
+    kret = cols.retention if m == n else [cols.retention[i] for i in kept.tolist()]
     unknown: dict[str, int] = {}
     for r in set(kret):
         index._class(r)
@@ -123,7 +125,7 @@ def bulk_load(index: PrefixIndex, tier: int, cols: RecoveredColumns, now: float)
         for r in kret:
             if r in unknown:
                 unknown[r] += 1
-    ret = np.fromiter((index._class_id[r] for r in kret), dtype=np.uint16, count=m)
+    ret = np.fromiter(map(index._class_id.__getitem__, kret), dtype=np.uint16, count=m)
 
     # LRU: older expiry first, deeper first on ties (leaves before their ancestors).
     lru = np.lexsort((-depth[kept], kexp)) if m else np.zeros(0, np.int64)
@@ -133,7 +135,7 @@ def bulk_load(index: PrefixIndex, tier: int, cols: RecoveredColumns, now: float)
         lru_prev[lru[1:]] = lru[:-1]
         lru_next[lru[:-1]] = lru[1:]
 
-    kkeys = [keys[i] for i in kept.tolist()]
+    kkeys = keys if m == n else [keys[i] for i in kept.tolist()]
     index._ids = dict(zip(kkeys, range(m)))
     index._keys = bytearray(b"".join(kkeys))
     index._alive = bytearray(b"\x01" * m)
@@ -176,3 +178,50 @@ def bulk_load(index: PrefixIndex, tier: int, cols: RecoveredColumns, now: float)
         if (ten := cols.tenants[i]) is not None
     }
     return BulkResult(orphans, expired, unknown, tenants)
+
+
+def _parent_positions(cols: RecoveredColumns) -> np.ndarray:
+    """Each block's parent as a position in ``cols`` (sorted keys + binary search)."""
+    n = len(cols.keys)
+    if n == 0:
+        return np.zeros(0, dtype=np.int64)
+    keys = cols.key_array
+    if keys is None:
+        keys = np.frombuffer(b"".join(cols.keys), dtype="S16")
+    parents, has = cols.parent_array, cols.has_parent
+    if parents is None or has is None:
+        zero = bytes(16)
+        parents = np.frombuffer(b"".join(p or zero for p in cols.parents), dtype="S16")
+        has = np.fromiter((p is not None for p in cols.parents), dtype=bool, count=n)
+    # Sort and search on the first 8 bytes of each hash as an integer (hashes are uniformly
+    # random, so these are distinct in practice); full 16-byte equality confirms each match.
+    # With two keys sharing their first 8 bytes, fall back to a dict.
+    hi = np.frombuffer(keys.tobytes(), dtype="<u8")[0::2]
+    phi = np.frombuffer(parents.tobytes(), dtype="<u8")[0::2]
+    order = np.argsort(hi, kind="stable")
+    sk = hi[order]
+    if n > 1 and bool(np.any(sk[1:] == sk[:-1])):
+        pos = dict(zip(cols.keys, range(n)))
+        if len(pos) != n:
+            raise ValueError("duplicate keys in recovered columns")
+        found_at = np.fromiter(
+            (pos.get(p, -2) if p is not None else -1 for p in cols.parents), np.int64, n
+        )
+        return found_at
+    j = np.minimum(np.searchsorted(sk, phi), n - 1)
+    cand = order[j]
+    found = (sk[j] == phi) & (keys[cand] == parents)
+    return np.where(has, np.where(found, cand, -2), -1).astype(np.int64)
+
+
+@contextlib.contextmanager
+def paused_gc() -> Iterator[None]:
+    """No cyclic collections while a million small objects are created at once (each
+    generation-0 pass would otherwise walk the growing young set: seconds at 1M blocks)."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()

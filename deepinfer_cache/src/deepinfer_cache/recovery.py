@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .index import PrefixIndex
-from .index_bulk import bulk_load
+from .index_bulk import bulk_load, paused_gc
 
 
 @dataclass
@@ -34,7 +34,8 @@ def rebuild_index(index: PrefixIndex, tier_id: int, tier: Any, now: float) -> Re
     ``index_bulk`` when the index is empty and the tier offers ``recovered_columns``)."""
     rep = RebuildReport()
     if not len(index) and hasattr(tier, "recovered_columns"):
-        res = bulk_load(index, tier_id, tier.recovered_columns(), now)
+        with paused_gc():
+            res = bulk_load(index, tier_id, tier.recovered_columns(), now)
         for key in res.orphans:
             tier.delete(key)
         for key in res.expired:

@@ -167,10 +167,13 @@ def encode_segment_header(geometry: Geometry, segment: int) -> bytes:
 
 
 def check_segment_header(buf: bytes | memoryview, geometry: Geometry, segment: int) -> None:
+    if bytes(buf[:SEGMENT_HEADER_BYTES]) == encode_segment_header(geometry, segment):
+        return  # the usual case, without parsing (a reopen checks thousands of these)
     doc, _ = _decode_json_header(buf, SEGMENT_MAGIC, "segment")
     geometry.check(doc, "segment")
     if doc.get("segment") != segment:
         raise CorruptBlockError(f"segment header names segment {doc.get('segment')}")
+    raise CorruptBlockError("segment header is not the one this geometry writes")
 
 
 # ---------------------------------------------------------------------- records

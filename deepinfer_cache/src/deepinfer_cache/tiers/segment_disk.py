@@ -42,7 +42,7 @@ import torch
 import xxhash
 
 from ..disk_format import CorruptBlockError, fsync_dir, page_bytes_view
-from ..index_bulk import RecoveredColumns
+from ..index_bulk import RecoveredColumns, paused_gc
 from ..io_workers import IOWorkers
 from ..lockfile import DirectoryLock
 from ..meta import RecoveredBlock
@@ -184,6 +184,7 @@ class SegmentDiskTier:
         self._kicked = False
         self._failed: deque[bytes] = deque()
         self._recovered: list[bytes] | None = None
+        self._columns: RecoveredColumns | None = None
         os.makedirs(self.directory, exist_ok=True)
         self._dirlock = DirectoryLock(self.directory)
         try:
@@ -217,9 +218,14 @@ class SegmentDiskTier:
                         self.counters.tmp_files_removed += 1
                 except OSError:
                     pass
-        st = load_segments(
-            self._segdir, self._manifest, self.geometry, self._quarantine_path, self._quarantine_odd
-        )
+        with paused_gc():
+            st = load_segments(
+                self._segdir,
+                self._manifest,
+                self.geometry,
+                self._quarantine_path,
+                self._quarantine_odd,
+            )
         c = self.counters
         c.torn_records += st.torn_records
         c.stale_entries += st.stale_entries
@@ -231,8 +237,9 @@ class SegmentDiskTier:
         self._next_segment = st.next_segment
         for sid, n in st.slots.items():
             self._segments[sid] = _Segment(sid, os.path.join(self._segdir, segment_name(sid)), n)
-        for sid, live in Counter(r[0] for r in self._loc.values()).items():
+        for sid, live in Counter([r[0] for r in self._loc.values()]).items():
             self._segments[sid].live = live
+        self._columns = st.columns
         self._recovered = list(self._loc)
         # Every new write goes to a fresh segment; old ones (torn tails included) are sealed.
         if st.tail_records or st.stale_entries or st.segments_retired or not st.manifest_found:
@@ -252,6 +259,9 @@ class SegmentDiskTier:
     def recovered_columns(self) -> RecoveredColumns:
         """``recovered()`` as parallel lists (what ``index_bulk.bulk_load`` takes): no object
         per block, so a reopen of a million blocks stays within seconds."""
+        cols, self._columns = self._columns, None
+        if cols is not None and len(self._loc) == len(cols.keys) == len(self._recovered or ()):
+            return cols  # straight from the manifest (nothing deleted or added since open)
         recs = [(k, r) for k in self._recovered or () if (r := self._loc.get(k)) is not None]
         return RecoveredColumns(
             [k for k, _ in recs],
@@ -263,6 +273,7 @@ class SegmentDiskTier:
 
     def drop_recovered(self) -> None:
         self._recovered = None
+        self._columns = None
 
     # ------------------------------------------------------------------ protocol
     def __contains__(self, key: object) -> bool:

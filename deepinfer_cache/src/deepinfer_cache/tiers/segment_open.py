@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..disk_format import CorruptBlockError
+from ..index_bulk import RecoveredColumns
 from ..segment_format import (
     RECORD_HEADER_BYTES,
     SEGMENT_HEADER_BYTES,
@@ -41,6 +42,7 @@ _SCAN_SLOTS = 64  # slots read per pread while scanning a tail
 @dataclass
 class OpenState:
     loc: dict[bytes, Rec] = field(default_factory=dict)
+    columns: RecoveredColumns | None = None  # the manifest's rows, when nothing overrode them
     slots: dict[int, int] = field(default_factory=dict)  # segment id -> slots in its file
     next_segment: int = 0
     manifest_found: bool = False
@@ -140,22 +142,40 @@ def _apply_manifest(
     rows = rows[ok]
     n = len(rows)
     kb, pb, tb = rows["key"].tobytes(), rows["parent"].tobytes(), rows["tenant"].tobytes()
-    flags = rows["flags"].tolist()
+    flags = rows["flags"]
     keys = [kb[i : i + 16] for i in range(0, 16 * n, 16)]
-    parents = [pb[16 * i : 16 * i + 16] if f & 1 else None for i, f in enumerate(flags)]
-    tenants = [tb[16 * i : 16 * i + 16] if f & 2 else None for i, f in enumerate(flags)]
+    # Nearly every block has a parent and only first blocks have tenant tags: fill the common
+    # case in one pass and patch the exceptions.
+    parents: list[bytes | None] = [pb[i : i + 16] for i in range(0, 16 * n, 16)]
+    for i in np.flatnonzero((flags & 1) == 0).tolist():
+        parents[i] = None
+    tenants: list[bytes | None] = [None] * n
+    for i in np.flatnonzero(flags & 2).tolist():
+        tenants[i] = tb[16 * i : 16 * i + 16]
     classes = m.classes
-    rets = [classes[c] for c in rows["cls"].tolist()]
+    rets = list(map(classes.__getitem__, rows["cls"].tolist()))
+    expires = rows["expires"].tolist()
     values = zip(
         rows["segment"].tolist(),
         rows["slot"].tolist(),
         parents,
         tenants,
         rets,
-        rows["expires"].tolist(),
+        expires,
         rows["xxh3"].tolist(),
     )
     loc: dict[bytes, Rec] = dict(zip(keys, values))
+    if not st.loc and len(loc) == n:
+        st.columns = RecoveredColumns(
+            keys,
+            parents,
+            rets,
+            expires,
+            tenants,
+            key_array=np.frombuffer(kb, dtype="S16"),
+            parent_array=np.frombuffer(pb, dtype="S16"),
+            has_parent=(flags & 1).astype(bool),
+        )
     loc.update(st.loc)
     st.loc = loc
 
