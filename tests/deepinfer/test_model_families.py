@@ -25,6 +25,7 @@ from deepinfer.models import AttentionMetadata, KVPool, LoadedModel, load_model
 from deepinfer.models.deepseek import DeepseekModel
 from deepinfer.models.deepseek_config import DeepseekConfig
 from deepinfer.models.families import config_from_hf
+from deepinfer.models.kv_pool import blocks_for_memory
 from deepinfer.models.qwen import Qwen3Model
 from deepinfer.models.spec_adapter import LlamaTargetAdapter
 from deepinfer.pd.transport import export_pages, import_pages
@@ -87,6 +88,8 @@ def _check_deepseek(name: str, hf: torch.nn.Module, loaded: LoadedModel) -> None
     pool = KVPool.for_weights(loaded.model, num_blocks=2, block_size=8)
     assert pool.page_layout == (1, 1, 32 + 8)
     assert pool.bytes_per_block == cfg.num_layers * 8 * 40 * 4
+    # LLM(kv_memory=...) sizes the pool from the same latent layout.
+    assert blocks_for_memory(cfg, 3 * pool.bytes_per_block, 8) == 3
     if name == "deepseek_v3":
         assert cfg.rope_scaling is not None and cfg.rope_scaling.rope_type == "yarn"
         assert cfg.softmax_scale == pytest.approx(24**-0.5 * (0.1 * math.log(4.0) + 1) ** 2)
@@ -228,3 +231,19 @@ def test_unsupported_deepseek_settings_are_refused_by_name(
     with pytest.raises(ValueError, match="not supported") as info:
         config_from_hf({**base, **changes})
     assert needle in str(info.value)
+
+
+def test_yarn_rope_on_a_llama_family_model_matches_transformers(tmp_path: Path) -> None:
+    """YaRN without DeepSeek's mscale pair (Qwen's long-context setting): frequencies ramp
+    between the beta corrections and cos/sin carry 0.1 ln(factor) + 1."""
+    scaling = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16}
+    hf = build_checkpoint("qwen2", tmp_path, seed=7, rope_scaling=scaling)
+    loaded = load_model(tmp_path)
+    assert loaded.config.rope_scaling is not None
+    assert loaded.model.rope.attention_factor == pytest.approx(0.1 * math.log(4.0) + 1)
+    ids = list(range(3, 43))  # past the original 16 positions
+    with torch.inference_mode():
+        ref = hf(torch.tensor([ids])).logits[0].float()
+        ours = loaded.model.compute_logits(loaded.model.forward_dense(torch.tensor([ids]))[0])
+    torch.testing.assert_close(ours[0], ref, atol=1e-4, rtol=0)
+    torch.testing.assert_close(_paged_logits(loaded, ids, 17), ref, atol=1e-4, rtol=0)
