@@ -61,6 +61,17 @@ def reference(family) -> tuple[list[list[int]], list[list[int]]]:
     return ps, hf_greedy(hf, ps, MAX_NEW)
 
 
+def test_tokenizer_and_chat_template_come_from_the_directory(family) -> None:
+    _, _, _, loaded = family
+    tok = loaded.tokenizer
+    assert [tok.id_to_token(i) for i in tok.eos_token_ids] == ["<|im_end|>"]
+    text = loaded.chat_template.render([{"role": "user", "content": "the cat"}])
+    assert text == "<|im_start|>user\nthe cat<|im_end|>\n<|im_start|>assistant\n"
+    ids = tok.encode(text)
+    assert ids[0] == tok.backend.token_to_id("<|im_start|>")
+    assert tok.decode(ids, skip_special_tokens=False) == text
+
+
 def test_config_names_the_family_features(family) -> None:
     name, _, hf, loaded = family
     cfg = loaded.config
