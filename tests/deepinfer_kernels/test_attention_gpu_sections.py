@@ -32,3 +32,10 @@ def test_attention_section_flop_count_and_cpu_skip() -> None:
     assert section._causal_flops(1, 3, 1) == 4.0 * section.HQ * section.D * 4
     if not torch.cuda.is_available():
         assert "skipped" in section.run()
+
+
+def test_sampling_section_cpu_skip() -> None:
+    section = _load(BENCH / "gpu_sections" / "sampling.py")
+    assert section.VOCAB == 128256 and "top-k 50 + top-p 0.9" in section.SETTINGS
+    if not torch.cuda.is_available():
+        assert "skipped" in section.run()

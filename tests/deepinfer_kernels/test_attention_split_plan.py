@@ -90,7 +90,7 @@ def test_forced_split_without_checks_refuses_extra_rows() -> None:
         plan.run(case.q, case.k_cache, case.v_cache)
 
 
-@settings(max_examples=6)
+@settings(max_examples=4)
 @given(
     case=paged_attention_cases(
         dtypes=(torch.float32, torch.bfloat16), device=DEVICE, kinds=("decode",),
