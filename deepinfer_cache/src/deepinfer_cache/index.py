@@ -579,14 +579,19 @@ class PrefixIndex:
         # Deepest first: ancestors end up more recent than descendants, so LRU takes leaves.
         # The list moves are inlined per tier (this runs for every block of every lookup).
         tiers = self._tiers
+        masks = [tiers[i] for i in path]
+        present = 0
+        for mask in set(masks):  # usually one or two distinct masks along a prompt
+            present |= mask
         for t in range(self.num_tiers):
-            if not self._count[t]:
-                continue
             bit = 1 << t
+            if not self._count[t] or not present & bit:
+                continue
             prev, nxt = self._lru_prev[t], self._lru_next[t]
             head, tail = self._head[t], self._tail[t]
-            for i in reversed(path):
-                if not tiers[i] & bit or i == tail:
+            mine = path if present == bit else [i for i, m in zip(path, masks) if m & bit]
+            for i in reversed(mine):
+                if i == tail:
                     continue
                 p, n = prev[i], nxt[i]
                 if p != _NONE:

@@ -13,6 +13,7 @@ threads, and ``flush`` waits for the disk with the lock released.
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from typing import Any
@@ -125,18 +126,18 @@ class TieredKVStore(StoreCore):
 
         # Hash outside the store lock, stopping after the first block the index lacks (a dict
         # membership test is atomic under the GIL); the locked match below re-checks them all.
-        index = self.index
+        known = self.index._ids  # a dict: a C-level membership test per block
         for h in gen:
             computed.append(h)
-            if h not in index:
+            if h not in known:
                 break
         with self._lock:
             self._check_open()
             self._drain_failures()
             m = self.index.match(computed)
             per_tier = [0] * len(self.tiers)
-            for mask in m.tiers:
-                per_tier[(mask & -mask).bit_length() - 1] += 1
+            for mask, n in Counter(m.tiers).items():  # a few distinct masks, counted in C
+                per_tier[(mask & -mask).bit_length() - 1] += n
             if record:
                 self._c["lookups"] += 1
                 self._c["query_tokens"] += len(toks)
