@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+import threading
 from pathlib import Path
 
 import hypothesis.strategies as st
@@ -259,6 +260,26 @@ def test_a_delete_before_a_crash_is_not_resurrected_from_the_manifest(tmp_path) 
     tier = open_tier(crash)
     assert served_is_right(tier, range(4)) == [0, 1, 3]
     assert tier.counters.stale_entries == 1 and tier.counters.corrupt_quarantined == 0
+    tier.close()
+
+
+def test_a_block_deleted_before_its_write_leaves_no_open_slot(tmp_path) -> None:
+    tier = open_tier(tmp_path, fsync=False)
+    gate = threading.Event()
+    tier._workers.submit(gate.wait)  # hold the writer threads so the writes stay queued
+    tier._workers.submit(gate.wait)
+    fill(tier, range(4))
+    for i in range(4):
+        tier.delete(key(i))
+    gate.set()
+    assert tier.flush()
+    seg = tier._segments[0]
+    assert not seg.open_slots and seg.live == 0 and len(tier) == 0
+    fill(tier, range(4, 12))
+    assert tier.flush()
+    tier.compact()
+    assert 0 not in tier._segments  # the emptied segment could be retired
+    assert served_is_right(tier, range(12)) == list(range(4, 12))
     tier.close()
 
 

@@ -180,6 +180,7 @@ class SegmentDiskTier:
         self._active: _Segment | None = None
         self._next_segment = 0
         self._gen = 0
+        self._slot_of_gen: dict[int, tuple[_Segment, int]] = {}  # queued writes' slots
         self._changed = 0  # records changed since the last manifest
         self._kicked = False
         self._failed: deque[bytes] = deque()
@@ -349,6 +350,7 @@ class SegmentDiskTier:
             self._gen += 1
             gen = self._gen
             self._pending[key] = (gen, cpu_page, seg.id, slot, meta)
+            self._slot_of_gen[gen] = (seg, slot)
         try:
             self._workers.submit(self._write, key, gen, block=block)
         except queue.Full:
@@ -356,10 +358,17 @@ class SegmentDiskTier:
                 cur = self._pending.get(key)
                 if cur is not None and cur[0] == gen:
                     del self._pending[key]
+                self._slot_of_gen.pop(gen, None)
                 seg.open_slots.discard(slot)
                 self.counters.writeback_dropped += 1
             return False
         return True
+
+    def _release_slot(self, key: bytes, gen: int) -> None:
+        """A reserved slot that will never be written (caller holds the lock)."""
+        got = self._slot_of_gen.pop(gen, None)
+        if got is not None:
+            got[0].open_slots.discard(got[1])
 
     def get(self, key: bytes) -> torch.Tensor | None:
         return self._read_run([key])[0]
@@ -514,9 +523,11 @@ class SegmentDiskTier:
         with self._lock:
             cur = self._pending.get(key)
             if cur is None or cur[0] != gen:
-                return  # deleted before it reached the disk; its slot stays a hole
+                self._release_slot(key, gen)  # deleted before it reached the disk: a hole
+                return
             _, page, sid, slot, meta = cur
             seg = self._segments[sid]
+            self._slot_of_gen.pop(gen, None)
         t0 = time.perf_counter()
         try:
             payload = page_bytes_view(page)
