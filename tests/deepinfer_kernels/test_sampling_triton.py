@@ -117,3 +117,23 @@ def test_kernel_frequencies_match_filtered_distribution():
         ).cpu()
 
     check_sample_frequencies(triton_sample, rows_per_setting=5_000, vocab=21, seed=6)
+
+
+def test_ties_at_the_thresholds_are_kept_in_distribution():
+    """Integer logits tie in groups: top-k cuts inside a tie group and the top-p nucleus ends
+    on one, where every tied token must be kept with its full weight (bf16 logits tie often)."""
+    gen = torch.Generator().manual_seed(13)
+    vocab, batch = 30, 4000
+    logits = torch.randint(-3, 3, (vocab,), generator=gen).float().expand(batch, vocab)
+    logits = logits.contiguous()
+    ordered = logits[0].sort(descending=True).values
+    # The smallest k whose k-th and (k+1)-th largest logits tie: top-k cuts a tie group.
+    k_cut = next(k for k in range(1, vocab) if ordered[k - 1] == ordered[k])
+    for t, k, p in ((1.0, k_cut, 1.0), (1.0, 0, 0.6), (0.9, k_cut + 2, 0.7)):
+        params = [torch.full((batch,), v) for v in (t, k, p, 0.0)]
+        params[1] = params[1].long()
+        got, _ = _run(logits, *params, torch.rand(batch, generator=gen), seed=k)
+        want = sampling_probs_torch(logits[:1], *(x[:1] for x in params))[0]
+        if k == k_cut:
+            assert int((want > 0).sum()) > k  # the whole tie group is kept
+        assert_matches(got, want)
