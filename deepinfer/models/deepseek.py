@@ -95,7 +95,7 @@ class DeepseekModel(LlamaModel):
         return self._run_layers(
             residual,
             lambda i, layer, x: layer.self_attn.forward(
-                x, cos, sin, self.rope, kv_pool.latent_cache(i), attn
+                x, cos, sin, self.rope, kv_pool.latent_cache(i), attn, check_values=i == 0
             ),
             wanted,
             layer_ids,

@@ -110,11 +110,16 @@ class MLAttention(nn.Module):
         rope: RotaryEmbedding,
         latent_cache: torch.Tensor,
         attn: AttentionMetadata,
+        check_values: bool = True,
     ) -> torch.Tensor:
         """One layer over a flat ragged batch ``x [T, hidden]``: writes the batch's latents at
-        ``attn.slot_mapping``, then attends over each sequence's cached latents."""
+        ``attn.slot_mapping``, then attends over each sequence's cached latents.
+        ``check_values=False`` skips the kernels' checks of the metadata values (a host sync
+        on CUDA): the model checks them on its first layer only, every layer sees the same."""
         q_absorbed, q_rope, c_kv, k_rope = self.project(x, cos, sin, rope)
-        deepinfer_kernels.write_latent_kv(c_kv, k_rope, latent_cache, attn.slot_mapping)
+        deepinfer_kernels.write_latent_kv(
+            c_kv, k_rope, latent_cache, attn.slot_mapping, check_values=check_values
+        )
         out = deepinfer_kernels.mla_paged_attention(
             q_absorbed.contiguous(),
             q_rope.contiguous(),
@@ -124,6 +129,7 @@ class MLAttention(nn.Module):
             attn.cu_seqlens_q,
             scale=self.scale,
             causal=True,
+            check_values=check_values,
         )
         return self._output(out)
 

@@ -258,3 +258,11 @@ def test_yarn_rope_on_a_llama_family_model_matches_transformers(tmp_path: Path) 
         ours = loaded.model.compute_logits(loaded.model.forward_dense(torch.tensor([ids]))[0])
     torch.testing.assert_close(ours[0], ref, atol=1e-4, rtol=0)
     torch.testing.assert_close(_paged_logits(loaded, ids, 17), ref, atol=1e-4, rtol=0)
+
+
+def test_a_block_id_outside_the_pool_is_refused(family) -> None:
+    _, _, _, loaded = family
+    pool = KVPool.for_weights(loaded.model, num_blocks=2, block_size=8)
+    attn = AttentionMetadata.build([[5]], [3], [3], 8)  # block 5 of a 2-block pool
+    with pytest.raises(ValueError, match="slot_mapping"), torch.inference_mode():
+        loaded.model(torch.tensor([3, 4, 5]), attn.positions(), attn, pool)
