@@ -90,9 +90,13 @@ class ReplicaActor:
                     return False
         return True
 
-    def poll(self, timeout_s: float) -> list[tuple[str, Any] | None]:
+    def poll(self, timeout_s: float, incarnation: str = "") -> list[tuple[str, Any] | None] | str:
         """The replica's messages, waiting up to ``timeout_s`` for the first; a None item
-        means the replica ended (nothing follows it)."""
+        means the replica ended (nothing follows it). ``"stale"`` (nothing consumed) when the
+        caller follows ``incarnation`` but this is another one: Ray restarted the actor between
+        two polls, and the caller must treat the old one as dead before reading the new one."""
+        if incarnation and incarnation != self.incarnation:
+            return "stale"
         conn = self._conn
         if conn is None:
             return [None]

@@ -37,6 +37,10 @@ class _Ended(Exception):
     """The replica inside a live actor ended."""
 
 
+class _Restarted(Exception):
+    """Ray restarted the actor between two polls (its new incarnation waits to be read)."""
+
+
 class RayReplicaHandle(ReplicaHandle):
     """One replica actor: its settings, the actor handle, its reader/writer threads."""
 
@@ -98,12 +102,14 @@ class RayReplicaHandle(ReplicaHandle):
                     ray.get(actor.restart_replica.remote())
                 while gen == self.generation:
                     try:
-                        batch = ray.get(actor.poll.remote(POLL_S))
+                        batch = ray.get(actor.poll.remote(POLL_S, self._incarnation))
                     except ray.exceptions.ActorUnavailableError:
                         if self._incarnation:
                             raise  # it was up: this is a death
                         time.sleep(POLL_S)  # Ray is still restarting it: wait for ready
                         continue
+                    if batch == "stale":
+                        raise _Restarted
                     for item in batch:
                         if item is None:
                             raise _Ended
@@ -116,6 +122,9 @@ class RayReplicaHandle(ReplicaHandle):
                         post(message)
             except _Ended:
                 self._respawn = True  # it sent its own ``fatal`` before it ended
+            except _Restarted:
+                self.deaths += 1
+                error = "its Ray actor died and was restarted"
             except ray.exceptions.RayActorError as exc:
                 self.deaths += 1
                 error = f"its Ray actor died ({type(exc).__name__})"

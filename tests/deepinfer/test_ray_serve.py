@@ -90,6 +90,8 @@ def test_replicas_are_placed_actors_and_greedy_equals_llm_generate(
         where = ray.get(handle.actor.where.remote())
         assert where["pid"] == handle.pid
         assert where["incarnation"] == handle.info["incarnation"]
+        # A poller following another incarnation is told so, and nothing is consumed.
+        assert ray.get(handle.actor.poll.remote(0.0, "another-incarnation")) == "stale"
     # Both replicas sit in one placement group (the "both" pool), one bundle each.
     (group, bundle) = service._ray.groups["both"]
     assert bundle == {"CPU": 0.5} and len(group.bundle_specs) == 2
