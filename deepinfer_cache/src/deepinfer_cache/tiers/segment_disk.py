@@ -18,8 +18,8 @@ Crash safety: a block becomes durable when its record is fsynced (until then it 
 from the copy in memory); ``flush()`` also writes the manifest. Every record carries its key,
 segment id and slot in a checksummed header and an XXH3-64 of the payload, verified on every
 read and on every tail record at open: a torn or damaged record is a miss (counted), never
-served. Deleting a block zeroes its record header; segments whose records are mostly dead are
-compacted (live records copied forward, then the segment is retired through the manifest).
+served. Deleting a block drops it from the next manifest and then zeroes its record header (so no
+tail scan can bring it back); segments whose records are mostly dead are compacted (live records copied forward, then the segment is retired through the manifest).
 ``put`` never waits on the disk (a full write queue refuses and counts ``writeback_dropped``).
 """
 
@@ -455,8 +455,8 @@ class SegmentDiskTier:
         return out
 
     def flush(self, timeout: float | None = None) -> bool:
-        """Wait until every queued write is durable (or failed), zero deleted records' headers,
-        and write the manifest; False on timeout."""
+        """Wait until every queued write is durable (or failed), write the manifest (deletes
+        become durable: the deleted records' headers are zeroed after it); False on timeout."""
         ok = self._workers.drain(timeout)
         self._sync()
         self._run_deferred()
@@ -611,18 +611,10 @@ class SegmentDiskTier:
                 self._kicked = False
 
     def _run_deferred(self) -> None:
-        """Zero deleted records' headers, compact or retire sparse segments, and write a
-        manifest once enough changed since the last one (writer threads, flush, close)."""
+        """Compact or retire sparse segments, and write a manifest (zeroing deleted records'
+        headers after it) once enough changed since the last one (writer threads, flush)."""
         with self._lock:
             self._kicked = False
-            invalid, self._invalid = self._invalid, []
-        for sid, slot in invalid:
-            s = self._segments.get(sid)
-            if s is None or s.fd is None:
-                continue
-            with contextlib.suppress(OSError):
-                _pwrite_all(s.fd, [_BLANK], slot_offset(slot, self.record_bytes))
-                s.dirty = True
         seg = self._pick_sparse()
         if seg is not None:
             self._compact(seg)
@@ -697,6 +689,7 @@ class SegmentDiskTier:
                 if not force and not self._changed:
                     return True
                 changed, self._changed = self._changed, 0
+                invalid, self._invalid = self._invalid, []
                 items = list(self._loc.items())
                 covered = {
                     s.id: (min(s.open_slots) if s.open_slots else s.slots)
@@ -729,10 +722,30 @@ class SegmentDiskTier:
             except OSError:
                 with self._lock:
                     self._changed += changed
+                    self._invalid.extend(invalid)
                     self.counters.write_errors += 1
                 return False
             self.counters.manifests_written += 1
+            # Only now zero the deleted records' headers (so no later tail scan can bring them
+            # back): the manifest on disk no longer lists them, so no reopen ever indexes a
+            # zeroed record. A crash in between keeps a deleted block that flush() had not
+            # yet confirmed deleted.
+            self._zero_headers(invalid)
             return True
+
+    def _zero_headers(self, slots: list[tuple[int, int]]) -> None:
+        touched = set()
+        for sid, slot in slots:
+            s = self._segments.get(sid)
+            if s is None:
+                continue
+            with contextlib.suppress(OSError):
+                _pwrite_all(self._fd(s), [_BLANK], slot_offset(slot, self.record_bytes))
+                touched.add(s)
+        if self.fsync:
+            for s in touched:
+                with contextlib.suppress(OSError):
+                    os.fdatasync(self._fd(s))
 
     # ------------------------------------------------------------------ reading
     def _read_run(
