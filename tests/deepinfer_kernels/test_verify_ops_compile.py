@@ -24,7 +24,8 @@ def test_opcheck_all_ops():
     torch.library.opcheck(ops.greedy_verify.default, (ids, p_t, n, False))
     logits = torch.randn(6, 10)
     params = (torch.ones(6), torch.full((6,), 3), torch.full((6,), 0.9), torch.zeros(6))
-    torch.library.opcheck(ops.sample.default, (logits, *params, su, False))
+    seed = torch.zeros(1, dtype=torch.int64)  # Philox key of the Triton path's later rounds
+    torch.library.opcheck(ops.sample.default, (logits, *params, su, seed, False))
     kc, vc = torch.zeros(3, 2, 2, 4), torch.zeros(3, 2, 2, 4)
     k = torch.randn(4, 2, 4)
     torch.library.opcheck(ops.write_kv.default, (k, k, kc, vc, torch.tensor([0, 5, -1, 2]), False))
