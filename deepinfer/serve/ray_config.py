@@ -104,11 +104,33 @@ def add_ray_arguments(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument("--ray-num-cpus", type=float, default=1.0, help="CPUs per replica actor")
     g.add_argument("--ray-num-gpus", type=float, default=None, help="GPUs per replica actor")
-    g.add_argument("--ray-resources", default="{}", metavar="JSON", help="custom resources")
-    g.add_argument("--ray-prefill-resources", default="{}", metavar="JSON")
-    g.add_argument("--ray-decode-resources", default="{}", metavar="JSON")
-    g.add_argument("--ray-strategy", default="PACK", choices=list(STRATEGIES))
-    g.add_argument("--ray-max-restarts", type=int, default=3)
+    g.add_argument(
+        "--ray-resources", default="{}", metavar="JSON", help="custom resources per replica"
+    )
+    g.add_argument(
+        "--ray-prefill-resources",
+        default="{}",
+        metavar="JSON",
+        help="extra custom resources of --pd prefill replicas (pins them to a node group)",
+    )
+    g.add_argument(
+        "--ray-decode-resources",
+        default="{}",
+        metavar="JSON",
+        help="extra custom resources of --pd decode replicas (pins them to a node group)",
+    )
+    g.add_argument(
+        "--ray-strategy",
+        default="PACK",
+        choices=list(STRATEGIES),
+        help="placement-group strategy of each pool",
+    )
+    g.add_argument(
+        "--ray-max-restarts",
+        type=int,
+        default=3,
+        help="Ray restarts of a dead replica actor before a fresh one (-1: always)",
+    )
 
 
 def _json_resources(flag: str, text: str) -> dict[str, float]:
