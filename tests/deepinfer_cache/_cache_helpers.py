@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import torch
 
-from deepinfer_cache import DeviceTier, DiskTier, HostTier, TieredKVStore, hash_token_blocks
+from deepinfer_cache import (
+    DeviceTier,
+    DiskTier,
+    HostTier,
+    SegmentDiskTier,
+    TieredKVStore,
+    hash_token_blocks,
+)
 
 PAGE = (2, 4, 3)  # tiny pages: [K/V, block_size, head_dim]
 BS = 4
@@ -27,6 +34,7 @@ def make_store(
     device_pages: int = 2,
     host_pages: int = 2,
     disk_pages: int | None = 64,
+    segments: bool = False,
     **kw,
 ) -> TieredKVStore:
     tiers: list = []
@@ -34,7 +42,18 @@ def make_store(
         tiers.append(DeviceTier.allocate(PAGE, torch.float32, device_pages * PAGE_BYTES))
     if host_pages:
         tiers.append(HostTier(PAGE, torch.float32, host_pages * PAGE_BYTES))
-    if disk_pages is not None:
+    if disk_pages is not None and segments:  # 4 KiB records, 4 per segment
+        tiers.append(
+            SegmentDiskTier(
+                tmp_path,
+                PAGE,
+                torch.float32,
+                disk_pages * 4096,
+                fsync=False,
+                segment_bytes=4 * 4096,
+            )
+        )
+    elif disk_pages is not None:
         tiers.append(
             DiskTier(tmp_path, PAGE, torch.float32, disk_pages * (PAGE_BYTES + 512), fsync=False)
         )
