@@ -4,6 +4,7 @@ after restart, across tenants), and a stuck disk never stalls lookups or stores 
 
 from __future__ import annotations
 
+import os
 import random
 import threading
 import time
@@ -13,7 +14,15 @@ import torch
 from _cache_helpers import BS, PAGE, PAGE_BYTES, page_for, pages_for
 
 import deepinfer_cache.tiers.disk as disk_mod
-from deepinfer_cache import DeviceTier, DiskTier, HostTier, TieredKVStore, hash_token_blocks
+import deepinfer_cache.tiers.segment_disk as seg_mod
+from deepinfer_cache import (
+    DeviceTier,
+    DiskTier,
+    HostTier,
+    SegmentDiskTier,
+    TieredKVStore,
+    hash_token_blocks,
+)
 
 
 class Faults:
@@ -54,14 +63,19 @@ class FlakyHost(HostTier):
         super()._copy_in(slot, page)
 
 
-def build(tmp_path, faults: Faults, policy: str) -> TieredKVStore:
+def build(tmp_path, faults: Faults, policy: str, segments: bool = False) -> TieredKVStore:
+    disk = (
+        SegmentDiskTier(tmp_path, PAGE, torch.float32, 40 * 4096, fsync=False, segment_bytes=16384)
+        if segments
+        else DiskTier(tmp_path, PAGE, torch.float32, 40 * (PAGE_BYTES + 512), fsync=False)
+    )
     return TieredKVStore(
         [
             DeviceTier.allocate(
                 PAGE, torch.float32, 3 * PAGE_BYTES, scatter_fn=scribbling_scatter(faults)
             ),
             FlakyHost(faults, PAGE, torch.float32, 3 * PAGE_BYTES),
-            DiskTier(tmp_path, PAGE, torch.float32, 40 * (PAGE_BYTES + 512), fsync=False),
+            disk,
         ],
         BS,
         write_policy=policy,
@@ -75,10 +89,14 @@ def check_served(store: TieredKVStore, tokens: list[int], ns: bytes) -> int:
     return res.num_blocks
 
 
+@pytest.mark.parametrize("segments", [False, True], ids=["files", "segments"])
 @pytest.mark.parametrize("policy", ["write-back", "write-through"])
-def test_failed_copies_never_serve_other_bytes(tmp_path, monkeypatch, policy: str) -> None:
+def test_failed_copies_never_serve_other_bytes(
+    tmp_path, monkeypatch, policy: str, segments: bool
+) -> None:
     faults = Faults(seed=7, p=0.25)
     real_write = disk_mod.write_block_file
+    real_pwrite = seg_mod._pwrite_all
 
     def flaky_write(final, tmp, header, payload, **kw):
         if faults.hit("disk"):
@@ -87,12 +105,19 @@ def test_failed_copies_never_serve_other_bytes(tmp_path, monkeypatch, policy: st
             raise OSError(5, "Input/output error (injected)")
         real_write(final, tmp, header, payload, **kw)
 
+    def flaky_pwrite(fd, bufs, offset):
+        if len(bufs) == 2 and faults.hit("disk"):  # a record: header + payload
+            os.pwrite(fd, bytes(bufs[0]) + bytes(bufs[1])[:7], offset)  # torn, then it fails
+            raise OSError(5, "Input/output error (injected)")
+        real_pwrite(fd, bufs, offset)
+
     monkeypatch.setattr(disk_mod, "write_block_file", flaky_write)
+    monkeypatch.setattr(seg_mod, "_pwrite_all", flaky_pwrite)
     rng = random.Random(3)
     # Both tenants send the same token sequences: only the namespace tells them apart.
     prompts = [[p * 50 + i for i in range(BS * rng.randint(1, 5))] for p in range(8)]
     tenants = [b"alice", b"bob"]
-    store = build(tmp_path / "kv", faults, policy)
+    store = build(tmp_path / "kv", faults, policy, segments)
     served = 0
     for _ in range(160):
         tokens, ns = rng.choice(prompts), rng.choice(tenants)
@@ -108,7 +133,7 @@ def test_failed_copies_never_serve_other_bytes(tmp_path, monkeypatch, policy: st
     faults.p = 0.0
     store.close()  # write-back persists what lives in memory: stale slots must not be saved
 
-    store = build(tmp_path / "kv", faults, policy)
+    store = build(tmp_path / "kv", faults, policy, segments)
     disk = store.tiers[2]
     for key in store.index.keys_in(2):
         page = disk.get(key)
