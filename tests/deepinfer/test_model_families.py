@@ -17,16 +17,19 @@ from pathlib import Path
 import pytest
 import torch
 from family_helpers import build_checkpoint, hf_greedy, prompts
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from model_helpers import one_thread
 
 from deepinfer import LLM, EngineConfig, LLMEngine, SamplingParams
 from deepinfer.engine.cache_setup import PrefixCacheConfig
-from deepinfer.models import AttentionMetadata, KVPool, LoadedModel, load_model
+from deepinfer.models import AttentionMetadata, KVPool, LlamaConfig, LoadedModel, load_model
 from deepinfer.models.deepseek import DeepseekModel
 from deepinfer.models.deepseek_config import DeepseekConfig
 from deepinfer.models.families import config_from_hf
 from deepinfer.models.kv_pool import blocks_for_memory
 from deepinfer.models.qwen import Qwen3Model
+from deepinfer.models.rope import inverse_frequencies
 from deepinfer.models.spec_adapter import LlamaTargetAdapter
 from deepinfer.pd.transport import export_pages, import_pages
 from deepinfer.speculative import DSparkSpeculator
@@ -266,3 +269,47 @@ def test_a_block_id_outside_the_pool_is_refused(family) -> None:
     attn = AttentionMetadata.build([[5]], [3], [3], 8)  # block 5 of a 2-block pool
     with pytest.raises(ValueError, match="slot_mapping"), torch.inference_mode():
         loaded.model(torch.tensor([3, 4, 5]), attn.positions(), attn, pool)
+
+
+@settings(max_examples=20, deadline=None)
+@given(
+    head_dim=st.sampled_from([8, 16, 64, 128]),
+    theta=st.sampled_from([10000.0, 500000.0, 1e6]),
+    factor=st.floats(1.0, 40.0),
+    original=st.sampled_from([16, 64, 4096]),
+    betas=st.tuples(st.floats(1.0, 64.0), st.floats(0.25, 4.0)),
+    mscales=st.sampled_from([(0.0, 0.0), (1.0, 1.0), (0.707, 1.0), (1.0, 0.0)]),
+    truncate=st.booleans(),
+)
+def test_yarn_frequencies_and_attention_factor_equal_transformers(
+    head_dim: int,
+    theta: float,
+    factor: float,
+    original: int,
+    betas: tuple[float, float],
+    mscales: tuple[float, float],
+    truncate: bool,
+) -> None:
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    beta_fast, beta_slow = max(betas), min(betas)
+    raw = {
+        "rope_type": "yarn", "factor": factor, "original_max_position_embeddings": original,
+        "beta_fast": beta_fast, "beta_slow": beta_slow, "truncate": truncate,
+        **({"mscale": mscales[0], "mscale_all_dim": mscales[1]} if mscales[0] else {}),
+    }  # fmt: skip
+    hf_cfg = transformers.LlamaConfig(
+        hidden_size=head_dim * 2, num_attention_heads=2, head_dim=head_dim,
+        max_position_embeddings=int(original * factor) + 1,
+        rope_parameters={**raw, "rope_theta": theta},
+    )  # fmt: skip
+    hf_inv, hf_factor = ROPE_INIT_FUNCTIONS["yarn"](hf_cfg)
+    scaling = LlamaConfig(
+        vocab_size=8, hidden_size=head_dim * 2, intermediate_size=8, num_layers=1, num_heads=2,
+        num_kv_heads=2, head_dim=head_dim, rope_theta=theta, rope_scaling=raw,
+    ).rope_scaling  # fmt: skip
+    assert scaling is not None
+    torch.testing.assert_close(
+        inverse_frequencies(head_dim, theta, scaling), hf_inv, rtol=1e-6, atol=0
+    )
+    assert scaling.attention_factor == pytest.approx(hf_factor, rel=1e-12)
