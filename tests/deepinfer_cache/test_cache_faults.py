@@ -166,19 +166,26 @@ def test_host_put_releases_the_slot_after_a_failed_copy() -> None:
     assert b"k" * 16 not in tier and tier.has_room()
 
 
-def test_stuck_disk_never_stalls_lookups_or_stores(tmp_path, monkeypatch) -> None:
+@pytest.mark.parametrize("disk_cls", [DiskTier, SegmentDiskTier])
+def test_stuck_disk_never_stalls_lookups_or_stores(tmp_path, monkeypatch, disk_cls) -> None:
     gate = threading.Event()
     real_write = disk_mod.write_block_file
+    real_pwrite = seg_mod._pwrite_all
 
     def stuck_write(*a, **kw):
         gate.wait(30)  # the disk hangs until released
         real_write(*a, **kw)
 
+    def stuck_pwrite(*a, **kw):
+        gate.wait(30)
+        real_pwrite(*a, **kw)
+
     monkeypatch.setattr(disk_mod, "write_block_file", stuck_write)
+    monkeypatch.setattr(seg_mod, "_pwrite_all", stuck_pwrite)
     store = TieredKVStore(
         [
             HostTier(PAGE, torch.float32, 4 * PAGE_BYTES),
-            DiskTier(
+            disk_cls(
                 tmp_path, PAGE, torch.float32, 1 << 20, fsync=False, io_threads=1, queue_depth=2
             ),
         ],

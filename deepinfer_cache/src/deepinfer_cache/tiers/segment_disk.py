@@ -457,12 +457,13 @@ class SegmentDiskTier:
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until every queued write is durable (or failed), write the manifest (deletes
         become durable: the deleted records' headers are zeroed after it); False on timeout."""
-        ok = self._workers.drain(timeout)
+        if not self._workers.drain(timeout):
+            return False  # the disk is behind: do not wait on it any longer than asked
         self._sync()
         self._run_deferred()
         self._sync()
         self._checkpoint()
-        return ok
+        return True
 
     def close(self) -> None:
         if not self._dirlock.held:
