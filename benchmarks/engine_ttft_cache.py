@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import dataclasses
 import functools
 import io
 import os
@@ -254,7 +255,10 @@ def run(args: argparse.Namespace) -> str:
     # Warm-up (allocator, lazy init), then seed both tiers with the shared prefix.
     timed_generate(cold_llm, prompt(999), Mode("warmup"))
     timed_generate(host_llm, prompt(0), Mode("seed-host"))
-    with LLM(loaded, engine_config=cfg, prefix_cache_config=disk_cfg) as writer:
+    # The writer keeps a host tier too: the disk's write-back queue drops writes while it is
+    # backlogged (by design), and closing persists every block a memory tier still holds.
+    writer_cfg = dataclasses.replace(disk_cfg, host_bytes=tier_bytes)
+    with LLM(loaded, engine_config=cfg, prefix_cache_config=writer_cfg) as writer:
         timed_generate(writer, prompt(0), Mode("seed-disk"))
 
     dev_shared_llm = LLM(loaded, engine_config=cfg, prefix_cache_config=device_cfg)
