@@ -36,7 +36,7 @@ from deepinfer.speculative import DSparkSpeculator
 from deepinfer_spec import DSparkConfig, DSparkDrafter, FixedGammaScheduler
 
 transformers = pytest.importorskip("transformers")
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("model_families")]
 
 _threads = pytest.fixture(scope="module", autouse=True)(one_thread)
 

@@ -30,7 +30,7 @@ from deepinfer.serve import RayOptions, ServeConfig, ServeService
 
 ray = pytest.importorskip("ray")
 pytest.importorskip("fastapi")
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("ray")]
 
 ENGINE = EngineConfig(block_size=8, num_blocks=96, max_model_len=256, max_num_seqs=16)
 
