@@ -1,0 +1,273 @@
+"""The read path of ``SegmentDiskTier``: runs of adjacent records read with one ``preadv``.
+
+Blocks stored together sit in consecutive slots of one segment, so a request for many blocks
+is grouped into runs of consecutive slots (up to ``max_read_bytes``); each run is one
+``preadv`` whose buffers put the record headers in a scratch buffer and the payloads straight
+into their destination (a fresh tensor, or the caller's buffer for ``get_many_into``), and
+runs are read in parallel on the reader threads. Every record is checked (header CRC, its
+segment/slot/key, XXH3-64 of the payload) before its page is returned; a record that fails is
+forgotten, a copy is kept in ``quarantine/`` and it is a miss.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import threading
+import time
+from collections import deque
+from collections.abc import Sequence
+from concurrent.futures import Future
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from ..disk_format import CorruptBlockError
+from ..io_workers import IOWorkers
+from ..segment_format import (
+    RECORD_HEADER_BYTES,
+    Geometry,
+    check_record_parts,
+    is_blank,
+    slot_offset,
+)
+from .segment_open import Rec
+
+if TYPE_CHECKING:
+    from .segment_disk import SegmentCounters, _Segment
+
+
+class SegmentReads:
+    """Mixin: the reads of ``SegmentDiskTier`` (the attributes below are the tier's)."""
+
+    if TYPE_CHECKING:
+        dtype: torch.dtype
+        page_shape: tuple[int, ...]
+        page_bytes: int
+        record_bytes: int
+        max_read_slots: int
+        geometry: Geometry
+        counters: SegmentCounters
+        _lock: threading.Lock
+        _pending: dict[bytes, tuple[int, torch.Tensor, int, int, Any]]
+        _loc: dict[bytes, Rec]
+        _segments: dict[int, _Segment]
+        _invalid: list[tuple[int, int]]
+        _changed: int
+        _failed: deque[bytes]
+        _quarantine: str
+        _readers: IOWorkers
+
+        def _fd(self, s: _Segment) -> int: ...
+
+        def _release_fd(self, s: _Segment, user: bool = False) -> None: ...
+
+        def _kick(self) -> None: ...
+
+    def get(self, key: bytes) -> torch.Tensor | None:
+        return self._read_run([key])[0]
+
+    def get_async(self, key: bytes) -> Future[torch.Tensor | None]:
+        return self._readers.submit(self.get, key)
+
+    def get_many_async(self, keys: Sequence[bytes]) -> list[Future[torch.Tensor | None]]:
+        """Read ``keys`` with few large reads: records in consecutive slots of one segment are
+        read by one ``preadv`` (up to ``max_read_bytes``), runs in parallel on reader threads."""
+        futs: list[Future[torch.Tensor | None]] = [Future() for _ in keys]
+        for run in self._runs(keys):
+            job = self._readers.submit(self._read_run, [keys[i] for i in run])
+            job.add_done_callback(functools.partial(_fan_out, run=run, futs=futs))
+        return futs
+
+    def get_many_into(self, keys: Sequence[bytes], out: torch.Tensor) -> list[bool]:
+        """Read ``keys`` straight into ``out[i]`` (a CPU tensor ``[len(keys), *page_shape]`` of
+        the tier's dtype, e.g. a reused pinned staging buffer): payloads land in ``out`` with
+        no intermediate copy. Entry i is False when block i is missing or corrupt (``out[i]``
+        is then unspecified)."""
+        if not isinstance(out, torch.Tensor) or out.dtype != self.dtype:
+            raise TypeError(f"out must be a {self.dtype} tensor")
+        if tuple(out.shape) != (len(keys), *self.page_shape):
+            raise ValueError(
+                f"out must have shape {(len(keys), *self.page_shape)}, got {tuple(out.shape)}"
+            )
+        if out.device.type != "cpu" or not out.is_contiguous():
+            raise ValueError("out must be a contiguous CPU tensor")
+        rows = out.view(len(keys), -1).view(torch.uint8)
+        ok = [False] * len(keys)
+        jobs = []
+        for run in self._runs(keys):
+            dest = [rows[i] for i in run]
+            jobs.append((run, self._readers.submit(self._read_run, [keys[i] for i in run], dest)))
+        for run, job in jobs:
+            for i, page in zip(run, job.result()):
+                ok[i] = page is not None
+        return ok
+
+    def _runs(self, keys: Sequence[bytes]) -> list[list[int]]:
+        """Group key positions into runs of consecutive slots of one segment."""
+        with self._lock:
+            located = [
+                (self._loc[k][0], self._loc[k][1], i) for i, k in enumerate(keys) if k in self._loc
+            ]
+        done = set()
+        runs: list[list[int]] = []
+        last = (-1, -2)
+        for sid, slot, i in sorted(located):
+            if (
+                runs
+                and (sid, slot) == (last[0], last[1] + 1)
+                and len(runs[-1]) < self.max_read_slots
+            ):
+                runs[-1].append(i)
+            else:
+                runs.append([i])
+            last = (sid, slot)
+            done.add(i)
+        runs.extend([i] for i in range(len(keys)) if i not in done)  # pending or absent
+        return runs
+
+    def get_many(self, keys: Sequence[bytes]) -> list[torch.Tensor | None]:
+        return [f.result() for f in self.get_many_async(keys)]
+
+    def _read_run(
+        self, keys: Sequence[bytes], dest: Sequence[torch.Tensor] | None = None
+    ) -> list[torch.Tensor | None]:
+        """Read ``keys`` (consecutive slots of one segment, or a single key) with one
+        ``preadv``: record headers go to a scratch buffer, payloads straight into ``dest``
+        rows (uint8, ``page_bytes`` each; allocated when None) and are verified there."""
+        n = len(keys)
+        if dest is None:
+            block = torch.empty((n, self.page_bytes), dtype=torch.uint8)
+            dest = [block[i] for i in range(n)]
+        out: list[torch.Tensor | None] = [None] * n
+        with self._lock:
+            recs: list[Rec | None] = []
+            for i, k in enumerate(keys):
+                pend = self._pending.get(k)
+                if pend is not None:
+                    dest[i].copy_(pend[1].reshape(-1).view(torch.uint8))
+                    out[i] = self._as_page(dest[i])
+                    recs.append(None)
+                else:
+                    recs.append(self._loc.get(k))
+            todo = [i for i, r in enumerate(recs) if r is not None]
+            if not todo:
+                return out
+            first_rec = recs[todo[0]]
+            assert first_rec is not None
+            seg = self._segments.get(first_rec[0])
+            consecutive = all(
+                r is not None and r[0] == first_rec[0] and r[1] == first_rec[1] + j
+                for j, r in enumerate(recs[i] for i in todo)
+            )
+            if seg is not None and consecutive:
+                seg.users += 1
+        if seg is None:
+            return out
+        if not consecutive:  # not one run: read each on its own
+            for i in todo:
+                out[i] = self._read_run([keys[i]], [dest[i]])[0]
+            return out
+        sb = self.record_bytes
+        pad = sb - RECORD_HEADER_BYTES - self.page_bytes
+        heads = bytearray(RECORD_HEADER_BYTES * len(todo))
+        hv = memoryview(heads)
+        scratch = memoryview(bytearray(pad))
+        iov: list[memoryview] = []
+        for j, i in enumerate(todo):
+            if j:
+                iov.append(scratch)
+            iov.append(hv[j * RECORD_HEADER_BYTES : (j + 1) * RECORD_HEADER_BYTES])
+            iov.append(_bytes_of(dest[i]))
+        t0 = time.perf_counter()
+        try:
+            got = _preadv_all(self._fd(seg), iov, slot_offset(first_rec[1], sb))
+        except OSError:
+            got = 0
+        finally:
+            self._release_fd(seg, user=True)
+        nread = 0
+        for j, i in enumerate(todo):
+            r = recs[i]
+            assert r is not None
+            head = hv[j * RECORD_HEADER_BYTES : (j + 1) * RECORD_HEADER_BYTES]
+            payload = _bytes_of(dest[i])
+            try:
+                if j * sb + RECORD_HEADER_BYTES + self.page_bytes > got:
+                    raise CorruptBlockError("record beyond the end of its segment")
+                check_record_parts(head, payload, self.geometry, r[0], r[1], keys[i])
+            except CorruptBlockError:
+                self._lost(keys[i], r, bytes(head) + bytes(payload))
+                continue
+            out[i] = self._as_page(dest[i])
+            nread += 1
+        with self._lock:
+            self.counters.bytes_read += nread * (RECORD_HEADER_BYTES + self.page_bytes)
+            self.counters.blocks_read += nread
+            self.counters.read_seconds += time.perf_counter() - t0
+        return out
+
+    def _as_page(self, row: torch.Tensor) -> torch.Tensor:
+        return row.view(self.dtype).reshape(self.page_shape)
+
+    def _lost(self, key: bytes, r: Rec, raw: bytes) -> None:
+        """A record failed its check: forget it, keep a copy in quarantine, zero its header."""
+        with self._lock:
+            if self._loc.get(key) is not r:
+                return
+            del self._loc[key]
+            s = self._segments.get(r[0])
+            if s is not None:
+                s.live -= 1
+            self._invalid.append((r[0], r[1]))
+            self._changed += 1
+            blank = is_blank(raw)
+            if blank:
+                self.counters.stale_entries += 1  # deleted before a crash, manifest older
+            else:
+                self.counters.corrupt_quarantined += 1
+        self._failed.append(key)
+        if not blank:
+            with contextlib.suppress(OSError):
+                path = os.path.join(self._quarantine, f"{key.hex()}.record.{time.time_ns()}")
+                with open(path, "wb") as f:
+                    f.write(raw)
+        self._kick()
+
+
+def _fan_out(
+    job: Future[list[torch.Tensor | None]],
+    *,
+    run: list[int],
+    futs: list[Future[torch.Tensor | None]],
+) -> None:
+    exc = job.exception()
+    for j, i in enumerate(run):
+        if exc is not None:
+            futs[i].set_exception(exc)
+        else:
+            futs[i].set_result(job.result()[j])
+
+
+def _bytes_of(row: torch.Tensor) -> memoryview:
+    """A writable byte view of a contiguous CPU uint8 tensor (no copy)."""
+    arr: Any = row.numpy()
+    return memoryview(arr)
+
+
+def _preadv_all(fd: int, iov: list[memoryview], offset: int) -> int:
+    """``preadv`` until every buffer is full or the file ends; returns bytes read."""
+    views = [v.cast("B") for v in iov]
+    got = 0
+    while views:
+        n = os.preadv(fd, views[:1024], offset + got)  # IOV_MAX
+        if not n:
+            break
+        got += n
+        while views and n >= views[0].nbytes:
+            n -= views[0].nbytes
+            views.pop(0)
+        if views and n:
+            views[0] = views[0][n:]
+    return got
