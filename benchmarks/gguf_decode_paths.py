@@ -1,10 +1,16 @@
-"""Batch-1 greedy decode of the embedded model on its GGUF block-format weights (the default
-since #24) against the previous default, its bf16-rounded converted copy run in fp32 on the
-bf16-panel kernels; same process, alternated, one thread unless told otherwise.
+"""Batch-1 greedy decode of the embedded model on each weight path, same process, alternated,
+one thread unless told otherwise:
+
+* ``gguf-blocks``: the GGUF file's block-format weights (Q4_1/Q8_0 bytes; the default);
+* ``bf16-own``: its bf16 converted copy run in fp32 from the bf16 tensors themselves
+  (``deepinfer.models.half_weights``, the default for bf16 checkpoints since #24);
+* ``bf16-widened``: the same bf16 copy widened to fp32 (the previous default: fp32 weights,
+  bf16 panels for the compiled decoder layer, MKL-packed copies for >= 4 rows).
 
     .venv/bin/python benchmarks/gguf_decode_paths.py [--tokens 32] [--repeats 3] [--threads 1]
 
-Prints tokens/s per path and run, and the ratio block-format / bf16-copy (median, range).
+Prints tokens/s per path and run, and each path's ratio to the fastest path of the same run
+(median, range): issue #24 asks for >= 0.9x.
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "deepinfe
 def main() -> int:
     from model_helpers import greedy_paged
 
-    from deepinfer.models import default_model_path, load_model
+    from deepinfer.models import build_model, default_model_path, load_hf_dir, load_model
     from deepinfer.models.convert import convert_gguf
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -33,8 +39,17 @@ def main() -> int:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     source = default_model_path()
-    models = {"gguf-blocks": load_model(source).model,
-              "bf16-copy": load_model(convert_gguf(source)).model}  # fmt: skip
+    bf16_dir = convert_gguf(source)
+    config, state = load_hf_dir(bf16_dir)
+    models = {
+        "gguf-blocks": load_model(source).model,
+        # The bf16 checkpoint run in fp32 from its own bf16 tensors (the default since #24).
+        "bf16-own": load_model(bf16_dir).model,
+        # The same bf16 checkpoint widened to fp32 (the previous default: fp32 weights,
+        # bf16 panels for the compiled decoder layer, MKL-packed copies).
+        "bf16-widened": build_model(config, state, dtype=torch.float32),
+    }
+    del state
     prompt = load_model(source).tokenizer.encode("def reverse(s):\n    ")
     rates: dict[str, list[float]] = {name: [] for name in models}
     for model in models.values():
@@ -46,9 +61,11 @@ def main() -> int:
             rates[name].append(args.tokens / (time.perf_counter() - start))
     for name, values in rates.items():
         print(f"{name:12s} tok/s: " + ", ".join(f"{v:.1f}" for v in values))
-    ratios = [a / b for a, b in zip(rates["gguf-blocks"], rates["bf16-copy"])]
-    print(f"gguf-blocks / bf16-copy: {statistics.median(ratios):.2f}x "
-          f"({min(ratios):.2f}-{max(ratios):.2f})")  # fmt: skip
+    # Each path against the fastest path of the same run (the issue's ">= 0.9x the fastest").
+    for name in rates:
+        ratios = [rates[name][r] / max(v[r] for v in rates.values()) for r in range(args.repeats)]
+        print(f"{name:12s} / fastest of its run: {statistics.median(ratios):.2f}x "
+              f"({min(ratios):.2f}-{max(ratios):.2f})")  # fmt: skip
     return 0
 
 
