@@ -34,7 +34,6 @@ from collections import Counter, deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 import xxhash
 
@@ -44,25 +43,22 @@ from ..io_workers import IOWorkers
 from ..lockfile import DirectoryLock
 from ..meta import RecoveredBlock
 from ..segment_format import (
-    MANIFEST_DTYPE,
     MAX_RETENTION_BYTES,
     RECORD_HEADER_BYTES,
     Geometry,
-    Manifest,
-    encode_manifest,
     encode_record_header,
     encode_segment_header,
     segment_name,
     slot_bytes_for,
     slot_offset,
-    write_manifest_file,
 )
+from ._segment_io import pwrite_all as _pwrite_all
 from .base import BlockMeta, check_key, check_page, check_page_shape, page_nbytes
 from .disk import DiskCounters
+from .segment_maintenance import SegmentMaintenance
 from .segment_open import Rec, load_segments
 from .segment_read import SegmentReads
 
-_BLANK = bytes(RECORD_HEADER_BYTES)
 
 
 @dataclass
@@ -103,7 +99,7 @@ class _Segment:
         self.lock = threading.Lock()
 
 
-class SegmentDiskTier(SegmentReads):
+class SegmentDiskTier(SegmentReads, SegmentMaintenance):
     """Directory-backed tier storing blocks in segment files (see the module docstring).
 
     ``capacity_bytes`` counts live records (``record_bytes`` each); dead slots are reclaimed
@@ -408,16 +404,6 @@ class SegmentDiskTier(SegmentReads):
         self._close_fds()
         self._dirlock.release()
 
-    def compact(self) -> int:
-        """Copy the live records of sparse sealed segments forward and retire those segments
-        now (normally the writer threads do this after deletes); returns records moved."""
-        moved = 0
-        while True:
-            seg = self._pick_sparse()
-            if seg is None:
-                return moved
-            moved += self._compact(seg)
-
     # ------------------------------------------------------------------ writing
     def _reserve(self) -> tuple[_Segment, int]:
         s = self._active
@@ -553,132 +539,6 @@ class SegmentDiskTier(SegmentReads):
         if self._changed >= max(self.checkpoint_every, len(self._loc) // 4):
             self._checkpoint()
 
-    def _pick_sparse(self) -> _Segment | None:
-        with self._lock:
-            for s in self._segments.values():
-                if s is self._active or s.open_slots or s.retired or not s.slots:
-                    continue
-                if s.live <= s.slots * self.compact_below:
-                    return s
-        return None
-
-    def _compact(self, old: _Segment) -> int:
-        """Copy ``old``'s live records to the active segment, then retire ``old``."""
-        with self._lock:
-            todo = [(k, r) for k, r in self._loc.items() if r[0] == old.id]
-        moved = 0
-        for key, r in todo:
-            page = self.get(key)  # verified; a corrupt record is dropped and counted
-            if page is None:
-                continue
-            with self._lock:
-                if self._loc.get(key) is not r:
-                    continue
-                seg, slot = self._reserve()
-            meta = BlockMeta(r[2], r[4], r[5], r[3])
-            try:
-                payload = page_bytes_view(page)
-                head = encode_record_header(key, meta, payload.nbytes, r[6], seg.id, slot)
-                _pwrite_all(self._fd(seg), [head, payload], slot_offset(slot, self.record_bytes))
-                if self.fsync:
-                    os.fdatasync(self._fd(seg))
-            except OSError:
-                with self._lock:
-                    seg.open_slots.discard(slot)
-                    self.counters.write_errors += 1
-                return moved  # keep the old copy; try again later
-            with self._lock:
-                seg.open_slots.discard(slot)
-                if self._loc.get(key) is r:
-                    self._loc[key] = (seg.id, slot, *r[2:])
-                    seg.live += 1
-                    old.live -= 1
-                    moved += 1
-                    self.counters.records_compacted += 1
-                else:
-                    self._invalid.append((seg.id, slot))
-        with self._lock:
-            if old.live or old.open_slots:
-                return moved
-            old.retired = True
-            self._segments.pop(old.id, None)
-            self._changed += 1
-        # The manifest that no longer lists the segment must be durable before it goes.
-        if self._checkpoint(force=True):
-            with contextlib.suppress(OSError):
-                os.unlink(old.path)
-            self.counters.segments_retired += 1
-            self._release_fd(old)
-        else:
-            with self._lock:
-                old.retired = False
-                self._segments[old.id] = old
-        return moved
-
-    def _checkpoint(self, force: bool = False) -> bool:
-        with self._manifest_lock:
-            with self._lock:
-                if not force and not self._changed:
-                    return True
-                changed, self._changed = self._changed, 0
-                invalid, self._invalid = self._invalid, []
-                items = list(self._loc.items())
-                covered = {
-                    s.id: (min(s.open_slots) if s.open_slots else s.slots)
-                    for s in self._segments.values()
-                }
-                next_segment = self._next_segment
-            classes = sorted({r[4] for _, r in items})
-            cls_id = {c: i for i, c in enumerate(classes)}
-            rows = np.zeros(len(items), dtype=MANIFEST_DTYPE)
-            if items:
-                rows["key"] = np.frombuffer(b"".join(k for k, _ in items), np.uint8).reshape(-1, 16)
-                rows["parent"] = np.frombuffer(
-                    b"".join(r[2] or bytes(16) for _, r in items), np.uint8
-                ).reshape(-1, 16)
-                rows["tenant"] = np.frombuffer(
-                    b"".join(r[3] or bytes(16) for _, r in items), np.uint8
-                ).reshape(-1, 16)
-                rows["flags"] = [(r[2] is not None) | (r[3] is not None) << 1 for _, r in items]
-                rows["cls"] = [cls_id[r[4]] for _, r in items]
-                rows["segment"] = [r[0] for _, r in items]
-                rows["slot"] = [r[1] for _, r in items]
-                rows["expires"] = [r[5] for _, r in items]
-                rows["xxh3"] = [r[6] for _, r in items]
-            head, body = encode_manifest(
-                self.geometry, Manifest(next_segment, covered, classes, rows)
-            )
-            tmp = os.path.join(self._tmp, f"manifest.{time.time_ns()}")
-            try:
-                write_manifest_file(self._manifest, tmp, head, body, self.fsync)
-            except OSError:
-                with self._lock:
-                    self._changed += changed
-                    self._invalid.extend(invalid)
-                    self.counters.write_errors += 1
-                return False
-            self.counters.manifests_written += 1
-            # Only now zero the deleted records' headers (so no later tail scan can bring them
-            # back): the manifest on disk no longer lists them, so no reopen ever indexes a
-            # zeroed record. A crash in between keeps a deleted block that flush() had not
-            # yet confirmed deleted.
-            self._zero_headers(invalid)
-            return True
-
-    def _zero_headers(self, slots: list[tuple[int, int]]) -> None:
-        touched = set()
-        for sid, slot in slots:
-            s = self._segments.get(sid)
-            if s is None:
-                continue
-            with contextlib.suppress(OSError):
-                _pwrite_all(self._fd(s), [_BLANK], slot_offset(slot, self.record_bytes))
-                touched.add(s)
-        if self.fsync:
-            for s in touched:
-                with contextlib.suppress(OSError):
-                    os.fdatasync(self._fd(s))
-
     # ------------------------------------------------------------------ reading
 
     # ------------------------------------------------------------------ internals
@@ -711,18 +571,6 @@ class SegmentDiskTier(SegmentReads):
         except OSError:
             with contextlib.suppress(OSError):
                 os.unlink(path)
-
-
-def _pwrite_all(fd: int, bufs: list[bytes | memoryview], offset: int) -> None:
-    views = [memoryview(b).cast("B") for b in bufs]
-    while views:
-        n = os.pwritev(fd, views, offset)
-        offset += n
-        while views and n >= views[0].nbytes:
-            n -= views[0].nbytes
-            views.pop(0)
-        if views and n:
-            views[0] = views[0][n:]
 
 
 __all__ = ["SegmentCounters", "SegmentDiskTier"]

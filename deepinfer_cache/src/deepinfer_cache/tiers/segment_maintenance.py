@@ -1,0 +1,206 @@
+"""Upkeep of ``SegmentDiskTier``: the manifest checkpoint and compaction.
+
+``_checkpoint`` snapshots the live records under the tier lock and writes them as the new
+manifest (tmp -> fsync -> rename -> directory fsync); only then are the headers of records
+deleted before the snapshot zeroed, so no reopen indexes a zeroed record and no tail scan
+brings a deleted one back. ``_compact`` copies the live records of a sparse sealed segment
+to the active one (the old copy is served until the new one is fsynced), writes a manifest
+without the old segment and then deletes its file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import time
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from ..disk_format import page_bytes_view
+from ..segment_format import (
+    MANIFEST_DTYPE,
+    RECORD_HEADER_BYTES,
+    Geometry,
+    Manifest,
+    encode_manifest,
+    encode_record_header,
+    slot_offset,
+    write_manifest_file,
+)
+from ._segment_io import pwrite_all as _pwrite_all
+from .base import BlockMeta
+from .segment_open import Rec
+
+if TYPE_CHECKING:
+    import torch
+
+    from .segment_disk import SegmentCounters, _Segment
+
+_BLANK = bytes(RECORD_HEADER_BYTES)
+
+
+class SegmentMaintenance:
+    """Mixin: checkpoints and compaction of ``SegmentDiskTier`` (attributes are the tier's)."""
+
+    if TYPE_CHECKING:
+        fsync: bool
+        record_bytes: int
+        compact_below: float
+        geometry: Geometry
+        counters: SegmentCounters
+        _lock: threading.Lock
+        _manifest_lock: threading.Lock
+        _manifest: str
+        _tmp: str
+        _loc: dict[bytes, Rec]
+        _segments: dict[int, _Segment]
+        _active: _Segment | None
+        _next_segment: int
+        _invalid: list[tuple[int, int]]
+        _changed: int
+
+        def get(self, key: bytes) -> torch.Tensor | None: ...
+
+        def _reserve(self) -> tuple[_Segment, int]: ...
+
+        def _fd(self, s: _Segment) -> int: ...
+
+        def _release_fd(self, s: _Segment, user: bool = False) -> None: ...
+
+    def compact(self) -> int:
+        """Copy the live records of sparse sealed segments forward and retire those segments
+        now (normally the writer threads do this after deletes); returns records moved."""
+        moved = 0
+        while True:
+            seg = self._pick_sparse()
+            if seg is None:
+                return moved
+            moved += self._compact(seg)
+
+    def _pick_sparse(self) -> _Segment | None:
+        with self._lock:
+            for s in self._segments.values():
+                if s is self._active or s.open_slots or s.retired or not s.slots:
+                    continue
+                if s.live <= s.slots * self.compact_below:
+                    return s
+        return None
+
+    def _compact(self, old: _Segment) -> int:
+        """Copy ``old``'s live records to the active segment, then retire ``old``."""
+        with self._lock:
+            todo = [(k, r) for k, r in self._loc.items() if r[0] == old.id]
+        moved = 0
+        for key, r in todo:
+            page = self.get(key)  # verified; a corrupt record is dropped and counted
+            if page is None:
+                continue
+            with self._lock:
+                if self._loc.get(key) is not r:
+                    continue
+                seg, slot = self._reserve()
+            meta = BlockMeta(r[2], r[4], r[5], r[3])
+            try:
+                payload = page_bytes_view(page)
+                head = encode_record_header(key, meta, payload.nbytes, r[6], seg.id, slot)
+                _pwrite_all(self._fd(seg), [head, payload], slot_offset(slot, self.record_bytes))
+                if self.fsync:
+                    os.fdatasync(self._fd(seg))
+            except OSError:
+                with self._lock:
+                    seg.open_slots.discard(slot)
+                    self.counters.write_errors += 1
+                return moved  # keep the old copy; try again later
+            with self._lock:
+                seg.open_slots.discard(slot)
+                if self._loc.get(key) is r:
+                    self._loc[key] = (seg.id, slot, *r[2:])
+                    seg.live += 1
+                    old.live -= 1
+                    moved += 1
+                    self.counters.records_compacted += 1
+                else:
+                    self._invalid.append((seg.id, slot))
+        with self._lock:
+            if old.live or old.open_slots:
+                return moved
+            old.retired = True
+            self._segments.pop(old.id, None)
+            self._changed += 1
+        # The manifest that no longer lists the segment must be durable before it goes.
+        if self._checkpoint(force=True):
+            with contextlib.suppress(OSError):
+                os.unlink(old.path)
+            self.counters.segments_retired += 1
+            self._release_fd(old)
+        else:
+            with self._lock:
+                old.retired = False
+                self._segments[old.id] = old
+        return moved
+
+    def _checkpoint(self, force: bool = False) -> bool:
+        with self._manifest_lock:
+            with self._lock:
+                if not force and not self._changed:
+                    return True
+                changed, self._changed = self._changed, 0
+                invalid, self._invalid = self._invalid, []
+                items = list(self._loc.items())
+                covered = {
+                    s.id: (min(s.open_slots) if s.open_slots else s.slots)
+                    for s in self._segments.values()
+                }
+                next_segment = self._next_segment
+            classes = sorted({r[4] for _, r in items})
+            cls_id = {c: i for i, c in enumerate(classes)}
+            rows = np.zeros(len(items), dtype=MANIFEST_DTYPE)
+            if items:
+                rows["key"] = np.frombuffer(b"".join(k for k, _ in items), np.uint8).reshape(-1, 16)
+                rows["parent"] = np.frombuffer(
+                    b"".join(r[2] or bytes(16) for _, r in items), np.uint8
+                ).reshape(-1, 16)
+                rows["tenant"] = np.frombuffer(
+                    b"".join(r[3] or bytes(16) for _, r in items), np.uint8
+                ).reshape(-1, 16)
+                rows["flags"] = [(r[2] is not None) | (r[3] is not None) << 1 for _, r in items]
+                rows["cls"] = [cls_id[r[4]] for _, r in items]
+                rows["segment"] = [r[0] for _, r in items]
+                rows["slot"] = [r[1] for _, r in items]
+                rows["expires"] = [r[5] for _, r in items]
+                rows["xxh3"] = [r[6] for _, r in items]
+            head, body = encode_manifest(
+                self.geometry, Manifest(next_segment, covered, classes, rows)
+            )
+            tmp = os.path.join(self._tmp, f"manifest.{time.time_ns()}")
+            try:
+                write_manifest_file(self._manifest, tmp, head, body, self.fsync)
+            except OSError:
+                with self._lock:
+                    self._changed += changed
+                    self._invalid.extend(invalid)
+                    self.counters.write_errors += 1
+                return False
+            self.counters.manifests_written += 1
+            # Only now zero the deleted records' headers (so no later tail scan can bring them
+            # back): the manifest on disk no longer lists them, so no reopen ever indexes a
+            # zeroed record. A crash in between keeps a deleted block that flush() had not
+            # yet confirmed deleted.
+            self._zero_headers(invalid)
+            return True
+
+    def _zero_headers(self, slots: list[tuple[int, int]]) -> None:
+        touched = set()
+        for sid, slot in slots:
+            s = self._segments.get(sid)
+            if s is None:
+                continue
+            with contextlib.suppress(OSError):
+                _pwrite_all(self._fd(s), [_BLANK], slot_offset(slot, self.record_bytes))
+                touched.add(s)
+        if self.fsync:
+            for s in touched:
+                with contextlib.suppress(OSError):
+                    os.fdatasync(self._fd(s))
