@@ -60,7 +60,6 @@ from .segment_open import Rec, load_segments
 from .segment_read import SegmentReads
 
 
-
 @dataclass
 class SegmentCounters(DiskCounters):
     torn_records: int = 0  # tail records a crash left incomplete: skipped on open, never served
