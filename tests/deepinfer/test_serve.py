@@ -152,6 +152,17 @@ def test_stop_strings_cut_the_text_streaming_or_not(client: openai.OpenAI) -> No
     assert out.choices[0].text == expected
     assert out.choices[0].finish_reason == "stop"
     assert out.choices[0].model_extra["stop_reason"] == stop  # the engine's, passed on
+    # The replica's engine stopped at the hit (it did not run on to max_tokens).
+    assert out.usage is not None and out.usage.completion_tokens < 16
+    kept = client.completions.create(
+        model=MODEL,
+        prompt=prompt,
+        max_tokens=16,
+        temperature=0,
+        stop=[stop],
+        extra_body={"ignore_eos": True, "include_stop_str_in_output": True},
+    )
+    assert kept.choices[0].text == expected + stop
     streamed = client.completions.create(
         model=MODEL,
         prompt=prompt,
