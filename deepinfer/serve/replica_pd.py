@@ -5,10 +5,9 @@ A prefill replica runs a ``prefill`` request like any other, with at most two to
 soon as its first token is sampled it exports the prompt's KV pages, drops the request (its
 full blocks stay in the replica's prefix cache for the next turn) and answers ``prefilled``
 with the first token (and its log-probabilities, when asked) and the page handle. The front
-pairs it with a decode replica
-(`deepinfer_sched`'s `LeastLoadedPairing`), which receives ``decode``: it imports the pages into
-its own blocks when it has room (`LLMEngine.add_prefilled_request`) and streams the request from
-its first token on.
+pairs it with a decode replica (`deepinfer_sched`'s `LeastLoadedPairing`), which receives
+``decode``: it imports the pages into its own blocks when it has room
+(`LLMEngine.add_prefilled_request`) and streams the request from its first token on.
 """
 
 from __future__ import annotations
