@@ -306,6 +306,10 @@ class PDCoordinator:
             json.dumps(req.prompt_ids)
         except (TypeError, ValueError) as exc:  # not JSON-serialisable prompt ids
             return rid, self._error_output(rid, req, str(exc))
+        for name in ("logprobs", "prompt_logprobs"):
+            if getattr(params, name) is not None:  # refused, not silently dropped
+                error = f"{name}: not supported with pd (the workers do not send them back)"
+                return rid, self._error_output(rid, req, error)
         self._requests[rid] = req
         self._dispatch(rid, req)
         return rid, None
@@ -482,7 +486,10 @@ class PDCoordinator:
             new = list(message["token_ids"])[req.delivered :]
             extra = str(message["text"])[len(req.text) :]
             reason = message["finish_reason"] if message["finished"] else None
-            return self._advance(rid, req, new, extra, reason)
+            out = self._advance(rid, req, new, extra, reason)
+            if out is not None and reason is not None:
+                out.outputs[0].stop_reason = message.get("stop_reason")
+            return out
         raise ValueError(f"unknown PD message op {op!r}")
 
     def _advance(

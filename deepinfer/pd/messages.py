@@ -49,5 +49,6 @@ def output_to_json(out: RequestOutput) -> dict[str, Any]:
         "new_text": out.new_text,
         "finished": out.finished,
         "finish_reason": out.finish_reason,
+        "stop_reason": out.outputs[0].stop_reason if out.outputs else None,
         "error": out.error,
     }

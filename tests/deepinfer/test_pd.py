@@ -170,6 +170,22 @@ def test_stop_token_at_first_position_needs_no_transfer(
     assert out.token_ids == [first] and out.finish_reason == "stop"
 
 
+def test_decode_worker_stop_reason_reaches_the_caller_and_logprobs_are_refused(
+    pd_llm: LLM, prompts: list[list[int]], colocated
+) -> None:
+    want = colocated[5].token_ids
+    stop = next(t for i, t in enumerate(want) if i >= 2 and t not in want[:i])
+    params = SamplingParams(temperature=0.0, max_tokens=20, stop_token_ids=[stop])
+    (out,) = pd_llm.generate([prompts[5]], params)
+    assert out.token_ids == want[: want.index(stop) + 1]
+    assert out.finish_reason == out.outputs[0].finish_reason == "stop"
+    assert out.outputs[0].stop_reason == stop  # vLLM's: the stop token id
+    for name in ("logprobs", "prompt_logprobs"):
+        ask = SamplingParams(temperature=0.0, max_tokens=3, **{name: 1})
+        (refused,) = pd_llm.generate([prompts[5]], ask)
+        assert refused.finish_reason == "error" and (refused.error or "").startswith(name)
+
+
 def test_dead_worker_is_started_again_instead_of_hanging(gguf_path: Path, tmp_path: Path) -> None:
     """The only decode worker is dead when the request comes: it waits for the restarted one
     (tests/deepinfer/test_pd_faults.py covers requests caught by a death)."""
