@@ -48,8 +48,11 @@ kernels: $(STAMP)
 # benchmark-only dependency (benchmarks/vs_transformers.py).
 bench: $(STAMP)
 	$(BIN)/python -m pip install -q "transformers>=4.45"
-	# llama.cpp for benchmarks/vs_llamacpp.py, built from source with this CPU's flags (slow).
-	CMAKE_ARGS="-DGGML_NATIVE=ON" $(BIN)/python -m pip install -q "llama-cpp-python>=0.3"
+	# llama.cpp for benchmarks/vs_llamacpp.py, built from source with this CPU's flags (slow:
+	# ~45 min on a busy 2-core machine). The multimodal library (mtmd, a quarter of the build)
+	# is not needed; the benchmark then runs with: $(BIN)/python benchmarks/vs_llamacpp.py
+	CMAKE_ARGS="-DGGML_NATIVE=ON -DLLAVA_BUILD=OFF" CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) \
+		$(BIN)/python -m pip install -q "llama-cpp-python>=0.3"
 	$(BIN)/python -m pytest -q benchmarks -o python_files='bench_kernels_*.py' -p no:xdist --benchmark-only
 
 clean:

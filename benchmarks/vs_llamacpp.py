@@ -21,6 +21,8 @@ llama-cpp-python is a benchmark-only dependency (``make bench`` installs it; bui
 source with native CPU flags takes tens of minutes). Without it the script says so and exits 2.
 
     .venv/bin/python benchmarks/vs_llamacpp.py --threads 2 --out benchmarks/results/vs_llamacpp.md
+
+``--out`` writes the markdown table there, the figures beside it as JSON and a PNG chart.
 """
 
 from __future__ import annotations
@@ -159,11 +161,13 @@ def main() -> int:
         "prefill": lambda e: _prefill_rate(e, long_prompt),
         "batch": lambda e: _batch_rate(e, batch, args.tokens // 4),
     }
-    for _ in range(args.repeats):
+    for repeat in range(args.repeats):
         for name, run in runs.items():
             a, b = run(ours), run(theirs)  # alternated, same process
             rows[name].append(a / b)
             figures[name].append((a, b))
+            print(f"run {repeat + 1} {name}: DeepInfer {a:.1f}, llama.cpp {b:.1f}, "
+                  f"{a / b:.2f}x", flush=True)  # fmt: skip
     rss_ours = _peak_rss("ours", path, args.threads, ctx, 32)
     rss_theirs = _peak_rss("theirs", path, args.threads, ctx, 32)
     lines = [
@@ -194,8 +198,49 @@ def main() -> int:
     print(text)
     if args.out:
         Path(args.out).write_text(text, encoding="utf-8")
-        Path(args.out).with_suffix(".json").write_text(json.dumps(figures, indent=2))
+        record = {**figures, "rss_gb": [(rss_ours, rss_theirs)]}
+        Path(args.out).with_suffix(".json").write_text(json.dumps(record, indent=2))
+        _plot(record, labels, targets, Path(args.out).with_suffix(".png"))
     return 0
+
+
+def _plot(
+    record: dict[str, list[tuple[float, float]]],
+    labels: dict[str, str],
+    targets: dict[str, str],
+    path: Path,
+) -> None:
+    """Each measurement's DeepInfer / llama.cpp ratio (median, with the run-to-run range as
+    an error bar) beside its target, and the peak RSS of both; written as a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = [n for n in ("decode", "prefill", "batch") if record.get(n)]
+    ratios = [[a / b for a, b in record[n]] for n in names]
+    mid = [statistics.median(r) for r in ratios]
+    err = [[m - min(r) for m, r in zip(mid, ratios)], [max(r) - m for m, r in zip(mid, ratios)]]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4), width_ratios=[3, 1])
+    xs = range(len(names))
+    left.bar(xs, mid, yerr=err, capsize=4, color="tab:blue", label="DeepInfer / llama.cpp")
+    for x, n in zip(xs, names):
+        goal = float(targets[n].split()[-1].rstrip("x"))
+        left.hlines(goal, x - 0.4, x + 0.4, colors="tab:red", linestyles="--",
+                    label="target" if x == 0 else None)  # fmt: skip
+    left.axhline(1.0, color="gray", linewidth=0.8)
+    left.set_xticks(list(xs), [labels[n].split(",")[0] for n in names])
+    left.set_ylabel("throughput ratio (same run)")
+    left.legend(loc="upper left")
+    ours, theirs = record["rss_gb"][0]
+    right.bar([0, 1], [ours, theirs], color=["tab:blue", "tab:orange"])
+    right.hlines(1.5 * theirs, -0.4, 0.4, colors="tab:red", linestyles="--")
+    right.set_xticks([0, 1], ["DeepInfer", "llama.cpp"])
+    right.set_ylabel("peak RSS, GB")
+    fig.suptitle("DeepInfer vs llama.cpp, same GGUF file, same threads (CPU)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 if __name__ == "__main__":
