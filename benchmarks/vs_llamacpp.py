@@ -117,15 +117,25 @@ def _batch_rate(engine: Ours | Theirs, prompts: list[list[int]], new: int) -> fl
 
 
 def _peak_rss(kind: str, path: Path, threads: int, ctx: int, tokens: int) -> float:
-    """Peak RSS (GB) of a fresh process that loads ``kind`` and generates ``tokens`` tokens."""
+    """Peak RSS (GB) of a fresh process that loads ``kind`` and generates ``tokens`` tokens.
+
+    Read from ``VmHWM`` (the peak of this process image): on Linux ``ru_maxrss`` survives
+    ``exec``, so a child forked from this process (both engines loaded) would report at least
+    this process's RSS, whatever it ran."""
     here = str(Path(__file__).parent)
     code = (
         f"import resource, sys; sys.path.insert(0, {here!r})\n"
+        "def peak():\n"
+        "    try:\n"
+        "        with open('/proc/self/status') as fh:\n"
+        "            return next(int(l.split()[1]) / 2**20 for l in fh if l.startswith('VmHWM'))\n"
+        "    except (OSError, StopIteration):\n"
+        "        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20\n"
         "from vs_llamacpp import Ours, Theirs, CODE_PROMPT\n"
         f"e = (Ours if {kind!r} == 'ours' else Theirs)"
         f"(__import__('pathlib').Path({str(path)!r}), {threads}, {ctx})\n"
         f"e.generate([e.tokens(CODE_PROMPT)], {tokens})\n"
-        "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20)\n"
+        "print(peak())\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     return float(out.stdout.strip().splitlines()[-1])
@@ -140,6 +150,7 @@ def main() -> int:
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", default=None, help="write the markdown table here")
+    parser.add_argument("--rss-only", action="store_true", help="measure peak RSS only")
     args = parser.parse_args()
     try:
         import llama_cpp  # noqa: F401
@@ -150,6 +161,11 @@ def main() -> int:
 
     path = Path(args.model) if args.model else default_model_path()
     ctx = args.prefill + args.tokens + 64
+    if args.rss_only:
+        ours_gb, theirs_gb = (_peak_rss(k, path, args.threads, ctx, 32) for k in ("ours", "theirs"))
+        print(f"peak RSS (32 tokens, ctx {ctx}): DeepInfer {ours_gb:.3f} GB, llama.cpp "
+              f"{theirs_gb:.3f} GB, {ours_gb / theirs_gb:.2f}x")  # fmt: skip
+        return 0
     ours, theirs = Ours(path, args.threads, ctx), Theirs(path, args.threads, ctx)
     code = ours.tokens(CODE_PROMPT)
     long_prompt = (ours.tokens(CODE_PROMPT * 200))[: args.prefill]
