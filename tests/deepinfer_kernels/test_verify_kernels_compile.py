@@ -22,6 +22,7 @@ SCRIPT = textwrap.dedent(
     from triton.compiler import ASTSource
 
     from deepinfer_kernels.kv.triton_kv import _move_blocks_kernel, _write_rows_kernel
+    from deepinfer_kernels.launch_configs import SAMPLING_MAX_ROUNDS
     from deepinfer_kernels.sampling.triton_sampling import _sample_kernel
     from deepinfer_kernels.verify.triton_verify import (
         _greedy_verify_kernel,
@@ -48,10 +49,10 @@ SCRIPT = textwrap.dedent(
               "s_ids_b", "s_ids_g", "s_lg_b", "s_lg_g", "s_lg_v"]
     build(_greedy_verify_kernel, greedy, [p64, p64, bf16, p64, p64, p64] + ["i32"] * 8,
           {"BLOCK_B": 1, "BLOCK_V": 4096})
-    samp = ["lg_ptr", "t_ptr", "k_ptr", "p_ptr", "mp_ptr", "u_ptr", "out_ptr", "B", "V",
-            "s_lg_b", "s_lg_v"]
-    build(_sample_kernel, samp, [bf16, f32, p64, f32, f32, f32, p64] + ["i32"] * 4,
-          {"BLOCK_B": 1, "BLOCK_V": 4096})
+    samp = ["lg_ptr", "t_ptr", "k_ptr", "p_ptr", "mp_ptr", "u_ptr", "seed_ptr", "out_ptr",
+            "rounds_ptr", "B", "V", "s_lg_b", "s_lg_v"]
+    build(_sample_kernel, samp, [bf16, f32, p64, f32, f32, f32, p64, p64, p32] + ["i32"] * 4,
+          {"BLOCK_B": 1, "BLOCK_V": 4096, "MAX_ROUNDS": SAMPLING_MAX_ROUNDS})
     write = ["src_ptr", "dst_ptr", "slot_ptr", "T", "INNER", "NUM_SLOTS", "BLOCK_SIZE",
              "s_src_t", "s_dst_b", "s_dst_o"]
     build(_write_rows_kernel, write, [f32, bf16, p64] + ["i32"] * 7,
