@@ -21,10 +21,10 @@ import time
 import torch
 from vs_transformers import CHAT_MESSAGES, CODE_PROMPT
 
-from deepinfer import LLM, EngineConfig, SamplingParams
+from deepinfer import LLM, EngineConfig, SamplingParams, SpeculativeConfig
 from deepinfer.models import load_model
-from deepinfer.speculative import build_speculator, time_draft
-from deepinfer_spec import DraftGate, FixedGammaScheduler
+from deepinfer.speculative import time_draft
+from deepinfer_spec import DraftGate
 
 
 def main() -> None:
@@ -50,12 +50,14 @@ def main() -> None:
     plain = build()
     engines = {"plain": plain}
     for g in (1, 3, 5):
-        llm = build()
-        eng = llm.engine
-        eng.speculator = build_speculator(
-            "dspark", eng.model, eng.pool, max_seqs=32, scheduler=FixedGammaScheduler(g), gate=None
+        # Through the composition root: a speculator assigned to a built engine afterwards is
+        # never consulted (its stats stayed at zero and the "forced" rows timed plain decoding).
+        engines[f"{g} drafts"] = LLM(
+            loaded,
+            engine_config=cfg,
+            enable_prefix_caching=False,
+            speculative=SpeculativeConfig("dspark", num_speculative_tokens=g, draft_gate=False),
         )
-        engines[f"{g} drafts"] = llm
     spec_1 = engines["1 drafts"].engine.speculator
     assert spec_1 is not None
     print(f"one drafter forward: {1e3 * time_draft(spec_1.drafter, repeats=10):.1f} ms")  # type: ignore[attr-defined]
