@@ -9,8 +9,9 @@ checkpoint holds: a bf16 (fp16) projection becomes a
 (``deepinfer_kernels.quant``) widens each weight exactly to fp32 and computes in fp32, so the
 logits are those of the checkpoint widened to fp32, up to fp32 summation order. On an AVX2 CPU
 this row-major bf16 kernel was the fastest exact product of those measured (the 32-column bf16
-panels run 2x slower for one row and far slower for 16; ``benchmarks/vs_transformers.py
---dtype-paths`` measures whole decode steps). Norms and biases (vectors) are widened to fp32.
+panels ran 2x slower for one row and far slower for 16); whole decode steps ran 1.3-1.5x the
+widened model's (``benchmarks/gguf_decode_paths.py``). Norms and biases (vectors) are widened
+to fp32.
 
 Example::
 
