@@ -43,7 +43,7 @@ from .tiers import (
     torch_scatter,
 )
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
 __all__ = [
     "REFERENCE_MODELS",

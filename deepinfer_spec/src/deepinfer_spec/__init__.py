@@ -46,7 +46,7 @@ from deepinfer_spec.scheduling import (
 from deepinfer_spec.state import ContextRing
 from deepinfer_spec.step import DraftBlock, Verdict, draft_block, verify_block
 
-__version__ = "0.6.0"
+__version__ = "0.6.1"
 
 __all__ = [
     "__version__",
