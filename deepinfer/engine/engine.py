@@ -276,15 +276,19 @@ class LLMEngine:
     def _reject_unschedulable(self) -> list[RequestOutput]:
         """Nothing could run this step, so nothing ever will without ending a request.
 
-        With requests running, they hold the whole pool and the batch policy found nothing to
-        preempt (a lone sequence that needs one more block than the pool has): the one holding
-        most blocks ends with ``"length"``, as when a context limit is reached, keeping what it
-        generated. With none running, the head waiting request can never fit: it fails with
-        ``error`` set."""
+        A sequence whose output outgrew the pool (running and holding it whole with nothing to
+        preempt, or preempted and now too long to readmit) ends with ``"length"``, as at a
+        context limit, keeping what it generated (held-back text included). Otherwise the head
+        waiting request can never fit: it fails with ``error`` set."""
+        grown: Sequence | None = None
         if self.running:
-            seq = max(self.running, key=lambda s: len(s.block_ids))
-            self._finish(seq, "length", save=True)
-            return [self.outputs.output(seq, [], "")]
+            grown = max(self.running, key=lambda s: len(s.block_ids))
+        elif self.waiting and self.waiting[0].output_ids:
+            grown = self.waiting[0]
+        if grown is not None:
+            held = self.outputs.release_held_text(grown)
+            self._finish(grown, "length", save=True)
+            return [self.outputs.output(grown, [], held)]
         if not self.waiting:
             return []
         seq = self.waiting[0]

@@ -128,6 +128,18 @@ class OutputProcessor:
         seq.text += new_text
         return new, new_text, reason
 
+    def release_held_text(self, seq: Sequence) -> str:
+        """Release the text held back (an incomplete character, a possible stop-string prefix)
+        when a request ends for a reason none of its tokens decided; it joins ``seq.text``."""
+        state = seq.state
+        if state is None:
+            return ""
+        piece = state.detokenizer.flush() if state.detokenizer is not None else ""
+        if state.stop_strings is not None:
+            piece = state.stop_strings.push(piece, check=False)[0] + state.stop_strings.flush()
+        seq.text += piece
+        return piece
+
     def stop_reason(self, seq: Sequence, token: int) -> tuple[str | None, int | None]:
         """Token-level stop rules: ``("stop", token id)`` for a stop token, ``("stop", None)``
         for EOS, ``("length", None)`` at ``max_tokens`` or the context limit."""

@@ -87,8 +87,9 @@ class PDCoordinator:
         ``cache_dir``: where they cache converted models.
         ``prefix_cache``: each prefill worker keeps a prefix cache with these tiers (a disk
         tier in its own ``...-pd-prefill-<i>`` directory: a directory has one writer); decode
-        workers receive every page and keep none. ``speculative``: ``"dspark"`` or a drafter
-        checkpoint directory; each decode worker loads the drafter and decodes with DSpark (a
+        workers receive every page and keep none. ``speculative``: a `SpeculativeConfig` (an
+        absolute checkpoint directory or ``"dspark"``); each decode worker loads the drafter it
+        names and decodes with DSpark (a
         handed-off sequence first recomputes the drafter's context window, at most ``window``
         positions, as after a prefix-cache hit)."""
         if speculative is not None and not isinstance(speculative, SpeculativeConfig):

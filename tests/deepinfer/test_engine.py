@@ -147,6 +147,29 @@ def test_a_sequence_that_outgrows_the_pool_ends_instead_of_hanging(model: LlamaM
     assert engine.scheduler.pool.num_free_blocks == 10
 
 
+def test_text_held_back_for_a_stop_string_is_released_when_the_pool_ends_a_request(
+    gguf_path: Path, tmp_path: Path
+) -> None:
+    """Ending a request for outgrowing the pool releases the text a stop-string prefix held
+    back (nothing the caller would have seen is lost)."""
+    prompt = [(7 * i + 1) % 200 for i in range(39)]
+    greedy = SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True)
+    with LLM(
+        str(gguf_path), engine_config=EngineConfig(max_model_len=64), cache_dir=tmp_path
+    ) as llm:
+        want = llm.generate([prompt], greedy)[0].text
+    assert want
+    # A stop string that the whole output so far is a proper prefix of: all of it is held.
+    held = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True, stop=[want + "\u2603"])
+    small = EngineConfig(block_size=4, num_blocks=10, max_model_len=64)
+    with LLM(
+        str(gguf_path), engine_config=small, enable_prefix_caching=False, cache_dir=tmp_path
+    ) as llm:
+        out = llm.generate([prompt], held)[0]
+    assert out.finish_reason == "length" and len(out.token_ids) == 2
+    assert out.text == want
+
+
 def test_one_bad_request_never_kills_the_batch(gguf_path: Path, tmp_path: Path) -> None:
     loaded = load_model(gguf_path, cache_dir=tmp_path / "models")
     llm = LLM(loaded, engine_config=EngineConfig(num_blocks=64), enable_prefix_caching=False)
