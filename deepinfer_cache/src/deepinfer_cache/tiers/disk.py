@@ -43,6 +43,7 @@ from ..io_workers import IOWorkers
 from ..lockfile import DirectoryLock
 from ..meta import RecoveredBlock
 from .base import BlockMeta, check_key, check_page, check_page_shape, page_nbytes
+from .dir_hygiene import clear_tmp, ensure_dir, move_aside, quarantine_odd
 
 
 @dataclass
@@ -126,33 +127,12 @@ class DiskTier:
             raise
 
     # ------------------------------------------------------------------ open
-    def _ensure_dir(self, path: str) -> None:
-        """Make ``path`` a real directory; anything else found there (a regular file, a
-        symlink, a dangling or looping link) is moved aside, never fatal."""
-        if os.path.isdir(path) and not os.path.islink(path):
-            return
-        if os.path.lexists(path):
-            self.counters.odd_entries_quarantined += 1
-            aside = f"{path}.not-a-directory.{time.time_ns()}"
-            os.replace(path, aside)
-        os.makedirs(path, exist_ok=True)
-
     def _scan(self) -> None:
         for d in (self._blocks, self._tmp, self._quarantine):
-            self._ensure_dir(d)
-        with os.scandir(self._tmp) as it:
-            tmp_entries = list(it)
-        for e in tmp_entries:
-            try:
-                if e.is_dir(follow_symlinks=False):
-                    self._quarantine_odd(e.path, e.name)
-                else:
-                    os.unlink(e.path)
-                    self.counters.tmp_files_removed += 1
-            except OSError:
-                pass
+            ensure_dir(d, self.counters)
+        clear_tmp(self._tmp, self._quarantine, self.counters)
         for shard in range(256):
-            self._ensure_dir(os.path.join(self._blocks, f"{shard:02x}"))
+            ensure_dir(os.path.join(self._blocks, f"{shard:02x}"), self.counters)
         fsync_dir(self._blocks)
         shard_dirs = [os.path.join(self._blocks, f"{shard:02x}") for shard in range(256)]
         for sd in shard_dirs:
@@ -399,18 +379,11 @@ class DiskTier:
             self._used -= size
 
     def _quarantine_odd(self, path: str, name: str) -> None:
-        self.counters.odd_entries_quarantined += 1
-        with contextlib.suppress(OSError):
-            os.replace(path, os.path.join(self._quarantine, f"{name}.odd.{time.time_ns()}"))
+        quarantine_odd(self._quarantine, path, name, self.counters)
 
     def _quarantine_file(self, path: str, name: str) -> None:
         self.counters.corrupt_quarantined += 1
-        dest = os.path.join(self._quarantine, f"{name}.{time.time_ns()}")
-        try:
-            os.replace(path, dest)
-        except OSError:
-            with contextlib.suppress(OSError):
-                os.unlink(path)
+        move_aside(self._quarantine, path, name)
 
     def _write(
         self, key: bytes, gen: int, page: torch.Tensor, meta: BlockMeta, reserved: int

@@ -54,6 +54,7 @@ from ..segment_format import (
 )
 from ._segment_io import pwrite_all as _pwrite_all
 from .base import BlockMeta, check_key, check_page, check_page_shape, page_nbytes
+from .dir_hygiene import clear_tmp, ensure_dir, move_aside, quarantine_odd
 from .disk import DiskCounters
 from .segment_maintenance import SegmentMaintenance
 from .segment_open import Rec, load_segments
@@ -189,27 +190,10 @@ class SegmentDiskTier(SegmentReads, SegmentMaintenance):
             raise
 
     # ------------------------------------------------------------------ open
-    def _ensure_dir(self, path: str) -> None:
-        if os.path.isdir(path) and not os.path.islink(path):
-            return
-        if os.path.lexists(path):
-            self.counters.odd_entries_quarantined += 1
-            os.replace(path, f"{path}.not-a-directory.{time.time_ns()}")
-        os.makedirs(path, exist_ok=True)
-
     def _open(self) -> None:
         for d in (self._segdir, self._tmp, self._quarantine):
-            self._ensure_dir(d)
-        with os.scandir(self._tmp) as it:
-            for e in list(it):
-                try:
-                    if e.is_dir(follow_symlinks=False):
-                        self._quarantine_odd(e.path, e.name)
-                    else:
-                        os.unlink(e.path)
-                        self.counters.tmp_files_removed += 1
-                except OSError:
-                    pass
+            ensure_dir(d, self.counters)
+        clear_tmp(self._tmp, self._quarantine, self.counters)
         with paused_gc():
             st = load_segments(
                 self._segdir,
@@ -559,17 +543,10 @@ class SegmentDiskTier(SegmentReads, SegmentMaintenance):
                 s.fd = None
 
     def _quarantine_odd(self, path: str, name: str) -> None:
-        self.counters.odd_entries_quarantined += 1
-        with contextlib.suppress(OSError):
-            os.replace(path, os.path.join(self._quarantine, f"{name}.odd.{time.time_ns()}"))
+        quarantine_odd(self._quarantine, path, name, self.counters)
 
     def _quarantine_path(self, path: str, name: str) -> None:
-        dest = os.path.join(self._quarantine, f"{name}.{time.time_ns()}")
-        try:
-            os.replace(path, dest)
-        except OSError:
-            with contextlib.suppress(OSError):
-                os.unlink(path)
+        move_aside(self._quarantine, path, name)
 
 
 __all__ = ["SegmentCounters", "SegmentDiskTier"]
