@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -67,8 +68,4 @@ class SpeculativeConfig:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready fields (what a worker process is started with)."""
-        return {
-            "model": self.model,
-            "num_speculative_tokens": self.num_speculative_tokens,
-            "draft_gate": self.draft_gate,
-        }
+        return dataclasses.asdict(self)
