@@ -18,7 +18,7 @@ from collections.abc import Sequence as Seq
 
 import torch
 
-from deepinfer.engine.chunk import StepBatch
+from deepinfer.engine.chunk import Chunk, StepBatch
 from deepinfer.engine.config import EngineConfig
 from deepinfer.engine.model_runner import ModelRunner
 from deepinfer.engine.output_processor import OutputProcessor
@@ -77,6 +77,8 @@ class LLMEngine:
         self._ids = itertools.count()
         self._by_request: dict[str, Sequence] = {}
         self.outputs = OutputProcessor(tokenizer, self.max_model_len, model.config.vocab_size)
+        # What the last step ran (a live step profiler reads the batch composition here).
+        self.last_chunks: list[Chunk] = []
 
     @property
     def waiting(self) -> deque[Sequence]:
@@ -212,7 +214,7 @@ class LLMEngine:
     # ------------------------------------------------------------------ one iteration
     def step(self) -> list[RequestOutput]:
         """Run one forward pass; return outputs of the requests that advanced or finished."""
-        chunks = self.scheduler.schedule()
+        chunks = self.last_chunks = self.scheduler.schedule()
         if not chunks:
             return self._reject_unschedulable()
         batch = StepBatch(chunks, self.generator)
