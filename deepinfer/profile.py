@@ -15,6 +15,21 @@ A prefill row times one engine step that prefills one prompt of ``new_tokens`` t
 (nothing else running); a decode row times one step in which ``batch_size`` sequences
 holding ``context_tokens`` KV tokens in all each decode one token. Prompts are random
 token ids, distinct per request, so no prefix-cache hit shortens a step.
+
+A live profile (`StepRecorder`, written by ``deepinfer serve --profile-out``) has the same
+header and a ``steps`` list instead: every step a serving replica ran, as it ran it, next to
+whatever else shared the machine (the other replicas, the HTTP front, the clients)::
+
+    "steps": [{"prefill": [[new_tokens, cached_tokens], ...], "batch_size": 3,
+               "context_tokens": 1210, "seconds": 0.041}, ...]
+
+``prefill`` lists the step's prefill chunks (``cached_tokens``: KV already held before the
+chunk), ``batch_size`` / ``context_tokens`` its decoding sequences and the KV they hold after
+the step, ``seconds`` the replica's whole iteration (the forward plus sending the outputs),
+which is what one simulator iteration stands for. ``requests`` lists, per finished request,
+``[received, first_token, finished, prompt_tokens, cached_tokens]`` on the replica's
+``time.perf_counter()`` clock (system-wide monotonic on Linux, so a client on the same machine
+can subtract its own send time: what the HTTP front and the pipes add to TTFT).
 """
 
 from __future__ import annotations
@@ -23,13 +38,15 @@ import json
 import os
 import random
 import time
+from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
 from deepinfer.engine import SamplingParams
+from deepinfer.engine.chunk import Chunk
 from deepinfer.engine.engine import LLMEngine
 
-__all__ = ["PROFILE_FORMAT", "profile_engine", "write_profile"]
+__all__ = ["PROFILE_FORMAT", "StepRecorder", "profile_engine", "write_profile"]
 
 PROFILE_FORMAT = "deepinfer-step-profile"
 
@@ -116,32 +133,91 @@ def profile_engine(
             if secs:
                 total = b * (ctx + 2 + len(secs) // 2)
                 decode.append({"batch_size": b, "context_tokens": total, "seconds": secs})
-    kv_bytes = engine.pool.bytes_per_block // cfg.block_size
+    return {**_header(engine, model_name), "prefill": prefill, "decode": decode}
+
+
+def _header(engine: LLMEngine, model_name: str) -> dict[str, Any]:
+    cfg = engine.config
+    param = next(engine.model.parameters())
     return {
         "format": PROFILE_FORMAT,
         "version": 1,
         "engine": {
             "model": model_name,
-            "device": str(next(engine.model.parameters()).device),
-            "dtype": str(next(engine.model.parameters()).dtype).replace("torch.", ""),
+            "device": str(param.device),
+            "dtype": str(param.dtype).replace("torch.", ""),
             "block_size": cfg.block_size,
             "max_num_seqs": cfg.max_num_seqs,
             "max_batched_tokens": cfg.max_batched_tokens,
             "chunked_prefill": cfg.chunked_prefill,
         },
-        "kv_bytes_per_token": int(kv_bytes),
-        "kv_capacity_tokens": int(cap_tokens),
-        "prefill": prefill,
-        "decode": decode,
+        "kv_bytes_per_token": int(engine.pool.bytes_per_block // cfg.block_size),
+        "kv_capacity_tokens": int(engine.capacity_blocks * cfg.block_size),
     }
 
 
+class StepRecorder:
+    """The steps a live engine ran: batch composition -> iteration seconds, in a bounded
+    buffer (the oldest steps drop out past ``max_steps``, so a long-running server keeps a
+    fixed few MB). Recording a step costs a pass over its chunks, no copy of any tensor."""
+
+    def __init__(self, max_steps: int = 200_000) -> None:
+        if max_steps < 1:
+            raise ValueError(f"max_steps must be >= 1, got {max_steps}")
+        self._steps: deque[dict[str, Any]] = deque(maxlen=max_steps)
+        self._requests: deque[list[float | int]] = deque(maxlen=max_steps)
+
+    def __len__(self) -> int:
+        return len(self._steps)
+
+    def record(self, chunks: Sequence[Chunk], seconds: float) -> None:
+        """One step that ran ``chunks`` in ``seconds`` (call right after the step: a chunk
+        is a prefill chunk while it is below its sequence's prefill target)."""
+        if not chunks or not seconds > 0:
+            return
+        prefill: list[list[int]] = []
+        batch = context = 0
+        for c in chunks:
+            if c.start < c.seq.prefill_target:
+                prefill.append([c.length, c.start])
+            else:
+                batch += 1
+                context += c.end
+        self._steps.append(
+            {
+                "prefill": prefill,
+                "batch_size": batch,
+                "context_tokens": context,
+                "seconds": round(seconds, 7),
+            }
+        )
+
+    def request(
+        self, received: float, first_token: float, finished: float, prompt: int, cached: int
+    ) -> None:
+        """One finished request's replica-side times (``time.perf_counter()``)."""
+        self._requests.append(
+            [round(received, 6), round(first_token, 6), round(finished, 6), prompt, cached]
+        )
+
+    def profile(self, engine: LLMEngine, model_name: str = "") -> dict[str, Any]:
+        """The live profile (module doc) of the steps recorded so far on ``engine``."""
+        return {
+            **_header(engine, model_name),
+            "steps": list(self._steps),
+            "requests": list(self._requests),
+        }
+
+
 def write_profile(profile: dict[str, Any], path: str | os.PathLike[str]) -> None:
-    """Write ``profile`` as JSON (creating the parent directory)."""
+    """Write ``profile`` as JSON (creating the parent directory); the file appears whole or
+    not at all (written aside, then renamed)."""
     p = os.fspath(path)
     parent = os.path.dirname(p)
     if parent:
         os.makedirs(parent, exist_ok=True)
-    with open(p, "w", encoding="utf-8") as f:
+    tmp = f"{p}.tmp{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as f:
         json.dump(profile, f, indent=1, sort_keys=True, allow_nan=False)
         f.write("\n")
+    os.replace(tmp, p)

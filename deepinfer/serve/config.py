@@ -29,6 +29,9 @@ class ServeConfig:
     replicas (``replicas`` must be P + D), paired per request with the PD KV transfer.
     ``ray``: run every replica as a Ray actor placed as `RayOptions` says (Ray is imported
     only then; KV pages of ``pd`` travel through Ray's object store).
+    ``profile_out``: each replica records the steps it serves (batch composition -> iteration
+    seconds, `deepinfer.profile.StepRecorder`) and writes them on shutdown to this path with
+    ``-replica-<i>`` before the extension, for ``deepinfer-sched calibrate``.
     """
 
     model: str | None = None
@@ -50,6 +53,7 @@ class ServeConfig:
     startup_timeout_s: float = 600.0
     pd: tuple[int, int] | None = None
     ray: RayOptions | None = None
+    profile_out: str | None = None
 
     def __post_init__(self) -> None:
         if self.speculative is not None and not isinstance(
@@ -85,5 +89,7 @@ class ServeConfig:
                 raise ValueError(f"pd must be (P, D) with P, D >= 1, got {self.pd!r}")
             if self.replicas != p + d:
                 raise ValueError(f"replicas must be P + D = {p + d} with pd={self.pd}")
+        if self.profile_out is not None and not self.profile_out:
+            raise ValueError("profile_out must be None or a file path, got ''")
         if not self.startup_timeout_s > 0:
             raise ValueError(f"startup_timeout_s must be > 0, got {self.startup_timeout_s}")

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import time
 import traceback
 from dataclasses import asdict, dataclass, field
@@ -38,6 +39,7 @@ from deepinfer.engine.fanout import fan_out
 from deepinfer.engine.outputs import RequestOutput
 from deepinfer.engine.sampling_params import SamplingParams
 from deepinfer.pd.messages import params_from_json, recv, send
+from deepinfer.profile import StepRecorder, write_profile
 from deepinfer.serve.logprobs import to_wire
 from deepinfer.serve.replica_pd import KVTransport, PDRole
 from deepinfer.serve.step_model import StepTimeFit
@@ -60,6 +62,7 @@ class ReplicaSettings:
     speculative: str | dict[str, Any] = ""  # a SpeculativeConfig crosses as its dict
     threads: int = 1
     cache_dir: str | None = None
+    profile_out: str | None = None  # write the live step profile here on shutdown
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -67,6 +70,15 @@ class ReplicaSettings:
     @classmethod
     def from_json(cls, text: str) -> ReplicaSettings:
         return cls(**json.loads(text))
+
+
+def replica_profile_path(path: str | None, index: int) -> str | None:
+    """Where replica ``index`` writes its live step profile: ``path`` with ``-replica-<i>``
+    before the extension (``live.json`` -> ``live-replica-0.json``)."""
+    if not path:
+        return None
+    root, ext = os.path.splitext(path)
+    return f"{root}-replica-{index}{ext or '.json'}"
 
 
 def block_key(h: bytes) -> int:
@@ -84,6 +96,9 @@ class Replica:
         self.engine = engine
         self.store = store
         self.fit = StepTimeFit()
+        self.steps = StepRecorder()
+        # request id -> [received, first token] (perf_counter) for the live profile
+        self._times: dict[str, list[float]] = {}
         self.pd = PDRole(engine, transport)
         self._events = store.subscribe() if store is not None else None
         self._resync = True
@@ -101,6 +116,7 @@ class Replica:
             self.add(message)
         elif op == "abort":
             rid = str(message["request_id"])
+            self._times.pop(rid, None)
             for cid in self._running.pop(rid, {rid}):
                 self._candidate.pop(cid, None)
                 self.engine.abort(cid)
@@ -139,6 +155,7 @@ class Replica:
                 self.engine.abort(cid)
             send(self.conn, {"op": "rejected", "request_id": rid, "error": str(exc)})
             return
+        self._times[rid] = [time.perf_counter(), 0.0]
         if len(ids) > 1:
             self._running[rid] = set(ids)
             self._candidate.update({cid: (rid, i) for i, cid in enumerate(ids)})
@@ -171,6 +188,16 @@ class Replica:
         m = out.metrics
         c = out.outputs[0]
         new = len(out.new_token_ids)
+        times = self._times.get(rid)
+        if times is not None:
+            now = time.perf_counter()
+            if new and not times[1]:
+                times[1] = now
+            if out.finished and rid not in self._running:
+                del self._times[rid]
+                if times[1]:
+                    cached = m.num_cached_tokens if m else 0
+                    self.steps.request(times[0], times[1], now, len(out.prompt_token_ids), cached)
         logprobs = None
         if c.logprobs is not None:
             logprobs = to_wire(c.logprobs[len(c.logprobs) - new :] if new else [])
@@ -284,6 +311,9 @@ class Replica:
                     self.fit.add(e.num_forward_tokens - before, dt)
                 for out in outs:
                     self.on_output(out)
+                # The live profile times the whole iteration (outputs sent included): that
+                # is the cadence the simulator's iteration stands for.
+                self.steps.record(e.last_chunks, time.perf_counter() - t0)
                 if not e.has_unfinished():
                     self.publish(force=True)
 
@@ -375,6 +405,11 @@ def replica_main(
                 },
             )
     finally:
+        if settings.profile_out:
+            with contextlib.suppress(OSError, ValueError):
+                write_profile(
+                    replica.steps.profile(engine, settings.model or ""), settings.profile_out
+                )
         replica.pd.shutdown()
         if replica._events is not None:
             replica._events.close()

@@ -63,6 +63,12 @@ def add_serve_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--drain-timeout", type=float, default=30.0)
     p.add_argument("--in-process", action="store_true", help="replicas as threads (tests)")
     p.add_argument("--log-level", default="info")
+    p.add_argument(
+        "--profile-out",
+        default=None,
+        help="each replica writes the steps it served (a live step profile for "
+        "'deepinfer-sched calibrate') to this path + '-replica-<i>' on shutdown",
+    )
     add_ray_arguments(p)
     return p
 
@@ -103,6 +109,7 @@ def config_from_args(args: argparse.Namespace) -> ServeConfig:
         max_waiting=args.max_waiting,
         drain_timeout_s=args.drain_timeout,
         ray=ray_options_from_args(args),
+        profile_out=args.profile_out,
     )
 
 

@@ -26,7 +26,7 @@ from deepinfer.serve.errors import APIError, bad_request, overloaded, unavailabl
 from deepinfer.serve.frontend import Frontend, load_frontend
 from deepinfer.serve.metrics import ServeMetrics
 from deepinfer.serve.params import RequestSpec
-from deepinfer.serve.replica import ReplicaSettings
+from deepinfer.serve.replica import ReplicaSettings, replica_profile_path
 from deepinfer.serve.replica_handle import ReplicaHandle, ReplicaStatus
 from deepinfer.serve.replica_view import ReplicaView
 from deepinfer.serve.request_stream import Delta, DeltaMaker, Tracked
@@ -107,6 +107,7 @@ class ServeService:
                 ),
                 threads=cfg.threads_per_replica,
                 cache_dir=cfg.cache_dir,
+                profile_out=replica_profile_path(cfg.profile_out, i),
             )
             handle = (
                 ReplicaHandle(settings, in_process=cfg.in_process)

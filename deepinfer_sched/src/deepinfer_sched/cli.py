@@ -6,6 +6,7 @@ Example::
         --rate 4 --out runs/a
     deepinfer-sched simulate --config cfg.json --trace mooncake.jsonl --out runs/b
     deepinfer-sched calibrate --profile profile.json --out costmodel.json
+    deepinfer-sched calibrate --profile live-replica-0.json live-replica-1.json --out cm.json
     deepinfer-sched simulate --cost-model costmodel.json --trace t.jsonl --out runs/c
 
 ``--config`` is a JSON :class:`~deepinfer_sched.sim.SimConfig` (nested ``scheduler``);
@@ -72,7 +73,14 @@ def _parser() -> argparse.ArgumentParser:
         help="fitted cost model JSON from 'calibrate' (default: the roofline of the config)",
     )
     c = sub.add_parser("calibrate", help="fit a cost model to an engine's step profile")
-    c.add_argument("--profile", type=Path, required=True, help="deepinfer bench --profile JSON")
+    c.add_argument(
+        "--profile",
+        type=Path,
+        nargs="+",
+        required=True,
+        help="step profile JSON: 'deepinfer bench --profile', or the live profiles of "
+        "'deepinfer serve --profile-out' (several files: their steps are fitted together)",
+    )
     c.add_argument("--out", type=Path, required=True, help="fitted cost model JSON to write")
     c.add_argument("--link-gbps", type=float, default=200.0, help="KV link, Gbit/s")
     c.add_argument("--link-latency-us", type=float, default=20.0, help="KV link latency, us")
@@ -167,13 +175,20 @@ def _optional(module: str, purpose: str) -> Any:
 
 
 def _calibrate(args: argparse.Namespace) -> int:
-    from deepinfer_sched.costmodel import fit_profile, load_profile
+    from deepinfer_sched.costmodel import fit_profile, load_profile, merge_profiles
 
     for name in ("link_gbps", "ssd_gbps"):
         if not getattr(args, name) > 0:
             raise ValueError(f"--{name.replace('_', '-')} must be > 0")
+    profiles = [load_profile(p) for p in args.profile]
+    if len(profiles) == 1:
+        profile = profiles[0]
+    elif all("steps" in p for p in profiles):
+        profile = merge_profiles(profiles)
+    else:
+        raise ValueError("--profile: several files must all be live profiles (with 'steps')")
     cm = fit_profile(
-        load_profile(args.profile),
+        profile,
         link_bandwidth=args.link_gbps * 1e9 / 8,
         link_latency_s=args.link_latency_us * 1e-6,
         ssd_bandwidth=args.ssd_gbps * 1e9 / 8,
@@ -183,6 +198,15 @@ def _calibrate(args: argparse.Namespace) -> int:
     args.out.write_text(cm.to_json())
     p0, p1, p2 = cm.prefill_coef
     d0, d1, d2 = cm.decode_coef
+    if "steps" in profile:
+        e = cm.fit_error
+        print(
+            f"step = {p0 * 1e3:.3f} ms + sum over prefill chunks ({p1 * 1e6:.3f} us n + "
+            f"{p2 * 1e9:.4f} ns n (c + n/2)) + {d1 * 1e6:.3f} us B + {d2 * 1e9:.4f} ns T\n"
+            f"{int(e['steps'])} live steps: relative RMS error per step "
+            f"{e['steps_rel_rms']:.3f}, of the summed time {e['steps_total_rel']:.4f} -> {args.out}"
+        )
+        return 0
     print(
         f"prefill(n, c) = {p0 * 1e3:.3f} ms + {p1 * 1e6:.3f} us n + {p2 * 1e9:.4f} ns n (c + n/2)"
         f" [max rel err {cm.fit_error['prefill_max_rel']:.3f}]\n"

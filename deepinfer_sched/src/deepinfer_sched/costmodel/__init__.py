@@ -14,6 +14,7 @@ from deepinfer_sched.costmodel.fitted import (
     FittedCostModel,
     fit_profile,
     load_profile,
+    merge_profiles,
 )
 from deepinfer_sched.costmodel.roofline import RooflineCostModel
 from deepinfer_sched.costmodel.specs import (
@@ -30,6 +31,7 @@ __all__ = [
     "FittedCostModel",
     "fit_profile",
     "load_profile",
+    "merge_profiles",
     "CostModel",
     "HardwareSpec",
     "ModelSpec",

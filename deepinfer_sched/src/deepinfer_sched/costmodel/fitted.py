@@ -12,6 +12,18 @@ and total contexts. :func:`fit_profile` fits, by least squares with non-negative
 and keeps the fit's worst relative error per kind, so a caller can see how far to trust it.
 KV transfers and SSD reads use the link and SSD figures given to the fit (the profile of
 one engine cannot measure them).
+
+A live profile (``deepinfer serve --profile-out``: every step serving replicas ran, under the
+load they ran under) lists ``steps`` instead, most of them mixing prefill chunks with a decode
+batch. Those are fitted jointly with ONE per-step term, the way the simulator charges a mixed
+iteration (every chunk's token terms, the decode terms, the fixed cost once)::
+
+    step = o + sum_chunks (p1 n + p2 n (c + (n + 1) / 2)) + d1 B + d2 T
+
+by ordinary (not relative) least squares, so the fit follows the mean step time, which is
+what sets throughput and queueing; ``fit_error`` then reports the relative RMS error per
+step and the relative error of the summed time. :func:`merge_profiles` joins the files of
+several replicas.
 """
 
 from __future__ import annotations
@@ -25,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["PROFILE_FORMAT", "FittedCostModel", "fit_profile", "load_profile"]
+__all__ = ["PROFILE_FORMAT", "FittedCostModel", "fit_profile", "load_profile", "merge_profiles"]
 
 PROFILE_FORMAT = "deepinfer-step-profile"
 
@@ -136,8 +148,11 @@ def load_profile(path: str | os.PathLike[str]) -> dict[str, Any]:
         raise ValueError(f"{p}: cannot read a JSON profile ({e})") from None
     if not isinstance(data, dict) or data.get("format") != PROFILE_FORMAT:
         raise ValueError(f"{p}: not a step profile (expected format {PROFILE_FORMAT!r})")
-    _rows(data, "prefill", ("new_tokens", "cached_tokens"), p)
-    _rows(data, "decode", ("batch_size", "context_tokens"), p)
+    if "steps" in data:
+        _steps(data["steps"], p)
+    else:
+        _rows(data, "prefill", ("new_tokens", "cached_tokens"), p)
+        _rows(data, "decode", ("batch_size", "context_tokens"), p)
     for key in ("kv_bytes_per_token", "kv_capacity_tokens"):
         v = data.get(key)
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
@@ -166,6 +181,83 @@ def _rows(data: Mapping[str, Any], kind: str, keys: Sequence[str], path: str) ->
                 f"{path}: {kind}[{i}] must have integer {', '.join(keys)} >= 0 and a non-empty "
                 f"list of positive 'seconds', got {row!r:.120}"
             )
+
+
+def _steps(steps: Any, path: str) -> None:
+    if not isinstance(steps, list) or len(steps) < 3:
+        raise ValueError(f"{path}: steps must list at least 3 measured steps")
+
+    def count(v: Any, least: int) -> bool:
+        return isinstance(v, int) and not isinstance(v, bool) and v >= least
+
+    for i, row in enumerate(steps):
+        ok = isinstance(row, dict)
+        if ok:
+            chunks = row.get("prefill")
+            secs = row.get("seconds")
+            ok = (
+                isinstance(chunks, list)
+                and all(
+                    isinstance(c, list) and len(c) == 2 and count(c[0], 1) and count(c[1], 0)
+                    for c in chunks
+                )
+                and count(row.get("batch_size"), 0)
+                and count(row.get("context_tokens"), 0)
+                and (bool(chunks) or row["batch_size"] > 0)
+                and isinstance(secs, (int, float))
+                and not isinstance(secs, bool)
+                and math.isfinite(secs)
+                and secs > 0
+            )
+        if not ok:
+            raise ValueError(
+                f"{path}: steps[{i}] must have 'prefill' (a list of [new_tokens >= 1, "
+                "cached_tokens >= 0]), integer batch_size and context_tokens >= 0 (some work "
+                f"in all) and positive 'seconds', got {row!r:.120}"
+            )
+
+
+def merge_profiles(profiles: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """One live profile holding the ``steps`` of several (the replicas of one server, or
+    several runs on the same engine); they must describe the same KV layout."""
+    if not profiles:
+        raise ValueError("merge_profiles: no profiles given")
+    first = profiles[0]
+    steps: list[Any] = []
+    for i, prof in enumerate(profiles):
+        if "steps" not in prof:
+            raise ValueError(f"profiles[{i}] has no 'steps' (only live profiles merge)")
+        for key in ("kv_bytes_per_token", "kv_capacity_tokens"):
+            if prof.get(key) != first.get(key):
+                raise ValueError(
+                    f"profiles[{i}].{key} = {prof.get(key)!r} differs from profiles[0]'s "
+                    f"{first.get(key)!r}: not the same engine"
+                )
+        steps.extend(prof["steps"])
+    return {**first, "steps": steps}
+
+
+def _fit_steps(steps: Sequence[Mapping[str, Any]]) -> tuple[np.ndarray, dict[str, float]]:
+    """Joint least squares of live steps: ``[o, p1, p2, d1, d2]`` and the fit's errors."""
+    rows = []
+    for r in steps:
+        n_sum = attn = 0.0
+        for n, c in r["prefill"]:
+            n_sum += n
+            attn += n * (c + (n + 1.0) / 2.0)
+        rows.append((1.0, n_sum, attn, float(r["batch_size"]), float(r["context_tokens"])))
+    a = np.array(rows, dtype=np.float64)
+    y = np.array([float(r["seconds"]) for r in steps])
+    # Columns span 1..1e7: scale each to unit size so the solver sees a sane problem.
+    scale = np.maximum(np.abs(a).max(axis=0), 1e-12)
+    coef = _nnls(a / scale, y) / scale
+    pred = a @ coef
+    err = {
+        "steps": float(len(y)),
+        "steps_rel_rms": float(np.sqrt(np.mean(((pred - y) / y) ** 2))),
+        "steps_total_rel": float(abs(pred.sum() - y.sum()) / y.sum()),
+    }
+    return coef, err
 
 
 def _nnls(a: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -197,7 +289,23 @@ def fit_profile(
 ) -> FittedCostModel:
     """Fit :class:`FittedCostModel` to a profile (see :func:`load_profile`). Each row's
     median time is fitted with relative weights (every row counts alike whether it takes
-    1 ms or 1 s); ``fit_error`` holds the worst relative error per kind."""
+    1 ms or 1 s); ``fit_error`` holds the worst relative error per kind. A live profile
+    (``steps``) is fitted jointly instead (module doc)."""
+    if "steps" in profile:
+        coef, err = _fit_steps(profile["steps"])
+        o, p1, p2, d1, d2 = (float(v) for v in coef)
+        return FittedCostModel(
+            (o, p1, p2),
+            (o, d1, d2),
+            int(profile["kv_bytes_per_token"]),
+            int(profile["kv_capacity_tokens"]),
+            link_bandwidth,
+            link_latency_s,
+            ssd_bandwidth,
+            ssd_latency_s,
+            str(profile.get("engine", {}).get("model", "")) + " (live steps)",
+            err,
+        )
     pre = profile["prefill"]
     n = np.array([r["new_tokens"] for r in pre], dtype=np.float64)
     c = np.array([r["cached_tokens"] for r in pre], dtype=np.float64)
