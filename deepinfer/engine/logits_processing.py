@@ -6,10 +6,13 @@ verify block). Rows of requests that rewrite nothing are returned untouched, so 
 pay nothing; the others go, in vLLM's order, through
 
 1. ``apply_penalties`` (repetition over prompt + history, frequency and presence over history),
-2. ``logit_bias``, then ``allowed_token_ids``,
-3. the ban on EOS / stop tokens while fewer than ``min_tokens`` tokens are out,
-4. the structured-output token mask (``apply_token_bitmask``),
-5. the request's own ``logits_processors``.
+2. ``logit_bias`` and the ban on EOS / stop tokens while fewer than ``min_tokens`` tokens are
+   out (one ``apply_logit_bias``),
+3. ``allowed_token_ids`` and the structured-output grammar (one ``apply_token_bitmask``),
+4. the request's own ``logits_processors``.
+
+Additive bias and masks commute (a masked token stays ``-inf`` whatever is added), so this is
+the same result as vLLM's bias, allowed ids, bans, grammar order.
 """
 
 from __future__ import annotations
@@ -20,8 +23,8 @@ from dataclasses import dataclass
 import torch
 
 from deepinfer.engine.sequence import Sequence
-from deepinfer_kernels import apply_penalties, apply_token_bitmask
-from deepinfer_kernels.sampling import pad_token_ids
+from deepinfer_kernels import apply_logit_bias, apply_penalties, apply_token_bitmask
+from deepinfer_kernels.sampling import pad_token_ids, token_bitmask
 
 
 @dataclass
@@ -31,10 +34,6 @@ class Row:
     seq: Sequence
     history: list[int]
     bitmask: torch.Tensor | None = None  # int32 [W] from the request's grammar
-
-
-def needs_processing(seq: Sequence) -> bool:
-    return seq.params.needs_processing
 
 
 def process_rows(rows: Seq[Row], logits: torch.Tensor) -> torch.Tensor:
@@ -53,24 +52,19 @@ def process_rows(rows: Seq[Row], logits: torch.Tensor) -> torch.Tensor:
             torch.tensor([p.frequency_penalty for p in ps], dtype=torch.float32),
             torch.tensor([p.repetition_penalty for p in ps], dtype=torch.float32),
         )
-    for i, r in enumerate(rows):
-        p = r.seq.params
-        if p.logit_bias:
-            ids = torch.tensor([t for t in p.logit_bias if t < vocab], dtype=torch.int64)
-            vals = torch.tensor([v for t, v in p.logit_bias.items() if t < vocab])
-            out[i].index_add_(0, ids, vals)
-        if p.allowed_token_ids is not None:
-            keep = torch.zeros(vocab, dtype=torch.bool)
-            keep[[t for t in p.allowed_token_ids if t < vocab]] = True
-            out[i].masked_fill_(~keep, float("-inf"))
-        state = r.seq.state
-        if state is not None and state.early_banned and len(r.history) < p.min_tokens:
-            out[i, [t for t in state.early_banned if t < vocab]] = float("-inf")
-    masked = [i for i, r in enumerate(rows) if r.bitmask is not None]
+    # logit_bias and the EOS / stop-token ban before min_tokens are one sparse addition.
+    bias = [_bias_entries(r, vocab) for r in rows]
+    if any(bias):
+        width = max(len(b) for b in bias)
+        ids = pad_token_ids([[t for t, _ in b] for b in bias])
+        amounts = torch.tensor([[v for _, v in b] + [0.0] * (width - len(b)) for b in bias])
+        out = apply_logit_bias(out, ids, amounts.reshape(ids.shape))
+    # allowed_token_ids and the grammar are one token mask (their intersection).
+    masks = [_token_mask(r, vocab) for r in rows]
+    masked = [i for i, m in enumerate(masks) if m is not None]
     if masked:
         idx = torch.tensor(masked)
-        bits = torch.stack([_fit(rows[i].bitmask, vocab) for i in masked])  # type: ignore[arg-type]
-        out[idx] = apply_token_bitmask(out[idx], bits)
+        out[idx] = apply_token_bitmask(out[idx], torch.stack([masks[i] for i in masked]))  # type: ignore[misc]
     for i, r in enumerate(rows):
         for proc in r.seq.params.logits_processors:
             result = proc(tuple(r.history), out[i])
@@ -82,13 +76,29 @@ def process_rows(rows: Seq[Row], logits: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def _fit(bitmask: torch.Tensor, vocab: int) -> torch.Tensor:
-    """A grammar mask widened with zero words (disallowed) when the model's vocabulary has
-    rows past the tokenizer's."""
-    words = -(-vocab // 32)
-    if bitmask.shape[0] >= words:
-        return bitmask
-    return torch.cat([bitmask, torch.zeros(words - bitmask.shape[0], dtype=torch.int32)])
+def _bias_entries(row: Row, vocab: int) -> list[tuple[int, float]]:
+    """(token id, amount) pairs of one row: its ``logit_bias``, then ``-inf`` for each token
+    banned while fewer than ``min_tokens`` are out (ids past the model's vocabulary skipped)."""
+    p, state = row.seq.params, row.seq.state
+    entries = [(t, v) for t, v in (p.logit_bias or {}).items() if t < vocab]
+    if state is not None and state.early_banned and len(row.history) < p.min_tokens:
+        entries += [(t, float("-inf")) for t in state.early_banned if t < vocab]
+    return entries
+
+
+def _token_mask(row: Row, vocab: int) -> torch.Tensor | None:
+    """int32 ``[ceil(V / 32)]`` of the tokens the row's grammar and ``allowed_token_ids``
+    permit; ``None`` when neither restricts it. A grammar mask narrower than the model's
+    vocabulary (rows past the tokenizer's) is widened with zero words: disallowed."""
+    allowed = row.seq.params.allowed_token_ids
+    mask = None if allowed is None else token_bitmask(list(allowed), vocab)
+    if row.bitmask is not None:
+        words = -(-vocab // 32)
+        grammar = row.bitmask[:words]
+        if grammar.shape[0] < words:
+            grammar = torch.cat([grammar, torch.zeros(words - grammar.shape[0], dtype=torch.int32)])
+        mask = grammar if mask is None else mask & grammar
+    return mask
 
 
 def rows_for_step(seqs: Seq[Sequence]) -> list[Row]:

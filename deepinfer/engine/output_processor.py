@@ -17,13 +17,14 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from deepinfer.engine.logprobs import position_logprobs, raw_logprobs
-from deepinfer.engine.outputs import CompletionOutput, RequestOutput
+from deepinfer.engine.outputs import CompletionOutput, Logprob, PositionLogprobs, RequestOutput
 from deepinfer.engine.request_state import RequestState
+from deepinfer.engine.sampler import raw_logprobs
 from deepinfer.engine.sequence import SeqStatus, Sequence
 from deepinfer.engine.stop_strings import StopStringMatcher
 from deepinfer.engine.structured_output import GrammarCompiler
 from deepinfer.models.tokenizer import Tokenizer
+from deepinfer_kernels import gather_logprobs
 
 if TYPE_CHECKING:
     from deepinfer.engine.chunk import Chunk
@@ -172,12 +173,12 @@ class OutputProcessor:
             positions = [q for q in range(first, c.end) if q + 1 < len(prompt)]
             if not positions:
                 continue
-            rows = raw_logprobs(out.logits(torch.tensor([offset + q - base for q in positions])))
-            top = c.seq.params.prompt_logprobs or 0
-            for row, q in zip(rows.cpu(), positions):
-                state.prompt_logprobs.append(
-                    position_logprobs(row, prompt[q + 1], top, self._decode)
-                )
+            rows = out.logits(torch.tensor([offset + q - base for q in positions]))
+            state.prompt_logprobs += self._entries(
+                raw_logprobs(rows),
+                [prompt[q + 1] for q in positions],
+                c.seq.params.prompt_logprobs or 0,
+            )
 
     def _record_logprobs(self, state: RequestState, j: int, token: int) -> None:
         p = state.params
@@ -189,11 +190,25 @@ class OutputProcessor:
             if state.logprobs is not None:
                 state.logprobs.append({})
             return
-        row = rows[j]
+        entry = self._entries(rows[j : j + 1], [token], p.logprobs or 0)[0]
         if state.cumulative_logprob is not None:
-            state.cumulative_logprob += float(row[token])
+            state.cumulative_logprob += entry[token].logprob
         if state.logprobs is not None:
-            state.logprobs.append(position_logprobs(row, token, p.logprobs or 0, self._decode))
+            state.logprobs.append(entry)
+
+    def _entries(self, rows: torch.Tensor, tokens: list[int], top: int) -> list[PositionLogprobs]:
+        """Per row of raw log-probabilities: the chosen token's entry first, then the ``top``
+        most likely (ties by lower id; ranks as ``deepinfer_kernels.gather_logprobs`` counts
+        them), each with its text, as vLLM reports them."""
+        chosen, rank, top_ids, top_lp = gather_logprobs(rows, torch.tensor(tokens), top)
+        out: list[PositionLogprobs] = []
+        for r, token in enumerate(tokens):
+            entry = {token: Logprob(float(chosen[r]), int(rank[r]), self._decode(token))}
+            for j, (t, lp) in enumerate(zip(top_ids[r].tolist(), top_lp[r].tolist()), start=1):
+                if t not in entry:
+                    entry[t] = Logprob(lp, j, self._decode(t))
+            out.append(entry)
+        return out
 
     def _decode(self, token: int) -> str | None:
         if self.tokenizer is None:

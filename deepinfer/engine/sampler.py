@@ -14,10 +14,16 @@ from collections.abc import Sequence as Seq
 import torch
 
 from deepinfer.engine.logits_processing import process_rows, rows_for_block, rows_for_step
-from deepinfer.engine.logprobs import raw_logprobs
 from deepinfer.engine.sampling_params import SamplingParams
 from deepinfer.engine.sequence import Sequence
 from deepinfer_kernels import sample
+
+
+def raw_logprobs(logits: torch.Tensor) -> torch.Tensor:
+    """Float32 log-probabilities of logits rows, on the host: the model's raw distribution
+    (before penalties, masks or temperature), vLLM's default ``raw_logprobs`` mode, so they mean
+    the same whatever sampling settings a request uses."""
+    return torch.log_softmax(logits.cpu().float(), dim=-1)
 
 
 def sampling_tensors(
@@ -73,7 +79,7 @@ def prepare_logits(seqs: Seq[Sequence], logits: torch.Tensor) -> torch.Tensor:
     there are only such rows)."""
     keep = [i for i, s in enumerate(seqs) if s.state is not None and s.params.needs_logprobs]
     if keep:
-        rows = raw_logprobs(logits[keep].cpu())
+        rows = raw_logprobs(logits[keep])
         for j, i in enumerate(keep):
             state = seqs[i].state
             assert state is not None
@@ -122,7 +128,7 @@ def prepare_verify_logits(
     for b, seq in enumerate(seqs):
         state = seq.state
         if state is not None and seq.params.needs_logprobs:
-            state.pending_logprobs = raw_logprobs(logits[b].cpu())
+            state.pending_logprobs = raw_logprobs(logits[b])
         if not seq.params.needs_processing:
             continue
         if out is logits:

@@ -27,7 +27,14 @@ from deepinfer_kernels.kv import WriteKVPlan, gather_blocks, plan_write_kv, scat
 from deepinfer_kernels.mla import mla_decode_attention, mla_paged_attention, write_latent_kv
 from deepinfer_kernels.moe import fused_moe, moe_route
 from deepinfer_kernels.quant import QuantType, QuantWeight, dequantize, quant_linear
-from deepinfer_kernels.sampling import apply_penalties, apply_token_bitmask, sample, sampling_probs
+from deepinfer_kernels.sampling import (
+    apply_logit_bias,
+    apply_penalties,
+    apply_token_bitmask,
+    gather_logprobs,
+    sample,
+    sampling_probs,
+)
 from deepinfer_kernels.verify import VerifyResult, greedy_verify, speculative_verify
 
 __all__ = [
@@ -52,10 +59,12 @@ __all__ = [
     "quant_linear",
     # verification, sampling and KV movement
     "VerifyResult",
+    "apply_logit_bias",
     "apply_penalties",
     "apply_token_bitmask",
     "WriteKVPlan",
     "gather_blocks",
+    "gather_logprobs",
     "greedy_verify",
     "plan_write_kv",
     "sample",

@@ -20,6 +20,10 @@ from deepinfer_kernels.reference.kv import (
     scatter_blocks_reference,
     write_kv_reference,
 )
+from deepinfer_kernels.reference.logits import (
+    apply_logit_bias_reference,
+    gather_logprobs_reference,
+)
 from deepinfer_kernels.reference.mla import mla_paged_attention as mla_paged_attention_reference
 from deepinfer_kernels.reference.mla import write_latent_kv as write_latent_kv_reference
 from deepinfer_kernels.reference.moe import fused_moe as fused_moe_reference
@@ -57,7 +61,9 @@ __all__: list[str] = [
     "dequantize_reference",
     "quant_linear_reference",
     # verification, sampling and KV movement
+    "apply_logit_bias_reference",
     "apply_penalties_reference",
+    "gather_logprobs_reference",
     "apply_token_bitmask_reference",
     "gather_blocks_reference",
     "greedy_verify_reference",
