@@ -189,7 +189,15 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def server(args: argparse.Namespace, router: str, replicas: int, cache_dir: str) -> Any:
+def server(
+    args: argparse.Namespace,
+    router: str,
+    replicas: int,
+    cache_dir: str,
+    profile_out: str | None = None,
+) -> Any:
+    """``deepinfer serve`` for one run; ``profile_out``: its replicas write their live step
+    profiles there (``-replica-<i>`` added) when it shuts down at the end of the block."""
     port = free_port()
     cmd = [
         sys.executable,
@@ -217,6 +225,8 @@ def server(args: argparse.Namespace, router: str, replicas: int, cache_dir: str)
     ]
     if args.model:
         cmd.insert(4, args.model)
+    if profile_out:
+        cmd += ["--profile-out", profile_out]
     proc = subprocess.Popen(cmd, start_new_session=True)
     base = f"http://127.0.0.1:{port}"
     try:
@@ -282,7 +292,10 @@ async def replay(
     convs: list[Conversation],
     max_tokens: int,
     prompts: dict[tuple[int, int], list[dict[str, str]]],
+    clock: list[float] | None = None,
 ) -> tuple[list[Record], float]:
+    """Run the workload; ``clock`` (if given) receives the run's start on the
+    ``time.perf_counter()`` clock, which the replicas' live profiles share."""
     records: list[Record] = []
     limits = httpx.Limits(max_connections=256, max_keepalive_connections=256)
     async with httpx.AsyncClient(timeout=600, limits=limits) as client:
@@ -291,6 +304,8 @@ async def replay(
             f"{base}/v1/completions", json={"model": "bench", "prompt": "hi", "max_tokens": 2}
         )
         t0 = time.perf_counter()
+        if clock is not None:
+            clock.append(t0)
         await asyncio.gather(
             *(
                 run_conversation(client, base, "bench", i, c, t0, max_tokens, records, prompts)

@@ -9,10 +9,15 @@
 The second form simulates the runs saved in ``serve_load.json`` again (their traces are kept
 there), e.g. with ``--scale`` to see how much of a gap is the machine's contention.
 
-The trace is the measured run's: each request arrives when the benchmark sent it (later turns
-of a conversation were sent when the previous answer had streamed in, so the simulator replays
-the live run's arrival times open-loop), with the prompt and completion lengths the server
-reported and the prompt's chained block hashes computed exactly as the replicas' prefix caches
+`predict_closed_loop` (used by `serve_predict.py`, the held-out protocol) takes nothing from
+the run it predicts but its workload: each conversation starts when the workload says, and
+each later turn arrives when the SIMULATED previous answer ended (iterated to a fixed point),
+with the HTTP front's overhead per request (`FrontOverhead`) measured on the calibration run.
+
+`predict` is the older open-loop replay: each request arrives when the benchmark sent it
+(later turns of a conversation were sent when the previous answer had streamed in, so the
+simulator replays the live run's arrival times open-loop), with the prompt and completion
+lengths the server reported and the prompt's chained block hashes computed exactly as the replicas' prefix caches
 do (the tenant namespace folded in), so the simulated prefix caches hit where the live ones
 could. The cluster is the server's: ``replicas`` instances with the engine's batch limits and
 KV pool, routed by the same router under the same SLO.
@@ -22,8 +27,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -146,6 +152,187 @@ def predict(
         "sim_prefix_hit_rate": sum(r.cached_tokens for r in recs) / prompt if prompt else 0.0,
         # (arrival, first token, finish, output tokens) per request: goodput at other SLOs
         "sim_records": [[r.arrival_s, r.first_token_s, r.finish_s, r.output_len] for r in recs],
+    }
+
+
+@dataclass(frozen=True)
+class FrontOverhead:
+    """Seconds the HTTP front, the pipes and the client add around a replica's own times
+    (medians over a calibration run): ``inbound_s`` client send -> replica receives the
+    request (parse, chat template, tokenize, route); ``first_s`` replica's first token ->
+    client's first content chunk; ``last_s`` replica finish -> client's last chunk;
+    ``think_s`` client's end of one turn -> its next turn sent."""
+
+    inbound_s: float = 0.0
+    first_s: float = 0.0
+    last_s: float = 0.0
+    think_s: float = 0.0
+
+
+def front_overhead(
+    records: Sequence[Any], t0: float, profiles: Sequence[Mapping[str, Any]]
+) -> FrontOverhead:
+    """Match each finished client record to the replica-side row of the same request (same
+    prompt length, received first after the client sent it) in the live profiles'
+    ``requests`` (``[received, first token, finished, prompt, cached]``, same clock)."""
+    rows = sorted(
+        (list(r) for p in profiles for r in p.get("requests", ())), key=lambda r: float(r[0])
+    )
+    used: set[int] = set()
+    inbound, first, last, think = [], [], [], []
+    ok = [r for r in records if r.error is None and r.ttft is not None and r.e2e is not None]
+    for rec in sorted(ok, key=lambda r: r.start):
+        sent = t0 + rec.start
+        pick = next(
+            (
+                i
+                for i, row in enumerate(rows)
+                if i not in used and row[3] == rec.prompt_tokens and sent <= row[0] <= sent + 30
+            ),
+            None,
+        )
+        if pick is None:
+            continue
+        used.add(pick)
+        received, first_token, finished = rows[pick][:3]
+        inbound.append(received - sent)
+        first.append(sent + rec.ttft - first_token)
+        last.append(sent + rec.e2e - finished)
+    ends = {(r.conv, r.turn): r.start + r.e2e for r in ok}
+    for r in ok:
+        if (r.conv, r.turn - 1) in ends:
+            think.append(r.start - ends[(r.conv, r.turn - 1)])
+    if not inbound:
+        raise ValueError("no client request matched a replica-side request row")
+    return FrontOverhead(
+        statistics.median(inbound),
+        statistics.median(first),
+        statistics.median(last),
+        statistics.median(think) if think else 0.0,
+    )
+
+
+@dataclass(frozen=True)
+class Turn:
+    """One request of the workload as the simulator needs it (no timing)."""
+
+    input_len: int
+    output_len: int
+    block_hashes: tuple[int, ...]
+    tenant: str
+
+
+def workload_turns(
+    records: Sequence[Any],
+    prompts: Mapping[tuple[int, int], list[dict[str, str]]],
+    users: Mapping[int, str],
+    front: Frontend,
+) -> dict[int, list[Turn]]:
+    """Each conversation's turns in order: prompt tokens and block hashes as the replicas hash
+    them, the completion length (``max_tokens``: the benchmark ignores EOS). Content only."""
+    block_size = EngineConfig().block_size
+    turns: dict[int, list[Turn]] = {}
+    for r in sorted(records, key=lambda r: (r.conv, r.turn)):
+        if r.error is not None or r.completion_tokens <= 0:
+            continue
+        ids = front.render_chat(prompts[(r.conv, r.turn)])
+        namespace = b"user:" + users[r.conv].encode("utf-8")
+        turns.setdefault(r.conv, []).append(
+            Turn(
+                len(ids),
+                r.completion_tokens,
+                prompt_hashes(ids, block_size, namespace),
+                users[r.conv],
+            )
+        )
+    return turns
+
+
+def predict_closed_loop(
+    turns: Mapping[int, Sequence[Turn]],
+    starts: Mapping[int, float],
+    cost_model: FittedCostModel,
+    router: str,
+    replicas: int,
+    args: argparse.Namespace,
+    overhead: FrontOverhead,
+    iterations: int = 12,
+) -> dict[str, Any]:
+    """Predicted goodput of a closed-loop run: turn ``j + 1`` of a conversation is sent when
+    the simulated turn ``j`` ended (plus ``think_s``). Arrivals and simulated latencies
+    depend on each other, so the simulation is repeated until the arrivals stop moving
+    (1 ms) or ``iterations`` runs."""
+    block_size = EngineConfig().block_size
+    engine = EngineConfig(num_blocks=args.num_blocks, max_num_seqs=args.max_num_seqs)
+    config = SimConfig(
+        SchedulerConfig(
+            router=router,
+            batch=BatchConfig(
+                engine.max_num_seqs, engine.max_batched_tokens, engine.chunked_prefill
+            ),
+        ),
+        num_instances=replicas,
+        kv_capacity_tokens=engine.num_blocks * engine.block_size,
+        ttft_slo_s=args.ttft_slo,
+        tpot_slo_s=args.tpot_slo,
+    )
+    keys = [(c, j) for c in sorted(turns) for j in range(len(turns[c]))]
+    e2e: dict[tuple[int, int], float] = {}
+    moved = float("inf")
+    rounds = 0
+    while rounds < iterations and moved > 1e-3:
+        rounds += 1
+        sent: dict[tuple[int, int], float] = {}
+        for c in sorted(turns):
+            t = starts[c]
+            for j in range(len(turns[c])):
+                sent[(c, j)] = t
+                t += e2e.get((c, j), 0.0) + overhead.think_s
+        order = sorted(keys, key=lambda k: (sent[k], k))
+        trace = Trace(
+            tuple(
+                TraceRequest(
+                    i,
+                    sent[k] + overhead.inbound_s,
+                    turns[k[0]][k[1]].input_len,
+                    turns[k[0]][k[1]].output_len,
+                    turns[k[0]][k[1]].block_hashes,
+                    turns[k[0]][k[1]].tenant,
+                    k[0],
+                )
+                for i, k in enumerate(order)
+            ),
+            block_size,
+        )
+        res = run_simulation(trace, config, args.seed, cost_model=cost_model)
+        new = {
+            order[r.request_id]: r.finish_s + overhead.last_s - sent[order[r.request_id]]
+            for r in res.records
+            if not r.rejected
+        }
+        moved = max((abs(new[k] - e2e.get(k, 0.0)) for k in new), default=0.0)
+        e2e = new
+        records = [(order[r.request_id], r) for r in res.records if not r.rejected]
+    ttft, tpot, ends = [], [], []
+    for k, r in records:
+        t_first = r.first_token_s + overhead.first_s - sent[k]
+        t_end = r.finish_s + overhead.last_s - sent[k]
+        ttft.append(t_first)
+        tpot.append((t_end - t_first) / max(1, r.output_len - 1))
+        ends.append(sent[k] + t_end)
+    good = sum(1 for a, b in zip(ttft, tpot) if a <= args.ttft_slo and b <= args.tpot_slo)
+    span = max(ends) if ends else 0.0
+    prompt = sum(r.input_len for _, r in records)
+    ttft_sorted = sorted(ttft)
+    return {
+        "sim_goodput_rps": good / span if span > 0 else 0.0,
+        "sim_slo_attainment": good / max(1, len(keys)),
+        "sim_wall_s": span,
+        "sim_ttft_p50": ttft_sorted[len(ttft) // 2] if ttft else None,
+        "sim_ttft_p90": ttft_sorted[min(len(ttft) - 1, int(0.9 * len(ttft)))] if ttft else None,
+        "sim_tpot_p50": sorted(tpot)[len(tpot) // 2] if tpot else None,
+        "sim_prefix_hit_rate": sum(r.cached_tokens for _, r in records) / prompt if prompt else 0.0,
+        "sim_rounds": rounds,
     }
 
 
