@@ -24,13 +24,19 @@ def test_keyed_root_and_block_extras_follow_the_documented_formula() -> None:
     root = hashlib.blake2b(
         b"deepinfer-cache/v1+k" + lp(b"ns") + lp(b"model-a") + lp(b"lora-3"), digest_size=16
     ).digest()
-    assert namespace_root(b"ns", model=b"model-a", extra=b"lora-3") == root
+    assert namespace_root(b"ns", model=b"model-a", extra=b"lora-3", key_hash="blake2b") == root
     b0 = hashlib.blake2b(struct.pack("<4i", 0, 1, 2, 3), digest_size=16, key=root).digest()
     b1 = hashlib.blake2b(
         struct.pack("<4i", 4, 5, 6, 7) + b"img-hash", digest_size=16, key=b0
     ).digest()
     got = hash_token_blocks(
-        toks, 4, b"ns", model=b"model-a", extra=b"lora-3", block_extras={1: b"img-hash"}
+        toks,
+        4,
+        b"ns",
+        model=b"model-a",
+        extra=b"lora-3",
+        block_extras={1: b"img-hash"},
+        key_hash="blake2b",
     )
     assert got == [b0, b1]
 

@@ -24,7 +24,7 @@ from .events import (
     CacheEvent,
     EventSubscription,
 )
-from .hashing import BlockHash, hash_token_blocks, iter_block_hashes
+from .hashing import DEFAULT_KEY_HASH, KEY_HASHES, BlockHash, hash_token_blocks, iter_block_hashes
 from .index import MatchResult, PrefixIndex
 from .lockfile import CacheLockedError
 from .meta import BlockMeta
@@ -46,6 +46,8 @@ from .tiers import (
 __version__ = "0.3.0"
 
 __all__ = [
+    "DEFAULT_KEY_HASH",
+    "KEY_HASHES",
     "REFERENCE_MODELS",
     "AllBlocksCleared",
     "BlockHash",

@@ -30,6 +30,8 @@ from __future__ import annotations
 from array import array
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from itertools import compress
+from typing import cast
 
 from .clock import Clock, SystemClock
 from .retention import RetentionPolicy
@@ -170,19 +172,38 @@ class PrefixIndex:
     def match(self, hashes: Iterable[bytes], *, touch: bool = True) -> MatchResult:
         """Count the leading ``hashes`` that are cached and unexpired; touch them if asked.
         ``hashes`` may be a lazy iterator: it is consumed only up to the first miss."""
-        ids = self._ids
-        expires = self._expires
-        tiers = self._tiers
         now = self.clock.now()
-        matched: list[int] = []
-        for h in hashes:
-            i = ids.get(h)
-            if i is None or expires[i] <= now:
-                break
-            matched.append(i)
+        if isinstance(hashes, list | tuple):
+            matched = self._leading_ids(hashes, now)
+        else:
+            ids = self._ids
+            expires = self._expires
+            matched = []
+            for h in hashes:
+                i = ids.get(h)
+                if i is None or expires[i] <= now:
+                    break
+                matched.append(i)
+        masks = tuple(map(self._tiers.__getitem__, matched))
         if touch and matched:
-            self._touch(matched)
-        return MatchResult(len(matched), tuple([tiers[i] for i in matched]))
+            self._touch(matched, masks)
+        return MatchResult(len(matched), masks)
+
+    def _leading_ids(self, hashes: Sequence[bytes], now: float) -> list[int]:
+        """Ids of the leading present, unexpired ``hashes``. The probes and the expiry reads
+        run as C loops (``map``): a 1203-block prompt costs a few tens of microseconds instead
+        of a Python iteration per block."""
+        probed = list(map(self._ids.get, hashes))
+        if None in probed:
+            del probed[probed.index(None) :]
+        found = cast(list[int], probed)  # the Nones were cut off above
+        if found and min(map(self._expires.__getitem__, found)) <= now:
+            expires = self._expires
+            for k, i in enumerate(found):
+                if expires[i] <= now:
+                    del found[k:]
+                    break
+        return found
 
     # ------------------------------------------------------------------ updates
     def insert(
@@ -575,11 +596,11 @@ class PrefixIndex:
         if p != _NONE:
             self._child_in[tier][p] -= 1
 
-    def _touch(self, path: list[int]) -> None:
+    def _touch(self, path: list[int], masks: Sequence[int] | None = None) -> None:
         # Deepest first: ancestors end up more recent than descendants, so LRU takes leaves.
-        # The list moves are inlined per tier (this runs for every block of every lookup).
-        tiers = self._tiers
-        masks = [tiers[i] for i in path]
+        # ``masks`` are the path's tier bitmasks when the caller has them already.
+        if masks is None:
+            masks = tuple(map(self._tiers.__getitem__, path))
         present = 0
         for mask in set(masks):  # usually one or two distinct masks along a prompt
             present |= mask
@@ -587,23 +608,49 @@ class PrefixIndex:
             bit = 1 << t
             if not self._count[t] or not present & bit:
                 continue
-            prev, nxt = self._lru_prev[t], self._lru_next[t]
-            head, tail = self._head[t], self._tail[t]
-            mine = path if present == bit else [i for i, m in zip(path, masks) if m & bit]
-            for i in reversed(mine):
-                if i == tail:
-                    continue
-                p, n = prev[i], nxt[i]
-                if p != _NONE:
-                    nxt[p] = n
-                else:
-                    head = n
-                prev[n] = p  # i is not the tail, so n exists
-                prev[i] = tail
-                nxt[i] = _NONE
-                nxt[tail] = i
-                tail = i
-            self._head[t], self._tail[t] = head, tail
+            mine = path if present == bit else list(compress(path, map(bit.__and__, masks)))
+            self._move_to_tail(t, mine)
+
+    def _move_to_tail(self, t: int, path: Sequence[int]) -> None:
+        """Make ``reversed(path)`` the most recent end of tier ``t``'s LRU list, the others
+        keeping their order. A path touched before usually still lies in the list as one
+        stretch (or a few), in reverse order: each stretch moves with one splice, so a repeat
+        lookup of a long prompt costs a C-level comparison, not a Python step per block."""
+        nxt = self._lru_next[t]
+        n = len(path)
+        succ = list(map(nxt.__getitem__, path))  # what follows each node in the list now
+        # A stretch breaks where path[k] is not directly followed by path[k - 1].
+        if succ[1:] == path[: n - 1]:
+            starts = [0]
+        elif len(set(path)) != n:  # a repeated id: stretches are ill-defined, go one by one
+            self._move_each_to_tail(t, path)
+            return
+        else:
+            starts = [0] + [k for k in range(1, n) if succ[k] != path[k - 1]]
+        prev = self._lru_prev[t]
+        head, tail = self._head[t], self._tail[t]
+        end = n
+        for s in reversed(starts):  # deepest stretch first
+            first, last = path[end - 1], path[s]  # oldest and newest node of the stretch
+            end = s
+            if last == tail:
+                continue  # already the most recent end
+            p, q = prev[first], nxt[last]  # q exists: ``last`` is not the tail
+            if p != _NONE:
+                nxt[p] = q
+            else:
+                head = q
+            prev[q] = p
+            nxt[tail] = first
+            prev[first] = tail
+            nxt[last] = _NONE
+            tail = last
+        self._head[t], self._tail[t] = head, tail
+
+    def _move_each_to_tail(self, t: int, path: Sequence[int]) -> None:
+        """``_move_to_tail`` one node at a time (the plain definition)."""
+        for i in reversed(path):
+            self._lru_move_to_end(t, i)
 
     def _drop(self, i: int, force: bool = False) -> list[Dropped]:
         if self._pins[i] and not force:

@@ -22,7 +22,15 @@ import torch
 
 from .clock import Clock
 from .events import AllBlocksCleared, BlockStored, EventSubscription
-from .hashing import BlockHash, as_token_sequence, hash_token_blocks, iter_block_hashes, tenant_tag
+from .hashing import (
+    DEFAULT_KEY_HASH,
+    BlockHash,
+    as_token_sequence,
+    check_key_hash,
+    hash_token_blocks,
+    iter_block_hashes,
+    tenant_tag,
+)
 from .io_workers import IOWorkers
 from .meta import BlockMeta
 from .results import FetchResult, LookupResult
@@ -39,7 +47,10 @@ class TieredKVStore(StoreCore):
     """Prefix KV store over ``tiers`` (fastest first; any non-empty subset of device/host/disk).
 
     ``model`` (bytes: a weights fingerprint or a name) goes into every block hash, so two
-    models sharing one directory never see each other's KV. The store owns its tiers: it closes
+    models sharing one directory never see each other's KV. ``key_hash`` picks the block-key
+    scheme: ``"xxh3_128"`` (default, fast, non-cryptographic) or ``"blake2b"`` (cryptographic,
+    the keys of releases before it; see ``deepinfer_cache.hashing``). Blocks stored under one
+    scheme are misses under the other. The store owns its tiers: it closes
     them on ``close()`` and when its own construction fails.
 
     >>> import torch
@@ -64,9 +75,11 @@ class TieredKVStore(StoreCore):
         persist_on_close: bool = True,
         model: bytes = b"",
         refresh_on_hit: bool = True,
+        key_hash: str = DEFAULT_KEY_HASH,
     ) -> None:
         try:
             self._init(tiers, block_size, write_policy, retention, clock, model)
+            self.key_hash = check_key_hash(key_hash)
             self.persist_on_close = persist_on_close
             self.refresh_on_hit = refresh_on_hit
             self._fetchers = IOWorkers(fetch_threads, fetch_queue_depth, name="fetch")
@@ -95,6 +108,7 @@ class TieredKVStore(StoreCore):
             model=self.model,
             extra=extra,
             block_extras=block_extras,
+            key_hash=self.key_hash,
         )
 
     def lookup(
@@ -122,6 +136,7 @@ class TieredKVStore(StoreCore):
             model=self.model,
             extra=extra,
             block_extras=block_extras,
+            key_hash=self.key_hash,
         )
 
         # Hash outside the store lock, stopping after the first block the index lacks (a dict
