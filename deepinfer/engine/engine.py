@@ -273,7 +273,6 @@ class LLMEngine:
         self.scheduler.finish(seq, reason, save=save)
         seq.metrics.finish_time = time.perf_counter()
         del self._by_request[seq.request_id]
-        self.outputs.forget(seq)
 
     def _reject_unschedulable(self) -> list[RequestOutput]:
         """Nothing could run this step, so nothing ever will without ending a request.

@@ -84,9 +84,6 @@ class OutputProcessor:
             state.prompt_logprobs = [None]
         seq.state = state
 
-    def forget(self, seq: Sequence) -> None:
-        """Nothing to release: the state lives on the sequence (kept for the engine's calls)."""
-
     # ------------------------------------------------------------------ tokens
     def append(self, seq: Sequence, tokens: Iterable[int]) -> tuple[list[int], str, str | None]:
         """Append ``tokens`` up to the first that stops the request.

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -20,6 +20,51 @@ def _number(value: object) -> bool:
 
 def _int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _int_or_none(low: int, high: int) -> Callable[[Any], bool]:
+    return lambda v: v is None or (_int(v) and low <= v <= high)
+
+
+def _ids(v: Any) -> bool:
+    return not isinstance(v, (str, bytes)) and all(_int(t) and t >= 0 for t in v)
+
+
+# The fields one predicate describes: name -> (test, what the value must be). Checked in this
+# order; the error names the field, the rule and the value given.
+_RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "temperature": (lambda v: _number(v) and math.isfinite(v) and v >= 0, "a finite number >= 0"),
+    "top_k": (_int, "an int (<= 0 disables it)"),
+    "top_p": (lambda v: _number(v) and 0.0 < v <= 1.0, "in (0, 1]"),
+    "min_p": (lambda v: _number(v) and 0.0 <= v <= 1.0, "in [0, 1]"),
+    "seed": (lambda v: v is None or _int(v), "an int or None"),
+    "n": (lambda v: _int(v) and v >= 1, "an int >= 1"),
+    "logprobs": (_int_or_none(0, MAX_LOGPROBS), f"None or an int in [0, {MAX_LOGPROBS}]"),
+    "prompt_logprobs": (_int_or_none(0, MAX_LOGPROBS), f"None or an int in [0, {MAX_LOGPROBS}]"),
+    "max_tokens": (lambda v: _int(v) and v > 0, "an int > 0"),
+    "stop_token_ids": (_ids, "a list of non-negative ints"),
+    "include_stop_str_in_output": (lambda v: isinstance(v, bool), "a bool"),
+    "ignore_eos": (lambda v: isinstance(v, bool), "a bool"),
+    "skip_special_tokens": (lambda v: isinstance(v, bool), "a bool"),
+    "presence_penalty": (lambda v: _number(v) and -2.0 <= v <= 2.0, "a number in [-2, 2]"),
+    "frequency_penalty": (lambda v: _number(v) and -2.0 <= v <= 2.0, "a number in [-2, 2]"),
+    "repetition_penalty": (
+        lambda v: _number(v) and math.isfinite(v) and v > 0,
+        "a finite number > 0",
+    ),
+    "allowed_token_ids": (
+        lambda v: v is None or (bool(v) and _ids(v)),
+        "a non-empty list of token ids",
+    ),
+    "logits_processors": (
+        lambda v: not isinstance(v, (str, bytes)) and all(callable(p) for p in v),
+        "a list of callables (ids, logits) -> logits",
+    ),
+    "retention": (
+        lambda v: isinstance(v, str) and 0 < len(v.encode()) <= 32,
+        "a 1-32 byte class name",
+    ),
+}
 
 
 @dataclass(frozen=True)
@@ -84,107 +129,22 @@ class SamplingParams:
     retention: str = "chat"
 
     def __post_init__(self) -> None:
-        self._check_sampling()
-        self._check_stopping()
-        self._check_processing()
-        if not isinstance(self.retention, str) or not 0 < len(self.retention.encode()) <= 32:
-            raise ValueError(f"retention must be a 1-32 byte class name, got {self.retention!r}")
-
-    # ------------------------------------------------------------------ validation
-    def _set(self, name: str, value: object) -> None:
-        object.__setattr__(self, name, value)
-
-    def _check_sampling(self) -> None:
-        if not _number(self.temperature) or not math.isfinite(self.temperature):
-            raise ValueError(f"temperature must be a finite number, got {self.temperature!r}")
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        if not _int(self.top_k):
-            raise ValueError(f"top_k must be an int (<= 0 disables it), got {self.top_k!r}")
-        if not _number(self.top_p) or not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
-        if not _number(self.min_p) or not 0.0 <= self.min_p <= 1.0:
-            raise ValueError(f"min_p must be in [0, 1], got {self.min_p!r}")
-        if self.seed is not None and not _int(self.seed):
-            raise ValueError(f"seed must be an int or None, got {self.seed!r}")
-        if not _int(self.n) or self.n < 1:
-            raise ValueError(f"n must be an int >= 1, got {self.n!r}")
+        for name, (ok, rule) in _RULES.items():
+            if not ok(getattr(self, name)):
+                raise ValueError(f"{name} must be {rule}, got {getattr(self, name)!r}")
         if self.best_of is not None:
             if not _int(self.best_of) or self.best_of < self.n:
                 raise ValueError(f"best_of must be an int >= n ({self.n}), got {self.best_of!r}")
             if self.best_of > 1 and self.temperature == 0:
                 raise ValueError("best_of > 1 needs temperature > 0 (greedy candidates are equal)")
-        for name in ("logprobs", "prompt_logprobs"):
-            value = getattr(self, name)
-            if value is not None and (not _int(value) or not 0 <= value <= MAX_LOGPROBS):
-                raise ValueError(
-                    f"{name} must be None or an int in [0, {MAX_LOGPROBS}], got {value!r}"
-                )
-
-    def _check_stopping(self) -> None:
-        if not _int(self.max_tokens):
-            raise ValueError(f"max_tokens must be an int, got {self.max_tokens!r}")
-        if self.max_tokens <= 0:
-            raise ValueError(f"max_tokens must be > 0, got {self.max_tokens}")
         if not _int(self.min_tokens) or not 0 <= self.min_tokens <= self.max_tokens:
             raise ValueError(
                 f"min_tokens must be an int in [0, max_tokens={self.max_tokens}], "
                 f"got {self.min_tokens!r}"
             )
-        if isinstance(self.stop_token_ids, (str, bytes)) or any(
-            not _int(t) or t < 0 for t in self.stop_token_ids
-        ):
-            raise ValueError(
-                f"stop_token_ids must be non-negative ints, got {self.stop_token_ids!r}"
-            )
-        self._set("stop_token_ids", tuple(self.stop_token_ids))
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or ())
         if any(not isinstance(s, str) or not s for s in stop):
             raise ValueError(f"stop must be a str or a list of non-empty str, got {self.stop!r}")
-        self._set("stop", tuple(stop))
-        for name in ("include_stop_str_in_output", "ignore_eos", "skip_special_tokens"):
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
-
-    def _check_processing(self) -> None:
-        for name in ("presence_penalty", "frequency_penalty"):
-            value = getattr(self, name)
-            if not _number(value) or not -2.0 <= value <= 2.0:
-                raise ValueError(f"{name} must be a number in [-2, 2], got {value!r}")
-        if not _number(self.repetition_penalty) or not (
-            math.isfinite(self.repetition_penalty) and self.repetition_penalty > 0
-        ):
-            raise ValueError(
-                f"repetition_penalty must be a finite number > 0, got {self.repetition_penalty!r}"
-            )
-        if self.logit_bias is not None:
-            if not isinstance(self.logit_bias, Mapping):
-                raise ValueError(
-                    f"logit_bias must be a dict of token id -> bias, got {self.logit_bias!r}"
-                )
-            bias: dict[int, float] = {}
-            for key, value in self.logit_bias.items():
-                # JSON (the OpenAI API, PD messages) carries the ids as strings.
-                token = int(key) if isinstance(key, str) and key.lstrip("-").isdigit() else key
-                if not _int(token) or token < 0 or not _number(value) or not math.isfinite(value):
-                    raise ValueError(
-                        f"logit_bias must map token ids (>= 0) to finite numbers, got {key!r}: {value!r}"
-                    )
-                bias[int(token)] = float(value)
-            self._set("logit_bias", bias or None)
-        if self.allowed_token_ids is not None:
-            ids = self.allowed_token_ids
-            if isinstance(ids, (str, bytes)) or not ids or any(not _int(t) or t < 0 for t in ids):
-                raise ValueError(
-                    f"allowed_token_ids must be a non-empty list of token ids, got {ids!r}"
-                )
-            self._set("allowed_token_ids", tuple(ids))
-        procs = self.logits_processors
-        if isinstance(procs, (str, bytes)) or any(not callable(p) for p in procs):
-            raise ValueError(
-                "logits_processors must be a list of callables (ids, logits) -> logits"
-            )
-        self._set("logits_processors", tuple(procs))
         if self.structured_outputs is not None and not isinstance(
             self.structured_outputs, StructuredOutputsParams
         ):
@@ -192,12 +152,32 @@ class SamplingParams:
                 "structured_outputs must be a StructuredOutputsParams, got "
                 f"{type(self.structured_outputs).__name__}"
             )
+        # Lists become tuples: the params are frozen and compare by value.
+        object.__setattr__(self, "stop", tuple(stop))
+        object.__setattr__(self, "logit_bias", self._checked_bias())
+        for name in ("stop_token_ids", "logits_processors", "allowed_token_ids"):
+            if getattr(self, name) is not None:
+                object.__setattr__(self, name, tuple(getattr(self, name)))
+
+    def _checked_bias(self) -> dict[int, float] | None:
+        if self.logit_bias is None:
+            return None
+        if not isinstance(self.logit_bias, Mapping):
+            raise ValueError(
+                f"logit_bias must be a dict of token id -> bias, got {self.logit_bias!r}"
+            )
+        bias: dict[int, float] = {}
+        for key, value in self.logit_bias.items():
+            # JSON (the OpenAI API, PD messages) carries the ids as strings.
+            token = int(key) if isinstance(key, str) and key.lstrip("-").isdigit() else key
+            if not _int(token) or token < 0 or not _number(value) or not math.isfinite(value):
+                raise ValueError(
+                    f"logit_bias must map token ids (>= 0) to finite numbers, got {key!r}: {value!r}"
+                )
+            bias[int(token)] = float(value)
+        return bias or None
 
     # ------------------------------------------------------------------ derived
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0.0
-
     @property
     def num_candidates(self) -> int:
         """How many completions run for one prompt (``best_of`` or ``n``)."""

@@ -46,7 +46,6 @@ class Sequence:
     finish_reason: str | None = None
     generator: torch.Generator | None = None
     text: str = ""
-    emitted_upto: int = 0
     # Sampling and output state (detokenizer, stop strings, grammar, logprobs): built by
     # OutputProcessor.track when the request is added.
     state: RequestState | None = None

@@ -124,10 +124,6 @@ class GrammarMatcher:
         if num_tokens:
             self.inner.rollback(num_tokens)
 
-    @property
-    def is_finished(self) -> bool:
-        return bool(self.inner.is_stopped())
-
     def masks_along(self, drafts: Sequence[int], positions: int) -> torch.Tensor:
         """Masks ``[positions, W]`` for a verify block: position ``j`` is the mask after the
         first ``j`` drafts. The matcher ends where it started. Positions after a draft the
