@@ -25,7 +25,8 @@ whatever else shared the machine (the other replicas, the HTTP front, the client
 
 ``prefill`` lists the step's prefill chunks (``cached_tokens``: KV already held before the
 chunk), ``batch_size`` / ``context_tokens`` its decoding sequences and the KV they hold after
-the step, ``seconds`` the replica's whole iteration (the forward plus sending the outputs),
+the step, ``seconds`` the replica's whole loop iteration (messages in, state out, the forward, the
+outputs sent, and whatever time the OS gave other processes meanwhile),
 which is what one simulator iteration stands for. ``requests`` lists, per finished request,
 ``[received, first_token, finished, prompt_tokens, cached_tokens]`` on the replica's
 ``time.perf_counter()`` clock (system-wide monotonic on Linux, so a client on the same machine
