@@ -407,18 +407,31 @@ class SegmentDiskTier(SegmentReads, SegmentMaintenance):
             if s.retired:
                 raise OSError(f"segment {s.id:x} was retired")
             if s.fd is None:
-                fd = os.open(s.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
                 try:
-                    if os.fstat(fd).st_size == 0:
-                        _pwrite_all(fd, [encode_segment_header(self.geometry, s.id)], 0)
-                        if self.fsync:
-                            os.fsync(fd)
-                            fsync_dir(self._segdir)
-                except BaseException:
-                    os.close(fd)
-                    raise
-                s.fd = fd
+                    s.fd = os.open(s.path, os.O_RDWR | os.O_CLOEXEC)
+                except FileNotFoundError:
+                    s.fd = self._create_segment(s)
             return s.fd
+
+    def _create_segment(self, s: _Segment) -> int:
+        """Write a new segment's header in ``tmp/`` and rename it into place: a crash never
+        leaves a segment file without its header (which a reopen would rightly call damage);
+        what it leaves in ``tmp/`` is cleared on open."""
+        tmp = os.path.join(self._tmp, f"{segment_name(s.id)}.{time.time_ns()}")
+        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        try:
+            _pwrite_all(fd, [encode_segment_header(self.geometry, s.id)], 0)
+            if self.fsync:
+                os.fsync(fd)
+            os.rename(tmp, s.path)
+            if self.fsync:
+                fsync_dir(self._segdir)
+        except BaseException:
+            os.close(fd)
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)  # gone already once renamed: the segment then stays, complete
+            raise
+        return fd
 
     def _write(self, key: bytes, gen: int) -> None:
         with self._lock:

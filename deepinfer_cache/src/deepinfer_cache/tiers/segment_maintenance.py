@@ -14,7 +14,7 @@ import contextlib
 import os
 import threading
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -153,6 +153,8 @@ class SegmentMaintenance:
                     s.id: (min(s.open_slots) if s.open_slots else s.slots)
                     for s in self._segments.values()
                 }
+                # Segments with a write still in flight: only their prefix below it is covered.
+                open_from = {s.id: covered[s.id] for s in self._segments.values() if s.open_slots}
                 next_segment = self._next_segment
             classes = sorted({r[4] for _, r in items})
             cls_id = {c: i for i, c in enumerate(classes)}
@@ -171,6 +173,7 @@ class SegmentMaintenance:
                 rows["slot"] = [r[1] for _, r in items]
                 rows["expires"] = [r[5] for _, r in items]
                 rows["xxh3"] = [r[6] for _, r in items]
+            rows = _within_covered(rows, open_from)
             head, body = encode_manifest(
                 self.geometry, Manifest(next_segment, covered, classes, rows)
             )
@@ -204,3 +207,16 @@ class SegmentMaintenance:
             for s in touched:
                 with contextlib.suppress(OSError):
                     os.fdatasync(self._fd(s))
+
+
+def _within_covered(rows: np.ndarray, open_from: dict[int, int]) -> Any:
+    """Drop rows at or past their segment's covered prefix (``open_from``: segments with a
+    write in flight). The reopen scans those slots as the tail and finds such records there;
+    listing them as well would put a row beyond what the manifest vouches for (a reopen counts
+    it stale), and the manifest stays exactly "every live record below ``covered``"."""
+    if not open_from or not len(rows):
+        return rows
+    beyond = np.zeros(len(rows), dtype=bool)
+    for sid, first_open in open_from.items():
+        beyond |= (rows["segment"] == sid) & (rows["slot"] >= first_open)
+    return rows[~beyond] if beyond.any() else rows

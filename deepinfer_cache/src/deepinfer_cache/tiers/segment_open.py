@@ -138,7 +138,13 @@ def _apply_manifest(
     segs_u, inv = np.unique(rows["segment"], return_inverse=True)
     limit = np.array([covered.get(int(u), 0) for u in segs_u], dtype=np.int64)[inv]
     ok = rows["slot"].astype(np.int64) < limit
-    st.stale_entries += int(len(rows) - np.count_nonzero(ok))  # segment vanished or damaged
+    # A row past its segment's covered prefix is stale (segment vanished or damaged) unless
+    # the tail scan found that very record (earlier versions listed records synced past a
+    # write still in flight; the tail scan reads those slots and vouches for them).
+    for i in np.flatnonzero(~ok).tolist():
+        r = st.loc.get(rows["key"][i].tobytes())
+        if r is None or (r[0], r[1]) != (int(rows["segment"][i]), int(rows["slot"][i])):
+            st.stale_entries += 1
     rows = rows[ok]
     n = len(rows)
     kb, pb, tb = rows["key"].tobytes(), rows["parent"].tobytes(), rows["tenant"].tobytes()
