@@ -313,10 +313,11 @@ def predict_closed_loop(
         moved = max((abs(new[k] - e2e.get(k, 0.0)) for k in new), default=0.0)
         e2e = new
         records = [(order[r.request_id], r) for r in res.records if not r.rejected]
-    ttft, tpot, ends = [], [], []
-    for k, r in records:
+    ttft, tpot, ends, per_request = [], [], [], []
+    for k, r in sorted(records, key=lambda kr: kr[0]):
         t_first = r.first_token_s + overhead.first_s - sent[k]
         t_end = r.finish_s + overhead.last_s - sent[k]
+        per_request.append([k[0], k[1], sent[k], t_first, t_end])
         ttft.append(t_first)
         tpot.append((t_end - t_first) / max(1, r.output_len - 1))
         ends.append(sent[k] + t_end)
@@ -333,6 +334,8 @@ def predict_closed_loop(
         "sim_tpot_p50": sorted(tpot)[len(tpot) // 2] if tpot else None,
         "sim_prefix_hit_rate": sum(r.cached_tokens for _, r in records) / prompt if prompt else 0.0,
         "sim_rounds": rounds,
+        # (conversation, turn, sent, TTFT, e2e) per request, client-side seconds
+        "sim_requests": per_request,
     }
 
 
