@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -29,7 +31,7 @@ from deepinfer.models.gguf_loader import load_gguf_blocks, open_gguf
 from deepinfer.models.llama import LlamaModel
 from deepinfer.models.quant_layers import QuantEmbedding, QuantLinear
 from deepinfer.models.weight_names import hf_to_fused
-from deepinfer_kernels.quant import QuantType, QuantWeight
+from deepinfer_kernels.quant import QuantType, QuantWeight, row_bytes
 
 # (module path under a decoder layer, HF projections fused into it)
 _PROJECTIONS = (
@@ -59,7 +61,43 @@ def _quant_projection(
     if any(b is not None for b in biases) and not all(b is not None for b in biases):
         raise ValueError(f"{names[0]}: some fused projections have a bias and others not")
     bias = None if biases[0] is None else torch.cat([b for b in biases if b is not None])
-    return QuantLinear(parts, bias)
+    module = QuantLinear(parts, bias)
+    joined = _joined_view([p.data for p in parts]) if len(parts) > 1 else None
+    if joined is not None:
+        # The parts already lie back to back (a fused projection read from the blocks file):
+        # hold that memory map, not the concatenated copy, so each weight is in memory once.
+        module.weight = nn.Parameter(joined, requires_grad=False)
+    return module
+
+
+def _joined_view(parts: Sequence[torch.Tensor]) -> torch.Tensor | None:
+    """``parts`` (uint8) as one flat view when they lie back to back in one storage, else None."""
+    first = parts[0]
+    start = end = first.storage_offset()
+    storage = first.untyped_storage().data_ptr()
+    for part in parts:
+        if (
+            part.dtype != torch.uint8
+            or not part.is_contiguous()
+            or part.untyped_storage().data_ptr() != storage
+            or part.storage_offset() != end
+        ):
+            return None
+        end += part.numel()
+    return first.as_strided((end - start,), (1,), start)
+
+
+def _fused_groups(blocks: dict[str, QuantWeight]) -> dict[str, list[str]]:
+    """``{fused weight name: [HF weight names]}`` for each multi-part projection whose parts
+    are all block-format (as :func:`build_gguf_model` will join them)."""
+    layers = {m.group(1) for n in blocks if (m := re.match(r"^(model\.layers\.\d+)\.", n))}
+    groups = {}
+    for prefix in sorted(layers):
+        for path, names in _PROJECTIONS:
+            weights = [f"{prefix}.{n}.weight" for n in names]
+            if len(weights) > 1 and all(w in blocks for w in weights):
+                groups[f"{prefix}.{path}.weight"] = weights
+    return groups
 
 
 def build_gguf_model(
@@ -134,7 +172,8 @@ def load_gguf_model(path: str | os.PathLike[str]) -> LlamaModel:
 # Not *.safetensors: the directory is also an HF model directory, whose loader reads every
 # *.safetensors file as a shard of the bf16 copy.
 BLOCKS_FILE = "gguf-blocks.st"
-BLOCKS_FORMAT = 1
+# 2: fused projections (QKV, gate/up) stored joined, so loading maps them without a copy.
+BLOCKS_FORMAT = 2
 
 
 def _save_blocks(
@@ -148,12 +187,21 @@ def _save_blocks(
     from safetensors.torch import save_file
 
     tensors = {name: t.contiguous() for name, t in floats.items()}
-    tensors.update({name: w.data for name, w in blocks.items()})
+    groups = _fused_groups(blocks)
+    joined = {w for names in groups.values() for w in names}
+    tensors.update({name: w.data for name, w in blocks.items() if name not in joined})
+    fused = {}
+    for name, parts in groups.items():
+        tensors[name] = torch.cat([blocks[w].data.reshape(-1) for w in parts])
+        fused[name] = [[w, int(blocks[w].qtype), blocks[w].rows, blocks[w].cols] for w in parts]
     meta = {
         "format": str(BLOCKS_FORMAT),
         "source": source_marker,
         "config": json.dumps(config.to_hf_config()),
-        "blocks": json.dumps({n: [int(w.qtype), w.cols] for n, w in blocks.items()}),
+        "blocks": json.dumps(
+            {n: [int(w.qtype), w.cols] for n, w in blocks.items() if n not in joined}
+        ),
+        "fused": json.dumps(fused),
     }
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
@@ -181,11 +229,14 @@ def _read_blocks(
                 return None
             config = LlamaConfig.from_hf_config(json.loads(meta["config"]))
             kinds = json.loads(meta["blocks"])
+            fused = json.loads(meta["fused"])
             floats: dict[str, torch.Tensor] = {}
             blocks: dict[str, QuantWeight] = {}
             for name in fh.keys():  # noqa: SIM118 - safe_open has no __iter__
-                tensor = fh.get_tensor(name)
-                if name in kinds:
+                tensor = fh.get_tensor(name)  # a view of the file's memory map, not a copy
+                if name in fused:
+                    blocks.update(_split_fused(tensor, fused[name]))
+                elif name in kinds:
                     qtype, cols = kinds[name]
                     blocks[name] = QuantWeight(tensor, QuantType(qtype), int(cols))
                 else:
@@ -193,6 +244,19 @@ def _read_blocks(
     except Exception:  # safetensors / json / QuantWeight errors all mean: rebuild
         return None
     return config, floats, blocks
+
+
+def _split_fused(flat: torch.Tensor, parts: list[list[Any]]) -> dict[str, QuantWeight]:
+    """The parts of a joined projection as views of ``flat`` (``[[name, qtype, rows, cols]]``)."""
+    out, start = {}, 0
+    for name, qtype, rows, cols in parts:
+        size = int(rows) * row_bytes(QuantType(qtype), int(cols))
+        out[name] = QuantWeight(flat[start : start + size].view(int(rows), -1), QuantType(qtype),
+                                int(cols))  # fmt: skip
+        start += size
+    if start != flat.numel():
+        raise ValueError(f"fused tensor of {flat.numel()} bytes, parts of {start}")
+    return out
 
 
 def load_gguf_model_cached(
@@ -219,5 +283,7 @@ def load_gguf_model_cached(
                 config = LlamaConfig.from_gguf_metadata(reader)
                 floats, blocks = load_gguf_blocks(reader, config)
                 _save_blocks(directory / BLOCKS_FILE, config, floats, blocks, marker)
-                cached = config, floats, blocks
+                # Served from the file just written: its memory map, not the parsed copies.
+                cached = _read_blocks(directory / BLOCKS_FILE, marker) or (config, floats, blocks)
+                del floats, blocks
     return build_gguf_model(*cached)

@@ -7,14 +7,13 @@ size a pool from a byte budget or a context limit.
 
 from __future__ import annotations
 
-import ctypes
+import contextlib
+import math
 import mmap
-import sys
 from collections import deque
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-import numpy as np
 import torch
 
 from deepinfer.models.config import LlamaConfig
@@ -33,34 +32,38 @@ def lazy_zeros(
     """A zero tensor whose CPU memory is committed only where it is written.
 
     ``torch.zeros`` writes every byte at start (a 2048-block SmolLM2 pool: 1.44 GB resident
-    before the first request). NumPy's zeros come from ``calloc``, which for large sizes maps
-    fresh zero pages from the OS: reads see zeros, and a page becomes resident when a block in
-    it is first written. Other devices get ``torch.zeros``.
+    before the first request). On CPU the tensor is a private anonymous memory map of its own:
+    the kernel hands out zero pages, and a page becomes resident when a block in it is first
+    written. Not ``calloc`` (``np.zeros``): glibc serves it from the heap, and zero-fills it,
+    whenever the size is under its mmap threshold, which grows with what the process freed
+    before; after loading the weights a 137-block (101 MB) pool was committed whole. Small
+    tensors and other devices get ``torch.zeros``.
     """
-    if torch.device(device).type != "cpu":
+    size = torch.empty((), dtype=dtype).element_size() * math.prod(shape)
+    if torch.device(device).type != "cpu" or size < _LAZY_MIN_BYTES:
         return torch.zeros(shape, dtype=dtype, device=device)
-    size = torch.empty((), dtype=dtype).element_size()
-    raw = np.zeros(int(np.prod(shape)) * size, dtype=np.uint8)
-    _no_huge_pages(raw)
-    return torch.from_numpy(raw).view(dtype).view(shape)
+    region = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE)
+    _no_huge_pages(region)
+    # torch.frombuffer keeps ``region`` alive as long as any view of the tensor lives.
+    return torch.frombuffer(region, dtype=torch.uint8).view(dtype).view(shape)
 
 
-def _no_huge_pages(raw: np.ndarray) -> None:
-    """Ask Linux not to back ``raw`` with transparent huge pages: a block's K/V rows lie in
+# Below a page's worth there is nothing to leave uncommitted.
+_LAZY_MIN_BYTES = 1 << 16
+
+
+def _no_huge_pages(region: mmap.mmap) -> None:
+    """Ask Linux not to back ``region`` with transparent huge pages: a block's K/V rows lie in
     ``2 * num_layers`` places, and with 2 MB pages the first block written would commit
     ``2 * num_layers * 2 MB`` (120 MB for SmolLM2) instead of a few 4 kB pages each."""
-    if not sys.platform.startswith("linux") or raw.nbytes < (4 << 20):
+    advice = getattr(mmap, "MADV_NOHUGEPAGE", None)  # Linux only
+    if advice is None:
         return
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        page = 4096
-        start = -(-raw.ctypes.data // page) * page
-        length = (raw.ctypes.data + raw.nbytes - start) // page * page
-        # mmap's constant, not a literal: 14 is MADV_HUGEPAGE, which asked for the opposite
-        # (each block written then committed 2 MB pages: 238 MB after a 10-token prompt).
-        libc.madvise(ctypes.c_void_p(start), ctypes.c_size_t(length), mmap.MADV_NOHUGEPAGE)
-    except (OSError, AttributeError):  # advice only: the pool works either way
-        pass
+    # mmap's constant, not a literal: 14 is MADV_HUGEPAGE, which asked for the opposite (each
+    # block written then committed 2 MB pages: 238 MB after a 10-token prompt). Advice only: a
+    # kernel without THP refuses it, and the pool works either way.
+    with contextlib.suppress(OSError):
+        region.madvise(advice)
 
 
 def blocks_for_memory(
