@@ -16,6 +16,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
+from itertools import filterfalse
 from typing import Any
 
 import torch
@@ -27,8 +28,8 @@ from .hashing import (
     BlockHash,
     as_token_sequence,
     check_key_hash,
+    hash_chunks,
     hash_token_blocks,
-    iter_block_hashes,
     tenant_tag,
 )
 from .io_workers import IOWorkers
@@ -122,30 +123,27 @@ class TieredKVStore(StoreCore):
     ) -> LookupResult:
         """How many leading full blocks of ``tokens`` are cached, and in which tiers.
 
-        Hashes are computed lazily, outside the store lock: a miss on block k costs k + 1
-        block hashes. The count is an upper bound of what ``fetch`` returns: a block whose
+        Hashes are computed lazily, outside the store lock: a miss on the first block costs
+        one block hash, a miss on block k at most 2 (k + 1). The count is an upper bound of what ``fetch`` returns: a block whose
         payload turns out corrupt when read is a miss then (and removed); ``scrub()`` verifies
         every disk block ahead of time.
         """
         toks = as_token_sequence(tokens)
         computed: list[BlockHash] = []
-        gen = iter_block_hashes(
-            toks,
-            self.block_size,
-            namespace,
-            model=self.model,
-            extra=extra,
-            block_extras=block_extras,
-            key_hash=self.key_hash,
+        chunks = hash_chunks(
+            toks, self.block_size, namespace, self.model, extra, block_extras, self.key_hash, 1
         )
-
-        # Hash outside the store lock, stopping after the first block the index lacks (a dict
-        # membership test is atomic under the GIL); the locked match below re-checks them all.
-        known = self.index._ids  # a dict: a C-level membership test per block
-        for h in gen:
-            computed.append(h)
-            if h not in known:
-                break
+        # Hash outside the store lock, in chunks of 1, 1, 2, 4... blocks, stopping after the
+        # first block the index lacks (dict membership tests are atomic under the GIL, and run
+        # as a C loop here); the locked match below re-checks them all.
+        known = self.index._ids
+        for chunk in chunks:
+            missing = next(filterfalse(known.__contains__, chunk), None)
+            if missing is None:
+                computed += chunk
+                continue
+            computed += chunk[: chunk.index(missing) + 1]
+            break
         with self._lock:
             self._check_open()
             self._drain_failures()
