@@ -34,6 +34,7 @@ from deepinfer_spec import (
     DraftGate,
     DSparkDrafter,
     FixedGammaScheduler,
+    LinearFn,
     PrefixScheduler,
     SPSCurve,
     VerifyScheduler,
@@ -119,6 +120,35 @@ def time_draft(drafter: DSparkDrafter, repeats: int = 3) -> float:
     return statistics.median(times[1:])
 
 
+@torch.no_grad()
+def fastest_linear(
+    drafter: DSparkDrafter, candidates: Sequence[LinearFn], repeats: int = 3
+) -> LinearFn:
+    """The candidate :class:`~deepinfer_spec.LinearFn` under which one greedy proposal
+    (:func:`time_draft`) is fastest on this machine; the drafter's own product is left as it was.
+
+    Candidates are timed alternately, ``repeats`` rounds, and compared by their fastest round:
+    a preempted round on a shared CPU only ever adds time. Why measure instead of assuming:
+    the bf16-panel product was 1.5x faster than MKL for one-row products on the machine it was
+    tuned on, and 4-15x slower for the drafter's 5-row products on a loaded 2-core box
+    (``benchmarks/results/engine_spec.md``, session 11).
+    """
+    if not candidates:
+        raise ValueError("candidates: expected at least one LinearFn")
+    if repeats < 1:
+        raise ValueError(f"repeats: expected a positive int, got {repeats!r}")
+    previous = drafter.linear
+    best: list[float] = [float("inf")] * len(candidates)
+    try:
+        for _ in range(repeats):
+            for i, fn in enumerate(candidates):
+                drafter.use_linear(fn)
+                best[i] = min(best[i], time_draft(drafter, repeats=1))
+    finally:
+        drafter.use_linear(previous)
+    return candidates[min(range(len(candidates)), key=best.__getitem__)]
+
+
 def load_sts(directory: str | os.PathLike[str]) -> dict[str, torch.Tensor]:
     """``{"greedy": T[G], "sampling": T[G]}`` from a checkpoint's ``sts.json`` (may be empty)."""
     path = Path(directory) / STS_FILE
@@ -176,9 +206,12 @@ def build_speculator(
         drafter = load_drafter(directory, target, weight.device).to(weight.dtype)
         sts = load_sts(directory)
     if drafter.linear is module_linear and drafter.context_proj.weight.device.type == "cpu":
-        # The model's few-row products (bf16 panels of a bf16 checkpoint's exact values); a
-        # LinearFn the caller already chose is kept.
-        drafter.use_linear(ModuleLinear(model.cpu_kernels.linear))
+        # The model's few-row products (bf16 panels of a bf16 checkpoint's exact values) or the
+        # modules' own (MKL), whichever proposes faster here; a LinearFn the caller already
+        # chose is kept.
+        drafter.use_linear(
+            fastest_linear(drafter, [ModuleLinear(model.cpu_kernels.linear), module_linear])
+        )
     curve: SPSCurve | None = None
     if scheduler is None:
         curve = profile_target_sps(model, pool)

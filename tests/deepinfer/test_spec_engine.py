@@ -8,6 +8,7 @@ every path (full acceptance, partial rejection, ragged verify lengths) is exerci
 from __future__ import annotations
 
 import functools
+import time
 
 import pytest
 import spec_helpers
@@ -19,7 +20,12 @@ from deepinfer.engine.engine import LLMEngine
 from deepinfer.engine.sampling_params import SamplingParams
 from deepinfer.models import KVPool, build_model
 from deepinfer.models.spec_adapter import LlamaTargetAdapter
-from deepinfer.speculative import DSparkSpeculator, build_speculator, profile_target_sps
+from deepinfer.speculative import (
+    DSparkSpeculator,
+    build_speculator,
+    fastest_linear,
+    profile_target_sps,
+)
 from deepinfer_kernels.cpu.module_linear import ModuleLinear
 from deepinfer_spec import (
     DraftGate,
@@ -370,8 +376,9 @@ def test_build_speculator_gate_option(model, greedy_reference) -> None:
     )
     assert drafter.linear is module_linear
     default = build().gate
-    # A CPU drafter on its modules' own products is switched to the model's products.
-    assert isinstance(drafter.linear, ModuleLinear)
+    # A CPU drafter on its modules' own products gets the faster of the model's products and
+    # its own, as timed on this machine (fastest_linear; its choice is tested on its own).
+    assert isinstance(drafter.linear, ModuleLinear) or drafter.linear is module_linear
     assert isinstance(default, DraftGate)
     # The default gate is priced on this machine: the drafter's measured forward and the
     # target's profiled step times.
@@ -522,3 +529,34 @@ def test_spec_decoder_and_engine_run_one_dspark_step(model, greedy_reference) ->
             torch.testing.assert_close(got, apply_temperatures(base, sts))
     with pytest.raises(ValueError, match="sts_greedy"):
         SpecDecoder(drafter, drafter.target, _SeenConfidence(1), sts_greedy=torch.ones(2))
+
+
+class _SlowLinear:
+    """The module's own product plus a fixed delay per call: a LinearFn that is always slower."""
+
+    def __init__(self, delay_s: float) -> None:
+        self.delay_s = delay_s
+        self.calls = 0
+
+    def __call__(self, x: torch.Tensor, layer: torch.nn.Linear) -> torch.Tensor:
+        self.calls += 1
+        time.sleep(self.delay_s)
+        return spec_module_linear(x, layer)
+
+
+def test_fastest_linear_picks_the_faster_product_and_restores_the_drafter(
+    model, greedy_reference
+) -> None:
+    _, expected = greedy_reference
+    drafter = oracle_drafter(model, expected)
+    slow = _SlowLinear(0.004)  # a proposal runs ~10 products: at least 40 ms slower
+    mine = _SlowLinear(0.0)
+    drafter.use_linear(mine)
+    for order in ([slow, spec_module_linear], [spec_module_linear, slow]):
+        assert fastest_linear(drafter, order, repeats=2) is spec_module_linear
+    assert slow.calls > 0  # it was really timed, not skipped
+    assert drafter.linear is mine  # the drafter's own choice is left as it was
+    with pytest.raises(ValueError, match="candidates"):
+        fastest_linear(drafter, [])
+    with pytest.raises(ValueError, match="repeats"):
+        fastest_linear(drafter, [slow], repeats=0)
