@@ -5,15 +5,29 @@ that misses on its first block; inserts per second; hashing throughput; the paus
 garbage collection with the index loaded; hashing under both key schemes (``xxh3_128``, the
 default, and ``blake2b``), alternated in rounds.
 
-    .venv/bin/python benchmarks/bench_cache_index.py [--blocks 1000000] [--reps 200]
+    .venv/bin/python benchmarks/bench_cache_index.py [--blocks 1000000] [--reps 200] [--ab REV]
+
+``--ab REV`` also times ``store.lookup`` of the package as it was at git revision ``REV``
+(extracted with ``git archive`` and imported as ``deepinfer_cache_ab``; its imports are
+relative) on an index filled with the same conversations, alternating old and new in rounds
+in this one process, and prints the old/new CPU ratio per round as a range.
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
+import importlib
+import io
+import os
 import statistics
+import subprocess
+import sys
+import tarfile
+import tempfile
 import time
+from types import ModuleType
+from typing import Any
 
 import numpy as np
 import torch
@@ -28,6 +42,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--blocks", type=int, default=1_000_000)
     ap.add_argument("--reps", type=int, default=200)
+    ap.add_argument("--ab", metavar="REV", help="also time lookups of the package at git REV")
     args = ap.parse_args()
     rng = np.random.default_rng(0)
     base_pauses = _gc_pauses()
@@ -127,6 +142,8 @@ def main() -> None:
         )
         + f"; blake2b/xxh3_128 per round {min(ratios):.1f}-{max(ratios):.1f}x"
     )
+    if args.ab:
+        _ab(args.ab, store, len(chains), probe_np, args.reps)
     del chains
     pauses = _gc_pauses()
     print(
@@ -144,6 +161,60 @@ def main() -> None:
         worst = max(worst, time.perf_counter() - t0)
     print(f"slowest of 200 inserts (64 blocks each) with automatic GC: {worst * 1e3:.2f} ms")
     store.close()
+
+
+def _baseline_package(rev: str) -> ModuleType:
+    """``deepinfer_cache`` as of git revision ``rev``, imported as ``deepinfer_cache_ab``."""
+    tar = subprocess.run(
+        ["git", "archive", rev, "deepinfer_cache/src/deepinfer_cache"],
+        capture_output=True,
+        check=True,
+    ).stdout
+    tmp = tempfile.mkdtemp(prefix="bench_cache_ab_")
+    with tarfile.open(fileobj=io.BytesIO(tar)) as tf:
+        tf.extractall(tmp, filter="data")
+    os.rename(
+        os.path.join(tmp, "deepinfer_cache", "src", "deepinfer_cache"),
+        os.path.join(tmp, "deepinfer_cache_ab"),
+    )
+    sys.path.insert(0, tmp)
+    return importlib.import_module("deepinfer_cache_ab")
+
+
+def _ab(rev: str, store: Any, n_conv: int, probe: np.ndarray, reps: int) -> None:
+    """Old and new ``store.lookup`` on indexes holding the same conversations (each under its
+    own key scheme), alternated in rounds; CPU time of this thread per lookup."""
+    old_pkg = _baseline_package(rev)
+    old = old_pkg.TieredKVStore(
+        [old_pkg.HostTier((1,), torch.float32, 1 << 12) for _ in range(3)], block_size=BLOCK
+    )
+    # Same chain shapes (conversations sharing a 16-block system prompt), keyed the old way:
+    # fresh random bodies (the new index's tokens were not kept), the same probe.
+    system = probe[: 16 * BLOCK]
+    rng = np.random.default_rng(1)
+    for i in range(n_conv):
+        toks = np.concatenate([system, rng.integers(0, 128_000, PROMPT - system.size, np.int32)])
+        old.index.insert(old_pkg.hash_token_blocks(toks, BLOCK), tier=i % 3)
+    old.index.insert(old_pkg.hash_token_blocks(probe, BLOCK), tier=2)
+    probe_list = probe.tolist()
+    assert old.lookup(probe).num_blocks == store.lookup(probe).num_blocks == PROMPT // BLOCK
+    rounds = max(3, reps // 20)
+    for name, arg in (("numpy int32", probe), ("python list", probe_list)):
+        cpu: dict[str, list[float]] = {"old": [], "new": []}
+        for _ in range(rounds):
+            for label, s in (("old", old), ("new", store)):
+                c0 = time.thread_time()
+                for _ in range(20):
+                    s.lookup(arg)
+                cpu[label].append((time.thread_time() - c0) / 20)
+        ratios = [o / n for o, n in zip(cpu["old"], cpu["new"])]
+        print(
+            f"A/B store.lookup 77k tokens ({name}), {rounds} alternated rounds of 20: "
+            f"{rev} {min(cpu['old']) * 1e3:.2f}-{max(cpu['old']) * 1e3:.2f} ms, "
+            f"now {min(cpu['new']) * 1e3:.2f}-{max(cpu['new']) * 1e3:.2f} ms CPU; "
+            f"old/new per round {min(ratios):.1f}-{max(ratios):.1f}x"
+        )
+    old.close()
 
 
 def _gc_pauses(n: int = 3) -> list[float]:
