@@ -23,10 +23,12 @@ from deepinfer.models.rope import RotaryEmbedding
 from deepinfer.models.weight_names import fused_to_hf, hf_to_fused
 from deepinfer_kernels.cpu import (
     CpuKernels,
+    DecoderBlocks,
     DecoderPanels,
-    LayerPanels,
+    FusedLayerKernel,
     LayerProjections,
     LayerShape,
+    LayerWeightCache,
     PackedWeight,
     PagedAttentionTiles,
     add_rms_norm,
@@ -182,6 +184,8 @@ class LlamaModel(nn.Module):
         self._head_packed = PackedWeight()
         # The compiled layer's bound weights (the kernel package keeps and refreshes them).
         self.layer_panels = DecoderPanels(self._projections)
+        # The same for projections kept in GGUF block formats (QuantLinear: the file's bytes).
+        self.layer_blocks = DecoderBlocks(self._projections)
         self.rope = RotaryEmbedding(
             config.head_dim, config.rope_theta, config.rope_scaling, config.max_position_embeddings
         )
@@ -206,6 +210,7 @@ class LlamaModel(nn.Module):
     def _apply(self, fn: Any, recurse: bool = True) -> LlamaModel:
         self._head_packed.clear()  # see Linear._apply
         self.layer_panels.clear()
+        self.layer_blocks.clear()
         return cast(LlamaModel, super()._apply(fn, recurse))  # type: ignore[no-untyped-call]
 
     def init_weights(self, std: float = 0.02, generator: torch.Generator | None = None) -> None:
@@ -258,10 +263,10 @@ class LlamaModel(nn.Module):
             return self.norm.forward(residual), []
         plans = self._plan_layers(attn, kv_pool.block_size)
         plan = plans[0]
-        panels = self._fused_panels(residual, kv_pool, attn)
-        if panels is not None:
+        fused = self._fused_layers(residual, kv_pool, attn)
+        if fused is not None:
             return self._forward_fused(
-                panels, residual, cos, sin, plan, attn, kv_pool, wanted, layer_ids
+                *fused, residual, cos, sin, plan, attn, kv_pool, wanted, layer_ids
             )
         writer = deepinfer_kernels.plan_write_kv(
             attn.slot_mapping, num_blocks=kv_pool.num_blocks, block_size=kv_pool.block_size
@@ -279,19 +284,30 @@ class LlamaModel(nn.Module):
                 captured[i] = residual
         return normed, [captured[i] for i in layer_ids]
 
-    def _fused_panels(
+    def _fused_layers(
         self, x: torch.Tensor, kv_pool: KVPool, attn: AttentionMetadata
-    ) -> tuple[LayerPanels, ...] | None:
-        """Every layer's bf16 panels when this step can take ``cpu_kernels.layer``
-        (``DecoderLayerKernel.applies``) and every projection weight is bf16-exact."""
-        kernel = self.cpu_kernels.layer
-        if (
-            kernel is None
-            or not self.fused_layer_kernel_fits()
-            or not kernel.applies(x, kv_pool.layer_caches(0)[0], attn.slot_mapping)
-        ):
+    ) -> tuple[FusedLayerKernel[Any], tuple[Any, ...]] | None:
+        """The compiled layer kernel this step can take (``FusedLayerKernel.applies``) and
+        every layer's weights in its layout: ``cpu_kernels.quant_layer`` when every projection
+        keeps a block format (GGUF, a bf16 checkpoint's own tensors), else
+        ``cpu_kernels.layer`` when every projection weight is bf16-exact; None otherwise."""
+        if not self.fused_layer_kernel_fits():
             return None
-        return self.layer_panels.get()
+        choices: tuple[tuple[FusedLayerKernel[Any] | None, LayerWeightCache[Any]], ...] = (
+            (self.cpu_kernels.quant_layer, self.layer_blocks),
+            (self.cpu_kernels.layer, self.layer_panels),
+        )
+        for kernel, cache in choices:
+            if kernel is None:
+                continue
+            # The weights first: cached, and None for a model the kernel cannot take, so its
+            # library is not built for models that never use it.
+            weights = cache.get()
+            if weights is not None and kernel.applies(
+                x, kv_pool.layer_caches(0)[0], attn.slot_mapping
+            ):
+                return kernel, weights
+        return None
 
     def fused_layer_kernel_fits(self) -> bool:
         """Whether ``cpu_kernels.layer`` computes these layers: it knows Llama's attention
@@ -322,7 +338,8 @@ class LlamaModel(nn.Module):
 
     def _forward_fused(
         self,
-        panels: tuple[LayerPanels, ...],
+        kernel: FusedLayerKernel[Any],
+        panels: tuple[Any, ...],
         residual: torch.Tensor,
         cos: torch.Tensor,
         sin: torch.Tensor,
@@ -332,13 +349,11 @@ class LlamaModel(nn.Module):
         wanted: set[int],
         layer_ids: Sequence[int],
     ) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        """:meth:`forward_with_layers` on ``cpu_kernels.layer``: per layer, one call before
-        the attention and one after it, on buffers allocated once for the step. The calls are
-        bound once for all layers (operands checked, arguments built), and so is the
+        """:meth:`forward_with_layers` on a compiled layer ``kernel`` over its weights
+        ``panels`` (:meth:`_fused_layers`): per layer, one call before the attention and one
+        after it, on buffers allocated once for the step. The calls are bound once for all layers (operands checked, arguments built), and so is the
         attention where its plan can be (``PagedAttentionPlan.bind_cpu_layers``): per layer
         that leaves three foreign calls and no other Python work."""
-        kernel = self.cpu_kernels.layer
-        assert kernel is not None
         cfg = self.config
         shape = LayerShape(
             cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.intermediate_size

@@ -9,8 +9,10 @@ dequantises only the rows it looks up, and serves as the tied LM head through th
 product, so the table is held once, in its file format.
 
 Both are drop-in subclasses of the float modules (``isinstance`` checks and module paths stay
-as they are); their ``weight`` parameter is the uint8 bytes, which no float kernel accepts (the
-compiled bf16 layer reports itself inapplicable and the model runs its per-layer path).
+as they are); their ``weight`` parameter is the uint8 bytes, which no float kernel accepts. A
+decode step on the CPU runs each decoder layer as two compiled calls over these bytes
+(:meth:`QuantLinear.block_matrix`, ``deepinfer_kernels.cpu.QuantDecoderLayerKernel``); other
+steps run :meth:`QuantLinear.forward` per projection.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import torch
 from torch import nn
 
 from deepinfer.models.layers import Embedding, Linear
-from deepinfer_kernels.cpu import PackedWeight
+from deepinfer_kernels.cpu import BlockMatrix, PackedWeight
 from deepinfer_kernels.quant import QuantType, QuantWeight, dequantize, quant_linear, row_bytes
 
 
@@ -83,6 +85,14 @@ class QuantLinear(Linear):
             ys.append(quant_linear(x, part, b))
             start += part.rows
         return torch.cat(ys, dim=-1)
+
+    def block_matrix(self) -> BlockMatrix | None:
+        """The weight as the compiled block-format decoder layer reads it (a view of its bytes,
+        no copy), or None off the CPU (``deepinfer_kernels.cpu.DecoderBlocks`` asks)."""
+        flat = self.weight.detach()
+        if flat.device.type != "cpu":
+            return None
+        return BlockMatrix(flat, self.layout, self.in_features)
 
     def head_product(self, x: torch.Tensor) -> torch.Tensor:
         """The product as an LM head (same as :meth:`forward`; ``LlamaModel.compute_logits``

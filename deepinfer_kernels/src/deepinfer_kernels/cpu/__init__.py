@@ -20,6 +20,7 @@ Example::
 
 # Registers the torch.library ops (torch.ops.deepinfer.*), as attention/ops.py does.
 from deepinfer_kernels.cpu import ops as ops
+from deepinfer_kernels.cpu import quant_layer_ops as quant_layer_ops
 from deepinfer_kernels.cpu.abi import CSignature, CSource, NativeAbiError
 from deepinfer_kernels.cpu.add_rms_norm import AddRmsNorm, add_rms_norm, rms_norm
 from deepinfer_kernels.cpu.attention import BoundTiles, PagedAttentionTiles
@@ -30,13 +31,20 @@ from deepinfer_kernels.cpu.bf16_weight_linear import (
     unpack_panels,
 )
 from deepinfer_kernels.cpu.bound_layers import BoundLayers
+from deepinfer_kernels.cpu.decoder_blocks import DecoderBlocks, block_matrix_of
 from deepinfer_kernels.cpu.decoder_layer import (
     DecoderLayerKernel,
+    FusedLayerKernel,
     LayerPanels,
     LayerShape,
     SlotMapping,
 )
-from deepinfer_kernels.cpu.decoder_panels import DecoderPanels, LayerProjections, Projection
+from deepinfer_kernels.cpu.decoder_panels import (
+    DecoderPanels,
+    LayerProjections,
+    LayerWeightCache,
+    Projection,
+)
 from deepinfer_kernels.cpu.kernels import CpuKernels
 from deepinfer_kernels.cpu.linear import (
     BF16_MAX_ROWS,
@@ -58,6 +66,11 @@ from deepinfer_kernels.cpu.native import (
     load_library,
     source_digest,
 )
+from deepinfer_kernels.cpu.quant_decoder_layer import (
+    BlockMatrix,
+    LayerBlocks,
+    QuantDecoderLayerKernel,
+)
 from deepinfer_kernels.cpu.sources import ALL_SOURCES
 
 __all__ = [
@@ -66,17 +79,22 @@ __all__ = [
     "PANEL",
     "AddRmsNorm",
     "Bf16WeightLinear",
+    "BlockMatrix",
     "BoundLayers",
     "BoundTiles",
     "CSignature",
     "CSource",
     "CompileError",
     "CpuKernels",
+    "DecoderBlocks",
     "DecoderLayerKernel",
     "DecoderPanels",
+    "FusedLayerKernel",
+    "LayerBlocks",
     "LayerPanels",
     "LayerProjections",
     "LayerShape",
+    "LayerWeightCache",
     "ModuleLinear",
     "NativeAbiError",
     "NativeBuildError",
@@ -84,9 +102,11 @@ __all__ = [
     "PackedWeight",
     "PagedAttentionTiles",
     "Projection",
+    "QuantDecoderLayerKernel",
     "SlotMapping",
     "add_rms_norm",
     "bf16_panels",
+    "block_matrix_of",
     "build_library",
     "build_prebuilt",
     "compiler_available",

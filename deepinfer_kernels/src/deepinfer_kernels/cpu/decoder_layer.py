@@ -20,9 +20,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar, Generic, TypeVar
 
 import torch
 
+from deepinfer_kernels.cpu.abi import CSource
 from deepinfer_kernels.cpu.bf16_weight_linear import PANEL
 from deepinfer_kernels.cpu.bound_layers import BoundLayers, mlp_call_args, qkv_call_args
 from deepinfer_kernels.cpu.linear import BF16_MAX_ROWS
@@ -130,23 +132,68 @@ def _check_rows(name: str, t: torch.Tensor, rows: int, width: int) -> None:
         )
 
 
-class DecoderLayerKernel:
-    """The two compiled halves of a layer (``enabled=None`` reads ``DEEPINFER_CPU_KERNELS``).
+W = TypeVar("W")
+
+
+class FusedLayerKernel(Generic[W]):
+    """The two compiled halves of a layer over weights ``W`` (``enabled=None`` reads
+    ``DEEPINFER_CPU_KERNELS``): everything but the weights' checks and the C arguments they
+    become is shared by every weight layout (:class:`DecoderLayerKernel` over bf16 panels,
+    ``QuantDecoderLayerKernel`` over GGUF blocks).
 
     Operands are checked on every call (cheap next to Python's dispatch of the ops it
     replaces); callers own the buffers, so a forward allocates them once for all layers.
     """
 
+    source: ClassVar[CSource]
+    qkv_symbol: ClassVar[str]
+    mlp_symbol: ClassVar[str]
+
     def __init__(self, cache_dir: Path | None = None, enabled: bool | None = None) -> None:
         self._qkv = NativeFunction(
-            DECODER_LAYER, "deepinfer_decoder_qkv", cache_dir=cache_dir, enabled=enabled
+            self.source, self.qkv_symbol, cache_dir=cache_dir, enabled=enabled
         )
         self._mlp = NativeFunction(
-            DECODER_LAYER, "deepinfer_decoder_mlp", cache_dir=cache_dir, enabled=enabled
+            self.source, self.mlp_symbol, cache_dir=cache_dir, enabled=enabled
         )
-        # The last panels tuple check_panels passed, and for which shape (see bind).
-        self._checked_panels: tuple[LayerPanels, ...] | None = None
+        # The last weights tuple check_weights passed, and for which shape (see bind).
+        self._checked_panels: tuple[W, ...] | None = None
         self._checked_shape: LayerShape | None = None
+
+    def check_weights(self, shape: LayerShape, weights: W, part: str = "both") -> None:
+        """Raise ``ValueError`` naming the first of ``weights`` that does not fit ``shape``
+        (``part``: ``"qkv"``, ``"mlp"`` or ``"both"``, as :meth:`LayerShape.check_panels`)."""
+        raise NotImplementedError
+
+    def qkv_args(
+        self,
+        x: torch.Tensor,
+        weights: W,
+        shape: LayerShape,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        slots: SlotMapping,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        out: torch.Tensor,
+    ) -> tuple[object, ...]:
+        """The QKV half's C arguments for checked operands."""
+        raise NotImplementedError
+
+    def mlp_args(
+        self,
+        attn: torch.Tensor,
+        weights: W,
+        shape: LayerShape,
+        residual: torch.Tensor,
+        normed: torch.Tensor,
+        post_norm: torch.Tensor,
+        next_norm: torch.Tensor,
+        eps: float,
+        scratch: torch.Tensor,
+    ) -> tuple[object, ...]:
+        """The MLP half's C arguments for checked operands."""
+        raise NotImplementedError
 
     @property
     def error(self) -> str | None:
@@ -185,7 +232,7 @@ class DecoderLayerKernel:
     def qkv(
         self,
         x: torch.Tensor,
-        panels: LayerPanels,
+        panels: W,
         shape: LayerShape,
         cos: torch.Tensor,
         sin: torch.Tensor,
@@ -200,11 +247,11 @@ class DecoderLayerKernel:
         ``slots``: from :meth:`slot_mapping` with the caches' ``num_blocks * block_size``;
         caches contiguous fp32 ``[num_blocks, block_size, Hkv, D]``.
         """
-        shape.check_panels(panels, "qkv")
+        self.check_weights(shape, panels, "qkv")
         self._check_qkv(x, shape, cos, sin, slots, k_cache, v_cache, out)
         if x.shape[0] == 0:
             return
-        self._qkv(*qkv_call_args(x, panels, shape, cos, sin, slots, k_cache, v_cache, out))
+        self._qkv(*self.qkv_args(x, panels, shape, cos, sin, slots, k_cache, v_cache, out))
 
     @staticmethod
     def _check_qkv(
@@ -246,7 +293,7 @@ class DecoderLayerKernel:
     def mlp(
         self,
         attn: torch.Tensor,
-        panels: LayerPanels,
+        panels: W,
         shape: LayerShape,
         residual: torch.Tensor,
         normed: torch.Tensor,
@@ -259,12 +306,12 @@ class DecoderLayerKernel:
         ``attn [T, Hq D]``. Updates ``residual [T, H]`` in place; writes ``normed [T, H]``
         (``next_norm`` applied). ``scratch``: fp32 with ``shape.scratch_size(T)`` values.
         ``post_norm``/``next_norm`` share one ``eps`` (a Llama model's norms all do)."""
-        shape.check_panels(panels, "mlp")
+        self.check_weights(shape, panels, "mlp")
         _check_mlp_operands(attn, shape, residual, normed, post_norm, next_norm, scratch)
         if attn.shape[0] == 0:
             return
         self._mlp(
-            *mlp_call_args(
+            *self.mlp_args(
                 attn, panels, shape, residual, normed, post_norm, next_norm, eps, scratch
             )
         )
@@ -272,7 +319,7 @@ class DecoderLayerKernel:
     def bind(
         self,
         shape: LayerShape,
-        panels: tuple[LayerPanels, ...],
+        panels: tuple[W, ...],
         normed: torch.Tensor,
         qkv: torch.Tensor,
         cos: torch.Tensor,
@@ -301,7 +348,7 @@ class DecoderLayerKernel:
             )
         if panels is not self._checked_panels or shape != self._checked_shape:
             for p in panels:
-                shape.check_panels(p)
+                self.check_weights(shape, p)
             self._checked_panels, self._checked_shape = panels, shape
         # The per-call checks, on layer 0's operands (every layer shares the buffers); the
         # other layers' caches must have layer 0's layout and their norms are checked each.
@@ -314,17 +361,58 @@ class DecoderLayerKernel:
                 raise ValueError(f"k_caches[{i}]/v_caches[{i}]: expected layer 0's layout")
             _check_norm_weights(shape, *norms[i])
         qkv_args = [
-            qkv_call_args(normed, p, shape, cos, sin, slots, k, v, qkv)
+            self.qkv_args(normed, p, shape, cos, sin, slots, k, v, qkv)
             for p, k, v in zip(panels, k_caches, v_caches)
         ]
         mlp_args = [
-            mlp_call_args(attn, p, shape, residual, normed, post, after, eps, scratch)
+            self.mlp_args(attn, p, shape, residual, normed, post, after, eps, scratch)
             for p, (post, after) in zip(panels, norms)
         ]
         # The calls pass these tensors' addresses: the bound object keeps them alive.
         operands = (panels, normed, qkv, cos, sin, slots, tuple(k_caches), tuple(v_caches),
                     attn, residual, tuple(norms), scratch)  # fmt: skip
         return BoundLayers(self._qkv, self._mlp, qkv_args, mlp_args, operands, normed.shape[0])
+
+
+class DecoderLayerKernel(FusedLayerKernel[LayerPanels]):
+    """The two compiled halves of a layer over bf16 panels (``csrc/decoder_layer.c``)."""
+
+    source = DECODER_LAYER
+    qkv_symbol = "deepinfer_decoder_qkv"
+    mlp_symbol = "deepinfer_decoder_mlp"
+
+    def check_weights(self, shape: LayerShape, weights: LayerPanels, part: str = "both") -> None:
+        shape.check_panels(weights, part)
+
+    def qkv_args(
+        self,
+        x: torch.Tensor,
+        weights: LayerPanels,
+        shape: LayerShape,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        slots: SlotMapping,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        out: torch.Tensor,
+    ) -> tuple[object, ...]:
+        return qkv_call_args(x, weights, shape, cos, sin, slots, k_cache, v_cache, out)
+
+    def mlp_args(
+        self,
+        attn: torch.Tensor,
+        weights: LayerPanels,
+        shape: LayerShape,
+        residual: torch.Tensor,
+        normed: torch.Tensor,
+        post_norm: torch.Tensor,
+        next_norm: torch.Tensor,
+        eps: float,
+        scratch: torch.Tensor,
+    ) -> tuple[object, ...]:
+        return mlp_call_args(
+            attn, weights, shape, residual, normed, post_norm, next_norm, eps, scratch
+        )
 
 
 def _check_mlp_operands(

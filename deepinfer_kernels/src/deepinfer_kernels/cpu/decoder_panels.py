@@ -11,7 +11,7 @@ same bytes the bf16 linear path reads), so the fused path costs no second copy.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any, Generic, Protocol, TypeVar
 
 import torch
 from torch import nn
@@ -31,6 +31,8 @@ class Projection(Protocol):
     def packed(self) -> PackedWeight: ...
 
 
+W = TypeVar("W")
+
 # One layer's (qkv, o, gate_up, down) projections.
 LayerProjections = tuple[Projection, Projection, Projection, Projection]
 
@@ -46,43 +48,48 @@ def _holder(proj: Projection) -> Mapping[str, Any]:
     return proj._parameters if isinstance(proj, nn.Module) else vars(proj)
 
 
-class DecoderPanels:
-    """The bf16 panels of a model's decoder layers, built on first use and kept while current.
+class LayerWeightCache(Generic[W]):
+    """Every decoder layer's weights in a compiled layer's layout ``W``, built on first use and
+    kept (or their refusal: None) while the projections' weights are current.
 
     ``projections`` is called only to (re)build: it returns every layer's
-    :data:`LayerProjections` in order.
+    :data:`LayerProjections` in order. Subclasses say how one layer is built (:meth:`build`).
     """
 
     def __init__(self, projections: Callable[[], Sequence[LayerProjections]]) -> None:
         self._projections = projections
-        self._panels: tuple[LayerPanels, ...] = ()
+        self._panels: tuple[W, ...] = ()
         # Per projection: where its parameters live, its weight, bias and weight key.
         self._sources: list[tuple[Mapping[str, Any], torch.Tensor, Any, tuple[int, int]]] = []
 
-    def get(self) -> tuple[LayerPanels, ...] | None:
-        """Every layer's panels, or None when a projection other than QKV has a bias or a
-        weight is not bf16-exact (the compiled layer does not apply)."""
-        if self._panels and self.is_current():
-            return self._panels
+    def build(self, layer: LayerProjections) -> W | None:
+        """One layer's weights, or None when the kernel does not take this layer."""
+        raise NotImplementedError
+
+    def get(self) -> tuple[W, ...] | None:
+        """Every layer's weights, or None when some layer is refused by :meth:`build`. Both
+        answers are kept while the weights are current, so a model whose weights the kernel
+        does not take asks nothing of them at each step."""
+        if self._sources and self.is_current():
+            return self._panels or None
         self.clear()
-        out, sources = [], []
-        for layer in self._projections():
-            qkv, *plain = layer
-            if any(p.bias is not None for p in plain):
-                return None
-            panels = [p.packed.bf16(p.weight) for p in layer]
-            if any(t is None for t in panels):
-                return None
-            bias = qkv.bias
-            q, o, gu, d = (t for t in panels if t is not None)
-            out.append(LayerPanels(q, None if bias is None else bias.detach(), o, gu, d))
-            sources += [(_holder(p), p.weight, p.bias, weight_key(p.weight)) for p in layer]
-        self._panels, self._sources = tuple(out), sources
-        return self._panels
+        layers = self._projections()
+        out: list[W] = []
+        for layer in layers:
+            built = self.build(layer)
+            if built is None:
+                out = []
+                break
+            out.append(built)
+        self._panels = tuple(out)
+        self._sources = [
+            (_holder(p), p.weight, p.bias, weight_key(p.weight)) for layer in layers for p in layer
+        ]
+        return self._panels or None
 
     def is_current(self) -> bool:
         """Whether every projection still has the weight (same tensor, storage and version)
-        and bias the panels were made from."""
+        and bias the weights were made from."""
         return all(
             params.get("weight") is weight
             and params.get("bias") is bias
@@ -91,5 +98,21 @@ class DecoderPanels:
         )
 
     def clear(self) -> None:
-        """Forget the panels (the projections keep their own copies)."""
+        """Forget the weights (the projections keep their own copies)."""
         self._panels, self._sources = (), []
+
+
+class DecoderPanels(LayerWeightCache[LayerPanels]):
+    """The bf16 panels of a model's decoder layers (see the module doc)."""
+
+    def build(self, layer: LayerProjections) -> LayerPanels | None:
+        """None when a projection other than QKV has a bias or a weight is not bf16-exact."""
+        qkv, *plain = layer
+        if any(p.bias is not None for p in plain):
+            return None
+        panels = [p.packed.bf16(p.weight) for p in layer]
+        if any(t is None for t in panels):
+            return None
+        bias = qkv.bias
+        q, o, gu, d = (t for t in panels if t is not None)
+        return LayerPanels(q, None if bias is None else bias.detach(), o, gu, d)

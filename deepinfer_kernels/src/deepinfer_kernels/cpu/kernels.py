@@ -15,6 +15,7 @@ from deepinfer_kernels.cpu.add_rms_norm import AddRmsNorm
 from deepinfer_kernels.cpu.attention import PagedAttentionTiles
 from deepinfer_kernels.cpu.bf16_weight_linear import Bf16WeightLinear
 from deepinfer_kernels.cpu.decoder_layer import DecoderLayerKernel
+from deepinfer_kernels.cpu.quant_decoder_layer import QuantDecoderLayerKernel
 
 
 @dataclass
@@ -25,13 +26,16 @@ class CpuKernels:
     * ``norm``: residual add + RMSNorm;
     * ``attention``: short paged-attention tiles (decode, verification);
     * ``layer``: a decoder layer minus its attention as two calls, for steps of up to
-      ``BF16_MAX_ROWS`` rows when every projection weight is bf16-exact.
+      ``BF16_MAX_ROWS`` rows when every projection weight is bf16-exact;
+    * ``quant_layer``: the same two calls over weights kept in GGUF block formats (or a bf16
+      checkpoint's own bf16 tensors), for steps of up to ``BF16_MAX_ROWS`` rows.
     """
 
     linear: Bf16WeightLinear | None = None
     norm: AddRmsNorm | None = None
     attention: PagedAttentionTiles | None = None
     layer: DecoderLayerKernel | None = None
+    quant_layer: QuantDecoderLayerKernel | None = None
 
     @classmethod
     def all(cls, cache_dir: Path | None = None, enabled: bool | None = None) -> CpuKernels:
@@ -41,4 +45,5 @@ class CpuKernels:
             norm=AddRmsNorm(cache_dir, enabled),
             attention=PagedAttentionTiles(cache_dir, enabled),
             layer=DecoderLayerKernel(cache_dir, enabled),
+            quant_layer=QuantDecoderLayerKernel(cache_dir, enabled),
         )

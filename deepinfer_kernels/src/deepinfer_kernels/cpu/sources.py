@@ -36,6 +36,17 @@ DECODER_LAYER = CSource(
         CSignature("deepinfer_decoder_mlp", "ppppppppfpiiii"),
     ),
 )
+QUANT_DECODER_LAYER = CSource(
+    CSRC / "quant_decoder_layer.c",
+    1,
+    (
+        # x, w, seg, bias, qkv, cos, sin, slots, k_cache, v_cache, T, H, hq, hkv, d
+        CSignature("deepinfer_qdecoder_qkv", "ppppppppppiiiii"),
+        # attn, o_w, o_seg, residual, normed, post_w, gate_up_w, gate_up_seg, down_w, down_seg,
+        # next_w, eps, scratch, T, H, Q, I
+        CSignature("deepinfer_qdecoder_mlp", "pppppppppppfpiiii"),
+    ),
+)
 PAGED_ATTENTION_TILES = CSource(
     CSRC / "paged_attention_tiles.c",
     1,
@@ -50,5 +61,6 @@ ALL_SOURCES: tuple[CSource, ...] = (
     ADD_RMS_NORM,
     BF16_WEIGHT_LINEAR,
     DECODER_LAYER,
+    QUANT_DECODER_LAYER,
     PAGED_ATTENTION_TILES,
 )

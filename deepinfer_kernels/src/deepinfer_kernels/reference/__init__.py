@@ -10,8 +10,11 @@ from deepinfer_kernels.reference.attention import (
 from deepinfer_kernels.reference.cpu import (
     add_rms_norm_reference,
     bf16_weight_linear_reference,
+    block_rows_reference,
     decoder_mlp_reference,
     decoder_qkv_reference,
+    quant_decoder_mlp_reference,
+    quant_decoder_qkv_reference,
     rms_norm_reference,
     unpack_panels_reference,
 )
@@ -55,6 +58,9 @@ __all__: list[str] = [
     "bf16_weight_linear_reference",
     "decoder_mlp_reference",
     "decoder_qkv_reference",
+    "quant_decoder_mlp_reference",
+    "quant_decoder_qkv_reference",
+    "block_rows_reference",
     "rms_norm_reference",
     "unpack_panels_reference",
     # weights in GGUF block formats

@@ -7,8 +7,12 @@ as bf16 panels (:func:`unpack_panels_reference` is the layout).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 import torch.nn.functional as F
+
+from deepinfer_kernels.reference.quant import dequantize_reference
 
 PANEL = 32  # output columns per panel
 
@@ -106,3 +110,43 @@ def decoder_mlp_reference(
     gate, up = F.linear(n, gate_up_weight.double()).chunk(2, dim=-1)
     out = r + F.linear(F.silu(gate) * up, down_weight.double())
     return out.to(residual.dtype), rms_norm_reference(out, next_norm, eps).to(residual.dtype)
+
+
+def block_rows_reference(parts: Sequence[tuple[torch.Tensor, int]]) -> torch.Tensor:
+    """The fp32 matrix held by GGUF row segments stacked row-wise: ``parts`` = ``(data, qtype)``
+    with ``data`` uint8 ``[rows, row_bytes]`` (the layout the block-format decoder layer reads)."""
+    return torch.cat([dequantize_reference(data, qtype) for data, qtype in parts])
+
+
+def quant_decoder_qkv_reference(
+    x: torch.Tensor,
+    qkv_parts: Sequence[tuple[torch.Tensor, int]],
+    qkv_bias: torch.Tensor | None,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    slots: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    num_heads: int,
+    num_kv_heads: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`decoder_qkv_reference` with the QKV weight given as GGUF row segments."""
+    return decoder_qkv_reference(x, block_rows_reference(qkv_parts), qkv_bias, cos, sin, slots,
+                                 k_cache, v_cache, num_heads, num_kv_heads)  # fmt: skip
+
+
+def quant_decoder_mlp_reference(
+    attn: torch.Tensor,
+    o_parts: Sequence[tuple[torch.Tensor, int]],
+    residual: torch.Tensor,
+    post_norm: torch.Tensor,
+    gate_up_parts: Sequence[tuple[torch.Tensor, int]],
+    down_parts: Sequence[tuple[torch.Tensor, int]],
+    next_norm: torch.Tensor,
+    eps: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`decoder_mlp_reference` with the weights given as GGUF row segments."""
+    return decoder_mlp_reference(
+        attn, block_rows_reference(o_parts), residual, post_norm,
+        block_rows_reference(gate_up_parts), block_rows_reference(down_parts), next_norm, eps,
+    )  # fmt: skip

@@ -30,20 +30,7 @@
 
 #include "add_rms_norm.c"
 #include "bf16_weight_linear.c"
-
-static void rotate_heads(float *row, const float *cos, const float *sin, int64_t heads, int64_t d) {
-    int64_t half = d / 2;
-    float tmp[d];
-    for (int64_t h = 0; h < heads; h++) {
-        float *x = row + h * d;
-        for (int64_t i = 0; i < d; i++) tmp[i] = x[i];
-        for (int64_t i = 0; i < d; i++) {
-            float a = tmp[i] * cos[i];
-            float b = tmp[(i + half) % d] * sin[i];
-            x[i] = a + b;
-        }
-    }
-}
+#include "rope_kv_write.c"
 
 void deepinfer_decoder_qkv(const float *x, const uint16_t *panels, const float *bias, float *qkv,
                            const float *cos, const float *sin, const int64_t *slots,
@@ -51,17 +38,7 @@ void deepinfer_decoder_qkv(const float *x, const uint16_t *panels, const float *
                            int64_t hkv, int64_t d) {
     int64_t width = (hq + 2 * hkv) * d;
     deepinfer_bf16_weight_linear(x, panels, bias, qkv, T, width, H);
-    for (int64_t t = 0; t < T; t++) {
-        float *row = qkv + t * width;
-        /* Q and K heads are adjacent and share the row's angles. */
-        rotate_heads(row, cos + t * d, sin + t * d, hq + hkv, d);
-        float *k = row + hq * d, *v = k + hkv * d;
-        float *kc = k_cache + slots[t] * hkv * d, *vc = v_cache + slots[t] * hkv * d;
-        for (int64_t e = 0; e < hkv * d; e++) {
-            kc[e] = k[e];
-            vc[e] = v[e];
-        }
-    }
+    rope_and_write_kv(qkv, cos, sin, slots, k_cache, v_cache, T, hq, hkv, d);
 }
 
 /* scratch: T * (2 H + 3 I) floats. */

@@ -1,0 +1,353 @@
+/* GGUF block formats on the CPU: exact dequantisation and fused dot products (a header of C
+ * functions, included by quant_gemv.c and cpu/csrc/quant_decoder_layer.c; every function is
+ * static, so each library gets its own copy).
+ *
+ * Dequantisation follows gguf.quants (the Python reference) operation by operation; every
+ * product there is exact in fp32 (an fp16 scale has 11 significant bits and the integer factors
+ * at most 12 bits), so the values are bit-identical to the reference with or without FMA
+ * contraction: d * q + m rounds once either way because d * q is exact.
+ *
+ * project_row() computes one output column of y = x W^T for every row of x: the weight row is
+ * read once per call whatever the number of x rows. For one or two x rows of Q4_0, Q4_1, Q8_0,
+ * F32, F16 and BF16 weights (AVX2 + FMA) each 32-weight block is decoded into registers and
+ * multiplied straight away (no store and reload of the fp32 values: at batch 1 that halves the
+ * instructions per weight); otherwise the row is dequantised once into a K-float buffer (L1)
+ * and dotted with each x row. The sums run in another order than a BLAS product, so they agree
+ * with it to fp32 rounding, not bitwise.
+ */
+#ifndef DEEPINFER_GGUF_BLOCKS_H
+#define DEEPINFER_GGUF_BLOCKS_H
+
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define QK_K 256
+
+enum { T_F32 = 0, T_F16 = 1, T_Q4_0 = 2, T_Q4_1 = 3, T_Q8_0 = 8,
+       T_Q4_K = 12, T_Q5_K = 13, T_Q6_K = 14, T_BF16 = 30 };
+
+static inline float f32_bits(uint32_t bits) {
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+/* IEEE half -> float, exact (subnormals scaled by 2^-24, which is exact in fp32); the F16C
+ * instruction where the CPU has it (same values, one instruction instead of branches). */
+#if defined(__F16C__)
+#include <immintrin.h>
+static inline float half_to_float(const uint8_t *p) {
+    return _cvtsh_ss((unsigned short)(p[0] | (p[1] << 8)));
+}
+#else
+static inline float half_to_float(const uint8_t *p) {
+    uint16_t h = (uint16_t)(p[0] | (p[1] << 8));
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    uint32_t exp = (h >> 10) & 0x1fu, mant = h & 0x3ffu;
+    if (exp == 0) {
+        float v = (float)mant * 5.9604644775390625e-8f;
+        return sign ? -v : v;
+    }
+    if (exp == 31) return f32_bits(sign | 0x7f800000u | (mant << 13));
+    return f32_bits(sign | ((exp + 112u) << 23) | (mant << 13));
+}
+#endif
+
+#if defined(__AVX2__)
+#include <immintrin.h>
+/* 8 codes (uint8 in the low 8 bytes of v) as floats. */
+static inline __m256 codes_to_ps(__m128i v) { return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v)); }
+#endif
+
+/* Q4_0 / Q4_1: low nibbles of the 16 code bytes are elements 0-15, high nibbles 16-31. gcc
+ * does not vectorise 16-iteration byte loops with 32-byte vectors, hence the AVX2 path; both
+ * compute d * q (+ m) as two roundings, like the reference. */
+static void deq_q4_0(const uint8_t *restrict b, float *restrict out) {
+    float d = half_to_float(b);
+    const uint8_t *qs = b + 2;
+#if defined(__AVX2__)
+    __m128i bytes = _mm_loadu_si128((const __m128i *)qs), mask = _mm_set1_epi8(0x0f);
+    __m128i halves[2] = {_mm_and_si128(bytes, mask), _mm_and_si128(_mm_srli_epi16(bytes, 4), mask)};
+    __m256 vd = _mm256_set1_ps(d), eight = _mm256_set1_ps(8.0f);
+    for (int h = 0; h < 2; h++) {
+        __m256 a = _mm256_sub_ps(codes_to_ps(halves[h]), eight);
+        __m256 c = _mm256_sub_ps(codes_to_ps(_mm_srli_si128(halves[h], 8)), eight);
+        _mm256_storeu_ps(out + 16 * h, _mm256_mul_ps(vd, a));
+        _mm256_storeu_ps(out + 16 * h + 8, _mm256_mul_ps(vd, c));
+    }
+#else
+    for (int i = 0; i < 16; i++) out[i] = d * (float)((int)(qs[i] & 0x0f) - 8);
+    for (int i = 0; i < 16; i++) out[i + 16] = d * (float)((int)(qs[i] >> 4) - 8);
+#endif
+}
+
+static void deq_q4_1(const uint8_t *restrict b, float *restrict out) {
+    float d = half_to_float(b), m = half_to_float(b + 2);
+    const uint8_t *qs = b + 4;
+#if defined(__AVX2__)
+    __m128i bytes = _mm_loadu_si128((const __m128i *)qs), mask = _mm_set1_epi8(0x0f);
+    __m128i halves[2] = {_mm_and_si128(bytes, mask), _mm_and_si128(_mm_srli_epi16(bytes, 4), mask)};
+    __m256 vd = _mm256_set1_ps(d), vm = _mm256_set1_ps(m);
+    for (int h = 0; h < 2; h++) {
+        __m256 a = codes_to_ps(halves[h]), c = codes_to_ps(_mm_srli_si128(halves[h], 8));
+        _mm256_storeu_ps(out + 16 * h, _mm256_add_ps(_mm256_mul_ps(vd, a), vm));
+        _mm256_storeu_ps(out + 16 * h + 8, _mm256_add_ps(_mm256_mul_ps(vd, c), vm));
+    }
+#else
+    for (int i = 0; i < 16; i++) out[i] = d * (float)(qs[i] & 0x0f) + m;
+    for (int i = 0; i < 16; i++) out[i + 16] = d * (float)(qs[i] >> 4) + m;
+#endif
+}
+
+static void deq_q8_0(const uint8_t *restrict b, float *restrict out) {
+    float d = half_to_float(b);
+    const int8_t *qs = (const int8_t *)(b + 2);
+    for (int i = 0; i < 32; i++) out[i] = (float)qs[i] * d;
+}
+
+/* The 6-bit scale and min of sub-block j from the 12 packed bytes of Q4_K / Q5_K. */
+static inline void k_scale_min(const uint8_t *s, int j, int *sc, int *mn) {
+    if (j < 4) {
+        *sc = s[j] & 63;
+        *mn = s[j + 4] & 63;
+    } else {
+        *sc = (s[j + 4] & 0x0f) | ((s[j - 4] >> 2) & 0x30);
+        *mn = (s[j + 4] >> 4) | ((s[j] >> 2) & 0x30);
+    }
+}
+
+static void deq_q4_k(const uint8_t *restrict b, float *restrict out) {
+    float d = half_to_float(b), dmin = half_to_float(b + 2);
+    const uint8_t *scales = b + 4, *qs = b + 16;
+    for (int j = 0; j < 8; j++) {
+        int sc, mn;
+        k_scale_min(scales, j, &sc, &mn);
+        float ds = d * (float)sc, dm = dmin * (float)mn;
+        const uint8_t *q = qs + (j / 2) * 32;
+        int shift = 4 * (j % 2);
+        for (int l = 0; l < 32; l++) out[j * 32 + l] = ds * (float)((q[l] >> shift) & 0x0f) - dm;
+    }
+}
+
+static void deq_q5_k(const uint8_t *restrict b, float *restrict out) {
+    float d = half_to_float(b), dmin = half_to_float(b + 2);
+    const uint8_t *scales = b + 4, *qh = b + 16, *qs = b + 48;
+    for (int j = 0; j < 8; j++) {
+        int sc, mn;
+        k_scale_min(scales, j, &sc, &mn);
+        float ds = d * (float)sc, dm = dmin * (float)mn;
+        const uint8_t *q = qs + (j / 2) * 32;
+        int shift = 4 * (j % 2);
+        for (int l = 0; l < 32; l++) {
+            int v = ((q[l] >> shift) & 0x0f) | (((qh[l] >> j) & 1) << 4);
+            out[j * 32 + l] = ds * (float)v - dm;
+        }
+    }
+}
+
+static void deq_q6_k(const uint8_t *restrict b, float *restrict out) {
+    const uint8_t *ql = b, *qh = b + 128;
+    const int8_t *scales = (const int8_t *)(b + 192);
+    float d = half_to_float(b + 208), ds[16];
+    for (int i = 0; i < 16; i++) ds[i] = d * (float)scales[i];
+    /* Element h*128 + 32*k + l (k = 0..3, l = 0..31): low nibble of ql[h*64 + 32*(k&1) + l]
+     * (the high one for k >= 2), bits 2k of qh[h*32 + l], scale ds[8h + 2k + l/16]. One
+     * 32-wide loop per (h, k) with the scales spread into a vector vectorises. */
+    for (int h = 0; h < 2; h++) {
+        for (int k = 0; k < 4; k++) {
+            const uint8_t *l4 = ql + 64 * h + 32 * (k & 1), *h2 = qh + 32 * h;
+            int lo_shift = 4 * (k >> 1), hi_shift = 2 * k;
+            float sc[32];
+            for (int l = 0; l < 32; l++) sc[l] = ds[8 * h + 2 * k + l / 16];
+            float *o = out + 128 * h + 32 * k;
+            for (int l = 0; l < 32; l++) {
+                int q = ((l4[l] >> lo_shift) & 0x0f) | (((h2[l] >> hi_shift) & 3) << 4);
+                o[l] = sc[l] * (float)(q - 32);
+            }
+        }
+    }
+}
+
+/* Dequantise one row of K weights into out; returns 0, or -1 for an unknown type. */
+static int dequant_row(const uint8_t *restrict row, int qtype, int64_t K, float *restrict out) {
+    int64_t i;
+    switch (qtype) {
+    case T_F32: memcpy(out, row, (size_t)K * sizeof(float)); return 0;
+    case T_F16: for (i = 0; i < K; i++) out[i] = half_to_float(row + 2 * i); return 0;
+    case T_BF16:
+        for (i = 0; i < K; i++) out[i] = f32_bits((uint32_t)(row[2 * i] | (row[2 * i + 1] << 8)) << 16);
+        return 0;
+    case T_Q4_0: for (i = 0; i < K / 32; i++) deq_q4_0(row + 18 * i, out + 32 * i); return 0;
+    case T_Q4_1: for (i = 0; i < K / 32; i++) deq_q4_1(row + 20 * i, out + 32 * i); return 0;
+    case T_Q8_0: for (i = 0; i < K / 32; i++) deq_q8_0(row + 34 * i, out + 32 * i); return 0;
+    case T_Q4_K: for (i = 0; i < K / QK_K; i++) deq_q4_k(row + 144 * i, out + QK_K * i); return 0;
+    case T_Q5_K: for (i = 0; i < K / QK_K; i++) deq_q5_k(row + 176 * i, out + QK_K * i); return 0;
+    case T_Q6_K: for (i = 0; i < K / QK_K; i++) deq_q6_k(row + 210 * i, out + QK_K * i); return 0;
+    default: return -1;
+    }
+}
+
+static inline int known_type(int64_t qtype) {
+    switch (qtype) {
+    case T_F32: case T_F16: case T_BF16: case T_Q4_0: case T_Q4_1: case T_Q8_0:
+    case T_Q4_K: case T_Q5_K: case T_Q6_K: return 1;
+    default: return 0;
+    }
+}
+
+static inline float dot(const float *restrict a, const float *restrict b, int64_t n) {
+    float acc[16] = {0};
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        for (int l = 0; l < 16; l++) acc[l] += a[i + l] * b[i + l];
+    float s = 0.0f;
+    for (; i < n; i++) s += a[i] * b[i];
+    for (int l = 0; l < 16; l++) s += acc[l];
+    return s;
+}
+
+
+/* Elements and bytes per block of a known type (1 and 4 for an unknown one). */
+static inline void block_geometry(int64_t qtype, int64_t *block, int64_t *size) {
+    *block = 1;
+    *size = 4;
+    switch (qtype) {
+    case T_F16: case T_BF16: *size = 2; break;
+    case T_Q4_0: *block = 32; *size = 18; break;
+    case T_Q4_1: *block = 32; *size = 20; break;
+    case T_Q8_0: *block = 32; *size = 34; break;
+    case T_Q4_K: *block = QK_K; *size = 144; break;
+    case T_Q5_K: *block = QK_K; *size = 176; break;
+    case T_Q6_K: *block = QK_K; *size = 210; break;
+    default: break;
+    }
+}
+
+#if defined(__AVX2__) && defined(__FMA__)
+static inline float hsum256(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* The 32 weights k = 32 b .. 32 b + 31 of a row as four vectors (types fused_type() accepts). */
+static inline __attribute__((always_inline)) void load32(const uint8_t *row, int qtype, int64_t b,
+                                                         __m256 w[4]) {
+    if (qtype == T_Q4_0 || qtype == T_Q4_1) {
+        const uint8_t *p = row + (qtype == T_Q4_0 ? 18 : 20) * b;
+        float d = half_to_float(p);
+        /* Q4_0: d * (q - 8) = d * q - 8 d, exact, so one FMA gives the reference's value. */
+        float m = qtype == T_Q4_0 ? -8.0f * d : half_to_float(p + 2);
+        __m128i bytes = _mm_loadu_si128((const __m128i *)(p + (qtype == T_Q4_0 ? 2 : 4)));
+        __m128i mask = _mm_set1_epi8(0x0f);
+        __m128i lo = _mm_and_si128(bytes, mask), hi = _mm_and_si128(_mm_srli_epi16(bytes, 4), mask);
+        __m256 vd = _mm256_set1_ps(d), vm = _mm256_set1_ps(m);
+        w[0] = _mm256_fmadd_ps(vd, codes_to_ps(lo), vm);
+        w[1] = _mm256_fmadd_ps(vd, codes_to_ps(_mm_srli_si128(lo, 8)), vm);
+        w[2] = _mm256_fmadd_ps(vd, codes_to_ps(hi), vm);
+        w[3] = _mm256_fmadd_ps(vd, codes_to_ps(_mm_srli_si128(hi, 8)), vm);
+    } else if (qtype == T_Q8_0) {
+        const uint8_t *p = row + 34 * b;
+        __m256 vd = _mm256_set1_ps(half_to_float(p));
+        for (int i = 0; i < 4; i++) {
+            __m128i q = _mm_loadl_epi64((const __m128i *)(p + 2 + 8 * i));
+            w[i] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), vd);
+        }
+    } else if (qtype == T_F32) {
+        const float *p = (const float *)row + 32 * b;
+        for (int i = 0; i < 4; i++) w[i] = _mm256_loadu_ps(p + 8 * i);
+    } else if (qtype == T_BF16) {
+        const uint8_t *p = row + 64 * b;
+        for (int i = 0; i < 4; i++) {
+            __m256i h = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(p + 16 * i)));
+            w[i] = _mm256_castsi256_ps(_mm256_slli_epi32(h, 16));
+        }
+    } else { /* T_F16 (fused_type() admits it only with F16C) */
+        const uint8_t *p = row + 64 * b;
+        for (int i = 0; i < 4; i++)
+            w[i] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 16 * i)));
+    }
+}
+
+/* One scalar weight k of a float-format row (the tail past the last whole 32). */
+static inline float weight_at(const uint8_t *row, int qtype, int64_t k) {
+    if (qtype == T_F32) return ((const float *)row)[k];
+    if (qtype == T_BF16) return f32_bits((uint32_t)(row[2 * k] | (row[2 * k + 1] << 8)) << 16);
+    return half_to_float(row + 2 * k);
+}
+
+static inline int fused_type(int qtype) {
+    switch (qtype) {
+    case T_Q4_0: case T_Q4_1: case T_Q8_0: case T_F32: case T_BF16: return 1;
+#if defined(__F16C__)
+    case T_F16: return 1;
+#endif
+    default: return 0;
+    }
+}
+
+/* out[t] = sum_k W[k] x[t, k] for R (1 or 2) rows x[t] = x + t * xs, decoding each block once.
+ * Four accumulators per row keep the FMA chains short. */
+static inline __attribute__((always_inline)) void fused_dot(const uint8_t *row, int qtype,
+                                                            int64_t K, const float *x, int64_t xs,
+                                                            const int R, float *out) {
+    __m256 acc[2][4];
+    for (int t = 0; t < R; t++)
+        for (int i = 0; i < 4; i++) acc[t][i] = _mm256_setzero_ps();
+    int64_t blocks = K / 32;
+    for (int64_t b = 0; b < blocks; b++) {
+        __m256 w[4];
+        load32(row, qtype, b, w);
+        for (int t = 0; t < R; t++) {
+            const float *xt = x + t * xs + 32 * b;
+            for (int i = 0; i < 4; i++)
+                acc[t][i] = _mm256_fmadd_ps(w[i], _mm256_loadu_ps(xt + 8 * i), acc[t][i]);
+        }
+    }
+    for (int t = 0; t < R; t++) {
+        __m256 s = _mm256_add_ps(_mm256_add_ps(acc[t][0], acc[t][1]),
+                                 _mm256_add_ps(acc[t][2], acc[t][3]));
+        float r = hsum256(s);
+        for (int64_t k = 32 * blocks; k < K; k++) r += weight_at(row, qtype, k) * x[t * xs + k];
+        out[t] = r;
+    }
+}
+
+#define FUSED_CASE(Q)                                                                          \
+    case Q:                                                                                    \
+        if (R == 1) fused_dot(row, Q, K, x, xs, 1, out); else fused_dot(row, Q, K, x, xs, 2, out); \
+        return;
+
+/* fused_dot with the type and row count as constants (each case is its own loop). */
+static void fused_dot_dispatch(const uint8_t *row, int qtype, int64_t K, const float *x,
+                               int64_t xs, int R, float *out) {
+    switch (qtype) {
+    FUSED_CASE(T_Q4_0) FUSED_CASE(T_Q4_1) FUSED_CASE(T_Q8_0) FUSED_CASE(T_F32) FUSED_CASE(T_BF16)
+#if defined(__F16C__)
+    FUSED_CASE(T_F16)
+#endif
+    default: return;
+    }
+}
+#undef FUSED_CASE
+#endif
+
+/* y[t * N + n] = W[n] . x[t] (+ b) for every t < T: one weight row, read once.
+ * buf: K floats (the dequantised row, when the fused path does not apply). */
+static void project_row(const uint8_t *row, int qtype, int64_t K, const float *x, int64_t T,
+                        int64_t xs, float *buf, float *y, int64_t N, int64_t n, float b) {
+#if defined(__AVX2__) && defined(__FMA__)
+    if (T <= 2 && fused_type(qtype)) {
+        float out[2];
+        fused_dot_dispatch(row, qtype, K, x, xs, (int)T, out);
+        for (int64_t t = 0; t < T; t++) y[t * N + n] = out[t] + b;
+        return;
+    }
+#endif
+    dequant_row(row, qtype, K, buf);
+    for (int64_t t = 0; t < T; t++) y[t * N + n] = dot(buf, x + t * xs, K) + b;
+}
+
+#endif /* DEEPINFER_GGUF_BLOCKS_H */
