@@ -315,22 +315,30 @@ class LLM:
 
     def _submit(
         self, prompt: Prompt, params: SamplingParams, namespace: bytes
-    ) -> tuple[str, RequestOutput | None]:
-        """Queue one request; a bad one becomes a finished output with ``error`` set."""
-        ids: list[int] = []
-        try:
-            ids = self.encode(prompt)
-            return self.client.submit(ids, params, namespace)
-        except (ValueError, TypeError, OverflowError) as exc:
-            failed = RequestOutput(
-                request_id=f"rejected-{next(self._rejected)}",
-                prompt_token_ids=ids,
-                finished=True,
-                finish_reason="error",
-                error=str(exc),
-                metrics=RequestMetrics(arrival_time=0.0),
-            )
-            return failed.request_id, failed
+    ) -> tuple[list[str], dict[str, RequestOutput]]:
+        """Queue one engine request per completion (``n``, ``best_of``): their ids, and the
+        outputs of those refused (a bad request becomes a finished output with ``error``)."""
+        rids: list[str] = []
+        failed: dict[str, RequestOutput] = {}
+        for child in fan_out(params):
+            ids: list[int] = []
+            try:
+                ids = self.encode(prompt)
+                rid, out = self.client.submit(ids, child, namespace)
+            except (ValueError, TypeError, OverflowError) as exc:
+                rid = f"rejected-{next(self._rejected)}"
+                out = RequestOutput(
+                    request_id=rid,
+                    prompt_token_ids=ids,
+                    finished=True,
+                    finish_reason="error",
+                    error=str(exc),
+                    metrics=RequestMetrics(arrival_time=0.0),
+                )
+            rids.append(rid)
+            if out is not None:
+                failed[rid] = out
+        return rids, failed
 
     # ------------------------------------------------------------------ API
     def generate(
@@ -354,12 +362,9 @@ class LLM:
         groups: list[list[str]] = []  # one engine request per completion (n, best_of)
         done: dict[str, RequestOutput] = {}
         for prompt, p, ns in zip(batch, params, spaces):
-            groups.append([])
-            for child in fan_out(p):
-                rid, failed = self._submit(prompt, child, ns)
-                groups[-1].append(rid)
-                if failed is not None:
-                    done[rid] = failed
+            rids, failed = self._submit(prompt, p, ns)
+            groups.append(rids)
+            done.update(failed)
         order = [rid for group in groups for rid in group]
         bar = None
         if use_tqdm:
@@ -390,9 +395,9 @@ class LLM:
         if isinstance(params, SamplingParams) and params.num_candidates > 1:
             yield from self._stream_many(prompt, params, namespace)
             return
-        rid, failed = self._submit(prompt, params, namespace)
-        if failed is not None:
-            yield failed
+        (rid,), failed = self._submit(prompt, params, namespace)
+        if failed:
+            yield failed[rid]
             return
         for out in self.client.run_until({rid}):
             if out.request_id == rid:
@@ -405,13 +410,7 @@ class LLM:
         last one, once all are done, carries every completion."""
         if params.num_candidates > params.n:
             raise ValueError("stream: best_of > n cannot stream (the best are known at the end)")
-        rids: list[str] = []
-        latest: dict[str, RequestOutput] = {}
-        for child in fan_out(params):
-            rid, failed = self._submit(prompt, child, namespace)
-            rids.append(rid)
-            if failed is not None:
-                latest[rid] = failed
+        rids, latest = self._submit(prompt, params, namespace)
         if len(latest) == len(rids):
             yield merge(params, [latest[r] for r in rids])
             return

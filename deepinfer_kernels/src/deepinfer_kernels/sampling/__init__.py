@@ -4,6 +4,7 @@ and token masks applied to logits before it; log-probabilities gathered after it
 from deepinfer_kernels.sampling.logit_bias import apply_logit_bias, token_bitmask
 from deepinfer_kernels.sampling.logprobs import gather_logprobs
 from deepinfer_kernels.sampling.penalties import apply_penalties, pad_token_ids
+from deepinfer_kernels.sampling.per_row_generators import sample_with_generators
 from deepinfer_kernels.sampling.sample import sample, sampling_probs
 from deepinfer_kernels.sampling.token_mask import apply_token_bitmask, unpack_bitmask
 
@@ -14,6 +15,7 @@ __all__ = [
     "gather_logprobs",
     "pad_token_ids",
     "sample",
+    "sample_with_generators",
     "sampling_probs",
     "token_bitmask",
     "unpack_bitmask",
