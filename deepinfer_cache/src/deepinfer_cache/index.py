@@ -116,6 +116,8 @@ class PrefixIndex:
         self._head = [_NONE] * num_tiers
         self._tail = [_NONE] * num_tiers
         self._count = [0] * num_tiers
+        # Per tier, a ``bytes.translate`` table from a bitmask to 1 if it holds the tier.
+        self._in_tier = [bytes(mask >> t & 1 for mask in range(256)) for t in range(num_tiers)]
         # The tiers of each bitmask, precomputed so a touch does no bit arithmetic.
         self._bits = [
             tuple(i for i in range(num_tiers) if mask >> i & 1) for mask in range(1 << num_tiers)
@@ -599,16 +601,19 @@ class PrefixIndex:
     def _touch(self, path: list[int], masks: Sequence[int] | None = None) -> None:
         # Deepest first: ancestors end up more recent than descendants, so LRU takes leaves.
         # ``masks`` are the path's tier bitmasks when the caller has them already.
-        if masks is None:
-            masks = tuple(map(self._tiers.__getitem__, path))
+        packed = bytes(masks) if masks is not None else bytes(map(self._tiers.__getitem__, path))
+        distinct = set(packed)  # usually one or two masks along a prompt
         present = 0
-        for mask in set(masks):  # usually one or two distinct masks along a prompt
+        for mask in distinct:
             present |= mask
         for t in range(self.num_tiers):
             bit = 1 << t
             if not self._count[t] or not present & bit:
                 continue
-            mine = path if present == bit else list(compress(path, map(bit.__and__, masks)))
+            if all(mask & bit for mask in distinct):
+                mine = path
+            else:  # the blocks resident in t, picked in C (translate maps masks to 0/1)
+                mine = list(compress(path, packed.translate(self._in_tier[t])))
             self._move_to_tail(t, mine)
 
     def _move_to_tail(self, t: int, path: Sequence[int]) -> None:

@@ -134,14 +134,15 @@ class TieredKVStore(StoreCore):
             toks, self.block_size, namespace, self.model, extra, block_extras, self.key_hash, 1
         )
         # Hash outside the store lock, in chunks of 1, 1, 2, 4... blocks, stopping after the
-        # first block the index lacks (dict membership tests are atomic under the GIL, and run
-        # as a C loop here); the locked match below re-checks them all.
+        # first block the index lacks (dict membership tests are atomic under the GIL). The
+        # index never holds a block without its parent, so a chunk whose last block is known
+        # is known whole: one probe per chunk. The locked match below re-checks every block.
         known = self.index._ids
         for chunk in chunks:
-            missing = next(filterfalse(known.__contains__, chunk), None)
-            if missing is None:
+            if chunk[-1] in known:
                 computed += chunk
                 continue
+            missing = next(filterfalse(known.__contains__, chunk))  # chunk[-1] at the latest
             computed += chunk[: chunk.index(missing) + 1]
             break
         with self._lock:
