@@ -1,7 +1,10 @@
 """Batch-1 greedy decode of the embedded model on each weight path, same process, alternated,
 one thread unless told otherwise:
 
-* ``gguf-blocks``: the GGUF file's block-format weights (Q4_1/Q8_0 bytes; the default);
+* ``gguf-blocks``: the GGUF file's block-format weights (Q4_1/Q8_0 bytes; the default), each
+  decoder layer two compiled calls (``QuantDecoderLayerKernel``);
+* ``gguf-per-op``: the same weights through the per-layer torch path (one ``quant_linear``
+  call per projection: the path before the fused layer, for the same-run ratio);
 * ``bf16-own``: its bf16 converted copy run in fp32 from the bf16 tensors themselves
   (``deepinfer.models.half_weights``, the default for bf16 checkpoints since #24);
 * ``bf16-widened``: the same bf16 copy widened to fp32 (the previous default: fp32 weights,
@@ -16,6 +19,7 @@ Prints tokens/s per path and run, and each path's ratio to the fastest path of t
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 import sys
 import time
@@ -41,8 +45,11 @@ def main() -> int:
     source = default_model_path()
     bf16_dir = convert_gguf(source)
     config, state = load_hf_dir(bf16_dir)
+    per_op = load_model(source).model
+    per_op.use_cpu_kernels(dataclasses.replace(per_op.cpu_kernels, quant_layer=None))
     models = {
         "gguf-blocks": load_model(source).model,
+        "gguf-per-op": per_op,
         # The bf16 checkpoint run in fp32 from its own bf16 tensors (the default since #24).
         "bf16-own": load_model(bf16_dir).model,
         # The same bf16 checkpoint widened to fp32 (the previous default: fp32 weights,
