@@ -158,8 +158,8 @@ def predict(
 @dataclass(frozen=True)
 class FrontOverhead:
     """Seconds the HTTP front, the pipes and the client add around a replica's own times
-    (medians over a calibration run): ``inbound_s`` client send -> replica receives the
-    request (parse, chat template, tokenize, route); ``first_s`` replica's first token ->
+    (medians over a calibration run): ``inbound_s`` client send -> the front hands the
+    request to a replica (parse, chat template, tokenize, route); ``first_s`` replica's first token ->
     client's first content chunk; ``last_s`` replica finish -> client's last chunk;
     ``think_s`` client's end of one turn -> its next turn sent."""
 
@@ -173,8 +173,8 @@ def front_overhead(
     records: Sequence[Any], t0: float, profiles: Sequence[Mapping[str, Any]]
 ) -> FrontOverhead:
     """Match each finished client record to the replica-side row of the same request (same
-    prompt length, received first after the client sent it) in the live profiles'
-    ``requests`` (``[received, first token, finished, prompt, cached]``, same clock)."""
+    prompt length, queued first after the client sent it) in the live profiles'
+    ``requests`` (``[queued, first token, finished, prompt, cached]``, same clock)."""
     rows = sorted(
         (list(r) for p in profiles for r in p.get("requests", ())), key=lambda r: float(r[0])
     )

@@ -28,7 +28,8 @@ chunk), ``batch_size`` / ``context_tokens`` its decoding sequences and the KV th
 the step, ``seconds`` the replica's whole loop iteration (messages in, state out, the forward, the
 outputs sent, and whatever time the OS gave other processes meanwhile),
 which is what one simulator iteration stands for. ``requests`` lists, per finished request,
-``[received, first_token, finished, prompt_tokens, cached_tokens]`` on the replica's
+``[queued, first_token, finished, prompt_tokens, cached_tokens]`` (``queued``: when the front
+handed the request to this replica's pipe) on the
 ``time.perf_counter()`` clock (system-wide monotonic on Linux, so a client on the same machine
 can subtract its own send time: what the HTTP front and the pipes add to TTFT).
 """

@@ -155,7 +155,8 @@ class Replica:
                 self.engine.abort(cid)
             send(self.conn, {"op": "rejected", "request_id": rid, "error": str(exc)})
             return
-        self._times[rid] = [time.perf_counter(), 0.0]
+        # From the front's dispatch: a request waiting in the pipe for a step to end is queued.
+        self._times[rid] = [float(message.get("sent_s", time.perf_counter())), 0.0]
         if len(ids) > 1:
             self._running[rid] = set(ids)
             self._candidate.update({cid: (rid, i) for i, cid in enumerate(ids)})

@@ -288,6 +288,9 @@ class ServeService:
                 "prompt_ids": tracked.prompt_ids,
                 "params": params_to_json(tracked.spec.params),
                 "namespace": tracked.spec.namespace.hex(),
+                # when the front let go of it (a live profile splits the front's overhead
+                # from the replica's queueing with it; perf_counter is machine-wide)
+                "sent_s": time.perf_counter(),
             }
         )
         if not sent:

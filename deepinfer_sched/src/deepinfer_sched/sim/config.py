@@ -105,6 +105,11 @@ class SimConfig:
     ``link_contention``: KV transfers and SSD reads into an instance share its link (one at
     a time, FIFO). ``instance_types`` makes a mixed pool (counts must add up to
     ``num_instances``; ``hardware``/``num_gpus`` then only name the default).
+    ``cache_publish``: when a request's prompt blocks become prefix hits for later requests on
+    its instance: ``"prefill"`` as soon as its prefill completes (vLLM's and SGLang's caches),
+    ``"finish"`` when the request ends (deepinfer's engine saves a sequence's blocks then);
+    with ``"finish"`` a queued request also looks its prefix up again when it is admitted to
+    prefill, as that engine does.
     """
 
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
@@ -128,6 +133,7 @@ class SimConfig:
     sample_interval_s: float | None = None
     autoscale: AutoscaleConfig | None = None
     link_contention: bool = True
+    cache_publish: str = "prefill"
     instance_types: tuple[InstanceType, ...] = ()
 
     def __post_init__(self) -> None:
@@ -186,6 +192,10 @@ class SimConfig:
             raise ValueError("prefix_cache_blocks must be >= 0")
         if self.ssd_capacity_blocks < 0:
             raise ValueError("ssd_capacity_blocks must be >= 0")
+        if self.cache_publish not in ("prefill", "finish"):
+            raise ValueError(
+                f"cache_publish must be 'prefill' or 'finish', got {self.cache_publish!r}"
+            )
         if not (self.ttft_slo_s > 0 and self.tpot_slo_s > 0):
             raise ValueError("ttft_slo_s and tpot_slo_s must be > 0")
         if not self.pair_retry_s > 0:

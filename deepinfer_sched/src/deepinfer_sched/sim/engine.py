@@ -136,6 +136,7 @@ class Simulator:
                     verify,
                     config.fast_forward,
                     self.clock,
+                    cache_publish=config.cache_publish,
                 )
             )
         self.fleet: Fleet | None = None

@@ -76,6 +76,7 @@ class Instance:
         "pending_pair",
         "preemptions",
         "prefilling",
+        "publish_on_finish",
         "role",
         "running",
         "spec_verify",
@@ -99,6 +100,7 @@ class Instance:
         spec_verify: int = 0,
         fast_forward: bool = True,
         clock: SimClock | None = None,
+        cache_publish: str = "prefill",
     ) -> None:
         if role not in ROLES:
             raise ValueError(f"role must be one of {ROLES}, got {role!r}")
@@ -112,6 +114,9 @@ class Instance:
         self.ssd = ssd
         self.steps_for = steps_for
         self.spec_verify = spec_verify
+        # "finish": blocks become hits when their request ends, and a queued request looks
+        # its prefix up again when admitted (see SimConfig.cache_publish).
+        self.publish_on_finish = cache_publish == "finish"
         self.alive = True
         self.busy = False
         self.busy_s = 0.0
@@ -372,6 +377,8 @@ class Instance:
             req = waiting[0][3]
             if req.input_len > free:
                 break
+            if self.publish_on_finish and req.block_hashes:
+                self._relookup(req)
             remaining = req.input_len - req.computed
             if cfg.chunked_prefill:
                 chunk = min(remaining, budget)
@@ -411,6 +418,14 @@ class Instance:
         if self._parts is not None and t > 0:
             self._add_parts(b > 0)
         return t, preempted
+
+    def _relookup(self, req: SimRequest) -> None:
+        """Admission-time prefix lookup: blocks published while ``req`` queued count too."""
+        hit = min(self.cache.prefix_hits(req.block_hashes) * self.block_size, req.input_len - 1)
+        if hit > req.computed:
+            self.waiting_tokens -= hit - req.computed
+            req.computed = hit
+            req.cached_tokens = max(req.cached_tokens, hit)
 
     def _decode_only_steps(self) -> int:
         """How many pure-decode steps can run as one event: up to the next finish, and no
@@ -521,7 +536,8 @@ class Instance:
                 self._prefill_kv -= req.input_len
                 self.prefilling.remove(req)
                 done_prefill.append(req)
-                if req.block_hashes:
+                ends_now = req.output_len <= max(1, req.generated)
+                if req.block_hashes and (not self.publish_on_finish or ends_now):
                     self.cache.insert(req.block_hashes)
                     if self.ssd is not None:
                         self.ssd.insert(req.block_hashes)
@@ -538,4 +554,8 @@ class Instance:
                     continue
                 self.remove_running(req)
                 finished.append(req)
+                if self.publish_on_finish and req.block_hashes:
+                    self.cache.insert(req.block_hashes)
+                    if self.ssd is not None:
+                        self.ssd.insert(req.block_hashes)
         return done_prefill, finished
