@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import struct
+import warnings
 
 import numpy as np
 import pytest
@@ -20,6 +22,7 @@ from deepinfer_cache import (
     iter_block_hashes,
 )
 from deepinfer_cache.hashing import namespace_root
+from deepinfer_cache.key_scheme import RECORD
 
 
 def lp(b: bytes) -> bytes:
@@ -117,13 +120,15 @@ def test_store_key_scheme_restart_rules(tmp_path) -> None:
     assert old.store(tokens, pages_for_scheme(tokens, "blake2b")) == 4
     old.close()
 
-    new = make_store(tmp_path, device_pages=0, host_pages=0)
+    with pytest.warns(RuntimeWarning, match="key_hash='blake2b'"):
+        new = make_store(tmp_path, device_pages=0, host_pages=0)
     assert new.key_hash == "xxh3_128"
     assert new.lookup(tokens).num_blocks == 0
     assert new.fetch(tokens).result().num_blocks == 0
     new.close()
 
-    again = make_store(tmp_path, device_pages=0, host_pages=0, key_hash="blake2b")
+    with pytest.warns(RuntimeWarning, match="key_hash='xxh3_128'"):  # it wrote there too
+        again = make_store(tmp_path, device_pages=0, host_pages=0, key_hash="blake2b")
     assert again.lookup(tokens).num_blocks == 4
     got = again.fetch(tokens).result()
     assert got.num_blocks == 4
@@ -146,3 +151,34 @@ def test_tenants_stay_separate_under_both_schemes(tmp_path) -> None:
 def pages_for_scheme(tokens: list[int], key_hash: str, ns: bytes = b"") -> torch.Tensor:
     """``pages_for`` with the hashes of ``key_hash`` (a page is a function of its hash)."""
     return torch.stack([page_for(h) for h in hash_token_blocks(tokens, BS, ns, key_hash=key_hash)])
+
+
+@pytest.mark.parametrize("segments", [False, True])
+def test_directory_records_its_key_schemes(tmp_path, segments: bool) -> None:
+    """``key_schemes.json`` names every scheme that wrote the directory; a directory with blocks
+    and no record (written before the record existed) counts as BLAKE2b; a damaged record is
+    rewritten, never fatal."""
+    tokens = list(range(3 * BS))
+    first = make_store(tmp_path, device_pages=0, host_pages=0, segments=segments)
+    first.store(tokens, pages_for(tokens))
+    first.close()
+    record = tmp_path / RECORD
+    assert json.loads(record.read_text()) == {"key_hashes": ["xxh3_128"]}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # same scheme again: no warning
+        make_store(tmp_path, device_pages=0, host_pages=0, segments=segments).close()
+
+    record.unlink()  # as a directory from before the record existed
+    with pytest.warns(RuntimeWarning, match="key_hash='blake2b'"):
+        legacy = make_store(tmp_path, device_pages=0, host_pages=0, segments=segments)
+    assert legacy.lookup(tokens).num_blocks == 3  # these blocks are xxh3 keyed: still served
+    legacy.close()
+    assert json.loads(record.read_text()) == {"key_hashes": ["blake2b", "xxh3_128"]}
+
+    record.write_bytes(b"\x00not json")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        damaged = make_store(tmp_path, device_pages=0, host_pages=0, segments=segments)
+    assert damaged.lookup(tokens).num_blocks == 3
+    damaged.close()
+    assert json.loads(record.read_text()) == {"key_hashes": ["xxh3_128"]}

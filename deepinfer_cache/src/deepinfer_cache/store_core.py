@@ -23,6 +23,7 @@ from .clock import Clock, SystemClock
 from .events import BlockRemoved, EventHub
 from .index import Dropped, PrefixIndex
 from .io_workers import IOWorkers
+from .key_scheme import record_key_scheme
 from .meta import BlockMeta
 from .recovery import rebuild_index
 from .results import FetchResult
@@ -39,6 +40,7 @@ class StoreCore:
     tiers: list[Tier]
     persist_on_close: bool
     refresh_on_hit: bool
+    key_hash: str
     _fetchers: IOWorkers
 
     def _init(
@@ -342,6 +344,23 @@ class StoreCore:
                         stacklevel=3,
                     )
                     self._c["unknown_class_blocks"] += r.unknown_blocks
+                self._check_key_scheme(t)
+
+    def _check_key_scheme(self, tier: Tier) -> None:
+        """Record this store's key scheme in a durable tier's directory; warn when blocks of
+        another scheme are there (all misses under this one, never wrong hits)."""
+        directory = getattr(tier, "directory", None)
+        if directory is None:
+            return
+        others = record_key_scheme(directory, self.key_hash, len(tier) > 0)
+        if others:
+            warnings.warn(
+                f"deepinfer_cache: {directory} holds blocks keyed with key_hash="
+                f"{' / '.join(repr(k) for k in others)}; under key_hash={self.key_hash!r} they are "
+                "misses (they age out by LRU/TTL); open the store with that key_hash to use them",
+                RuntimeWarning,
+                stacklevel=4,
+            )
 
 
 def left(deadline: float | None) -> float | None:
