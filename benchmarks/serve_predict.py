@@ -37,13 +37,14 @@ from typing import Any
 import serve_load
 import serve_sim
 
-from deepinfer_sched.costmodel import fit_profile, load_profile, merge_profiles
+from deepinfer_sched.costmodel import FittedCostModel, fit_profile, load_profile, merge_profiles
 
 
 def run(
     args: argparse.Namespace, router: str, seed: int, profile_dir: str | None
 ) -> dict[str, Any]:
-    """One live run of the workload with ``seed``: client records, summary, the workload."""
+    """One live run of the workload with ``seed``: client records, the workload, and (with
+    ``profile_dir``) the replicas' live profiles."""
     wargs = argparse.Namespace(**{**vars(args), "seed": seed})
     convs = serve_load.build_workload(wargs)
     prompts: dict[tuple[int, int], list[dict[str, str]]] = {}
@@ -54,20 +55,74 @@ def run(
         serve_load.server(wargs, router, args.replicas, cache, profile) as base,
     ):
         records, wall = asyncio.run(serve_load.replay(base, convs, args.max_tokens, prompts, clock))
-    summary = serve_load.summarize(router, records, wall, wargs)
-    summary["load_average"] = os.getloadavg()[0]
     files = []
     if profile:
         root, ext = os.path.splitext(profile)
         files = [f"{root}-replica-{i}{ext}" for i in range(args.replicas)]
     return {
+        "router": router,
+        "seed": seed,
         "records": records,
+        "wall": wall,
         "prompts": prompts,
         "convs": convs,
         "t0": clock[0],
-        "summary": summary,
         "profiles": files,
+        "load_average": os.getloadavg()[0],
     }
+
+
+def _tpots(records: list[Any]) -> list[float]:
+    ok = [x for x in records if x.error is None and x.e2e is not None and x.ttft is not None]
+    return sorted((x.e2e - x.ttft) / max(1, x.completion_tokens - 1) for x in ok)
+
+
+def _pct(values: list[float], q: float) -> float:
+    v = sorted(values)
+    return v[min(len(v) - 1, int(q * len(v)))]
+
+
+def compare(
+    saved: dict[str, Any],
+    cost_model: FittedCostModel,
+    overhead: serve_sim.FrontOverhead,
+    args: argparse.Namespace,
+) -> dict[str, Any]:
+    """Measured figures of one saved held-out run at ``args``' SLO, and its prediction."""
+    records = [serve_load.Record(**r) for r in saved["records"]]
+    wargs = argparse.Namespace(**{**vars(args), "seed": saved["seed"]})
+    m = serve_load.summarize(saved["router"], records, saved["wall"], wargs)
+    turns = {
+        int(c): [serve_sim.Turn(n, o, tuple(h), t) for n, o, h, t in ts]
+        for c, ts in saved["turns"].items()
+    }
+    starts = {int(c): float(t) for c, t in saved["starts"].items()}
+    pred = serve_sim.predict_closed_loop(
+        turns,
+        starts,
+        cost_model,
+        saved["router"],
+        args.replicas,
+        wargs,
+        overhead,
+        cache_publish=args.cache_publish,
+    )
+    tpots = _tpots(records)
+    g = m["goodput_rps"]
+    row = {
+        "router": saved["router"],
+        "seed": saved["seed"],
+        "goodput_rps": g,
+        "slo_attainment": m["slo_attainment"],
+        "ttft_p50": m["ttft_p50"],
+        "tpot_p50": tpots[len(tpots) // 2] if tpots else None,
+        "prefix_hit_rate": m["prefix_hit_rate"],
+        "errors": m["errors"],
+        "load_average": saved["load_average"],
+        **{k: v for k, v in pred.items() if k != "sim_requests"},
+        "ratio": pred["sim_goodput_rps"] / g if g else None,
+    }
+    return row
 
 
 def main() -> None:
@@ -84,93 +139,137 @@ def main() -> None:
     ap.add_argument("--system-words", type=int, default=150)
     ap.add_argument("--tool-words", type=int, default=20)
     ap.add_argument("--max-tokens", type=int, default=8)
-    ap.add_argument("--ttft-slo", type=float, default=10.0)
-    ap.add_argument("--tpot-slo", type=float, default=1.5)
+    ap.add_argument(
+        "--ttft-slo",
+        type=float,
+        default=None,
+        help="seconds (default: the round robin calibration run's median TTFT, so round "
+        "robin misses the SLO at whatever speed the machine runs)",
+    )
+    ap.add_argument(
+        "--tpot-slo",
+        type=float,
+        default=None,
+        help="seconds (default: the round robin calibration run's p90 TPOT)",
+    )
     ap.add_argument("--num-blocks", type=int, default=1024)
     ap.add_argument("--max-num-seqs", type=int, default=16)
     ap.add_argument("--threads", type=int, default=1, help="torch threads per replica")
+    ap.add_argument(
+        "--cache-publish",
+        choices=["finish", "prefill"],
+        default="finish",
+        help="simulated prefix blocks become hits when their request ends (the engine) or "
+        "when its prefill completes",
+    )
+    ap.add_argument(
+        "--from",
+        dest="saved",
+        default=None,
+        help="predict the held-out runs saved in this serve_predict.json again (no live runs)",
+    )
     ap.add_argument("--out", default="out/serve_predict")
     args = ap.parse_args()
-    if args.calib_seed in args.seeds:
-        sys.exit("--calib-seed must differ from every held-out --seeds value")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    if args.saved:
+        doc = json.loads(Path(args.saved).read_text(encoding="utf-8"))
+        for key in ("replicas", "num_blocks", "max_num_seqs", "routers", "calib_seed", "seeds"):
+            setattr(args, key, doc["args"][key])
+        args.ttft_slo = args.ttft_slo or doc["args"]["ttft_slo"]
+        args.tpot_slo = args.tpot_slo or doc["args"]["tpot_slo"]
+        cm = FittedCostModel.from_json(doc["cost_model"])
+        oh = serve_sim.FrontOverhead(**doc["front_overhead"])
+        rows = [compare(saved, cm, oh, args) for saved in doc["held_out"]]
+        write(out, args, rows, {**doc, "args": vars(args)}, doc["wall_s"])
+        return
+    if args.calib_seed in args.seeds:
+        sys.exit("--calib-seed must differ from every held-out --seeds value")
     started = time.perf_counter()
     front = serve_sim.frontend(args.model)
 
-    # 1. calibration runs: live step profiles and the front's overhead
+    # 1. calibration runs: live step profiles, the front's overhead, the SLO
     profiles: list[dict[str, Any]] = []
     overheads = []
-    calib_rows = []
+    calib = []
     with tempfile.TemporaryDirectory() as pdir:
         for router in args.routers:
             r = run(args, router, args.calib_seed, pdir)
             mine = [load_profile(f) for f in r["profiles"]]
             profiles += mine
             overheads.append(serve_sim.front_overhead(r["records"], r["t0"], mine))
-            calib_rows.append(r["summary"])
-            print(f"calibration run {router}: {json.dumps(r['summary'], default=str)[:300]}")
+            ok = [x for x in r["records"] if x.error is None and x.ttft is not None]
+            calib.append(
+                {
+                    "router": router,
+                    "wall_s": r["wall"],
+                    "ttft_p50": _pct([x.ttft for x in ok], 0.5),
+                    "tpot_p90": _pct(_tpots(r["records"]), 0.9),
+                    "steps": sum(len(p["steps"]) for p in mine),
+                    "load_average": r["load_average"],
+                }
+            )
+            print(f"calibration run: {calib[-1]}", flush=True)
     cost_model = fit_profile(merge_profiles(profiles))
-    (out / "costmodel_live.json").write_text(cost_model.to_json(), encoding="utf-8")
     overhead = serve_sim.FrontOverhead(
         *(
             sorted(getattr(o, f) for o in overheads)[len(overheads) // 2]
             for f in asdict(overheads[0])
         )
     )
+    base = next((c for c in calib if c["router"] == "round_robin"), calib[0])
+    args.ttft_slo = args.ttft_slo or round(base["ttft_p50"], 2)
+    args.tpot_slo = args.tpot_slo or round(base["tpot_p90"], 2)
     print(f"cost model: {cost_model.prefill_coef} {cost_model.decode_coef} {cost_model.fit_error}")
-    print(f"front overhead: {overhead}")
+    print(f"front overhead: {overhead}; SLO TTFT {args.ttft_slo} s, TPOT {args.tpot_slo} s")
 
     # 2-3. held-out runs and their predictions
-    rows = []
+    held_out, rows = [], []
     for seed in args.seeds:
         for router in args.routers:
             r = run(args, router, seed, None)
             users = {i: c.user for i, c in enumerate(r["convs"])}
             turns = serve_sim.workload_turns(r["records"], r["prompts"], users, front)
-            starts = {i: c.start_s for i, c in enumerate(r["convs"])}
-            wargs = argparse.Namespace(**{**vars(args), "seed": seed})
-            pred = serve_sim.predict_closed_loop(
-                turns, starts, cost_model, router, args.replicas, wargs, overhead
-            )
-            m = r["summary"]
-            row = {
+            saved = {
                 "router": router,
                 "seed": seed,
-                **{k: m[k] for k in ("goodput_rps", "slo_attainment", "ttft_p50", "ttft_p90")},
-                "itl_p50": m["itl_p50"],
-                "prefix_hit_rate": m["prefix_hit_rate"],
-                "errors": m["errors"],
-                "load_average": m["load_average"],
-                **pred,
+                "wall": r["wall"],
+                "load_average": r["load_average"],
+                "records": [asdict(x) for x in r["records"]],
+                "turns": {
+                    c: [[t.input_len, t.output_len, list(t.block_hashes), t.tenant] for t in ts]
+                    for c, ts in turns.items()
+                },
+                "starts": {i: c.start_s for i, c in enumerate(r["convs"])},
             }
-            ok = [x for x in r["records"] if x.error is None and x.e2e is not None and x.ttft]
-            tpots = sorted((x.e2e - x.ttft) / max(1, x.completion_tokens - 1) for x in ok)
-            row["tpot_p50"] = tpots[len(tpots) // 2] if tpots else None
-            g = m["goodput_rps"]
-            row["ratio"] = pred["sim_goodput_rps"] / g if g else None
-            rows.append(row)
-            print(json.dumps(row, default=str))
-    wall = time.perf_counter() - started
-    write(out, args, rows, calib_rows, cost_model.fit_error, asdict(overhead), wall)
+            held_out.append(saved)
+            rows.append(compare(saved, cost_model, overhead, args))
+            print(json.dumps(rows[-1], default=str), flush=True)
+    doc = {
+        "cost_model": cost_model.to_json(),
+        "front_overhead": asdict(overhead),
+        "calibration_runs": calib,
+        "live_profile": merge_profiles(profiles),
+        "held_out": held_out,
+    }
+    write(out, args, rows, doc, time.perf_counter() - started)
 
 
 def write(
     out: Path,
     args: argparse.Namespace,
     rows: list[dict[str, Any]],
-    calib: list[dict[str, Any]],
-    fit_error: dict[str, float],
-    overhead: dict[str, float],
+    doc: dict[str, Any],
     wall: float,
 ) -> None:
     def f(v: Any, n: int = 3) -> str:
         return "-" if v is None else f"{v:.{n}f}"
 
+    fit = json.loads(doc["cost_model"])
     lines = [
         f"Held-out protocol, {args.replicas} replicas, SLO TTFT <= {args.ttft_slo} s and "
         f"TPOT <= {args.tpot_slo} s; calibrated on seed {args.calib_seed}, predicted seeds "
-        f"{args.seeds}; {wall:.0f} s end to end.",
+        f"{args.seeds}; simulated cache publish: {args.cache_publish}; {wall:.0f} s end to end.",
         "",
         "| router | seed | measured goodput req/s | predicted | predicted / measured | "
         "TTFT p50 measured / predicted s | TPOT p50 measured / predicted s | "
@@ -180,8 +279,8 @@ def write(
     for r in rows:
         lines.append(
             f"| {r['router']} | {r['seed']} | {f(r['goodput_rps'])} | {f(r['sim_goodput_rps'])} | "
-            f"{f(r['ratio'], 2)} | {f(r['ttft_p50'])} / {f(r['sim_ttft_p50'])} | "
-            f"{f(r['tpot_p50'])} / {f(r['sim_tpot_p50'])} | {r['prefix_hit_rate']:.0%} / "
+            f"{f(r['ratio'], 2)} | {f(r['ttft_p50'], 2)} / {f(r['sim_ttft_p50'], 2)} | "
+            f"{f(r['tpot_p50'], 2)} / {f(r['sim_tpot_p50'], 2)} | {r['prefix_hit_rate']:.0%} / "
             f"{r['sim_prefix_hit_rate']:.0%} | {r['load_average']:.1f} |"
         )
     lines += ["", "| router | predicted / measured goodput, range over seeds |", "|---|---|"]
@@ -191,21 +290,15 @@ def write(
         lines.append(f"| {router} | {span} |")
     lines += [
         "",
-        f"Live fit: {json.dumps(fit_error)}; front overhead (s): {json.dumps(overhead)}",
+        f"Live fit: prefill {fit['prefill_coef']}, decode {fit['decode_coef']}, "
+        f"{json.dumps(fit['fit_error'])}; front overhead (s): "
+        f"{json.dumps(doc['front_overhead'])}; calibration runs: "
+        f"{json.dumps(doc['calibration_runs'])}",
     ]
     text = "\n".join(lines) + "\n"
     (out / "serve_predict.md").write_text(text, encoding="utf-8")
-    doc = {
-        "args": vars(args),
-        "rows": rows,
-        "calibration_runs": calib,
-        "fit_error": fit_error,
-        "front_overhead": overhead,
-        "wall_s": wall,
-    }
-    (out / "serve_predict.json").write_text(
-        json.dumps(doc, indent=1, default=str), encoding="utf-8"
-    )
+    full = {**doc, "args": vars(args), "rows": rows, "wall_s": wall}
+    (out / "serve_predict.json").write_text(json.dumps(full, default=str), encoding="utf-8")
     print(text)
 
 

@@ -257,11 +257,13 @@ def predict_closed_loop(
     args: argparse.Namespace,
     overhead: FrontOverhead,
     iterations: int = 12,
+    cache_publish: str = "finish",
 ) -> dict[str, Any]:
     """Predicted goodput of a closed-loop run: turn ``j + 1`` of a conversation is sent when
     the simulated turn ``j`` ended (plus ``think_s``). Arrivals and simulated latencies
     depend on each other, so the simulation is repeated until the arrivals stop moving
-    (1 ms) or ``iterations`` runs."""
+    (1 ms) or ``iterations`` runs. ``cache_publish="finish"``: prompt blocks become hits when
+    their request ends, as in deepinfer's engine (`SimConfig.cache_publish`)."""
     block_size = EngineConfig().block_size
     engine = EngineConfig(num_blocks=args.num_blocks, max_num_seqs=args.max_num_seqs)
     config = SimConfig(
@@ -275,6 +277,7 @@ def predict_closed_loop(
         kv_capacity_tokens=engine.num_blocks * engine.block_size,
         ttft_slo_s=args.ttft_slo,
         tpot_slo_s=args.tpot_slo,
+        cache_publish=cache_publish,
     )
     keys = [(c, j) for c in sorted(turns) for j in range(len(turns[c]))]
     e2e: dict[tuple[int, int], float] = {}
