@@ -111,9 +111,10 @@ def copy_only(llm: LLM) -> None:
 
 
 def drop_page_cache(directory: Path) -> int:
-    """Ask the kernel to drop the (clean, fsynced) block files from its page cache."""
+    """Ask the kernel to drop the (clean, fsynced) block or segment files from its page
+    cache (either disk format)."""
     n = 0
-    for root, _, files in os.walk(directory / "blocks"):
+    for root, _, files in [*os.walk(directory / "blocks"), *os.walk(directory / "segments")]:
         for name in files:
             fd = os.open(os.path.join(root, name), os.O_RDONLY)
             try:

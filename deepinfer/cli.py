@@ -65,6 +65,13 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="cpu")
     p.add_argument("--no-prefix-cache", action="store_true", help="disable the prefix cache")
     p.add_argument("--cache-dir", default=None, help="prefix cache directory (disk tier)")
+    p.add_argument(
+        "--cache-disk-format",
+        default="segments",
+        choices=["segments", "files"],
+        help="disk tier format: 'segments' (default; a 'files' directory is converted in "
+        "place) or 'files' (one file per block, the older format)",
+    )
     p.add_argument("--speculative", default=None, help="'dspark' or a drafter checkpoint dir")
     p.add_argument("--num-blocks", type=int, default=None, help="KV pool size in blocks")
     p.add_argument(
@@ -168,7 +175,11 @@ def _make_llm(args: argparse.Namespace):  # type: ignore[no-untyped-def]
         dtype=args.dtype,
         device=args.device,
         enable_prefix_caching=not args.no_prefix_cache,
-        prefix_cache_config=PrefixCacheConfig(directory=args.cache_dir) if args.cache_dir else None,
+        prefix_cache_config=PrefixCacheConfig(
+            directory=args.cache_dir, disk_format=args.cache_disk_format
+        )
+        if args.cache_dir or args.cache_disk_format != "segments"
+        else None,
         **kwargs,
     )
 

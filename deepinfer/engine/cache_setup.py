@@ -5,6 +5,14 @@ can read them after a copy), the host tier is CPU memory (pinned on CUDA machine
 tier is a directory under the cache directory, so a restarted engine still hits. Pages move with
 `deepinfer_kernels.gather_blocks` / `scatter_blocks`, plugged in at the cache's seam.
 
+The disk tier is `SegmentDiskTier` (the "segments" format: blocks in large segment files found
+again through one manifest) unless ``PrefixCacheConfig.disk_format`` is ``"files"`` (`DiskTier`,
+one file per block, the format of releases before 0.4). A directory still in the "files" format
+is converted in place when the engine opens it with the default ``migrate_disk=True`` (crash-safe:
+the old files go only once the segments holding them are durable; see
+`deepinfer_cache.tiers.disk_formats`); with ``migrate_disk=False`` it is refused with an error
+naming the format and the ``deepinfer-cache migrate`` command. Nothing is silently ignored.
+
 A disk directory has one writer at a time (`deepinfer_cache` holds a lock file). When the
 default directory is held by another running engine, this one starts without a disk tier and
 warns; a directory named explicitly in `PrefixCacheConfig` raises instead. A directory that
@@ -20,16 +28,20 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+
 from deepinfer.engine.config import EngineConfig
 from deepinfer.models.cache_files import cache_base
 from deepinfer.models.kv_pool import KVPool
 from deepinfer.models.llama import LlamaModel
 from deepinfer_cache import (
+    DISK_FORMATS,
     CacheLockedError,
     DeviceTier,
     DiskTier,
     HostTier,
     KVCacheAdapter,
+    SegmentDiskTier,
     TieredKVStore,
 )
 from deepinfer_kernels import gather_blocks, scatter_blocks
@@ -37,19 +49,29 @@ from deepinfer_kernels import gather_blocks, scatter_blocks
 
 @dataclass(frozen=True)
 class PrefixCacheConfig:
-    """Sizes of the three tiers. ``device_blocks`` are taken out of the engine's pool."""
+    """Sizes of the three tiers. ``device_blocks`` are taken out of the engine's pool.
+
+    ``disk_format``: ``"segments"`` (`SegmentDiskTier`, the default) or ``"files"``
+    (`DiskTier`, one file per block). ``migrate_disk``: convert a directory still in the
+    "files" format to "segments" on open (True) or refuse it (False)."""
 
     device_blocks: int = 256
     host_bytes: int = 1 << 30
     disk_bytes: int = 8 << 30
     directory: str | None = None
     write_policy: str = "write-back"
+    disk_format: str = "segments"
+    migrate_disk: bool = True
 
     def __post_init__(self) -> None:
         if self.device_blocks < 0:
             raise ValueError(f"device_blocks must be >= 0, got {self.device_blocks}")
         if self.host_bytes < 0 or self.disk_bytes < 0:
             raise ValueError("host_bytes and disk_bytes must be >= 0")
+        if self.disk_format not in DISK_FORMATS:
+            raise ValueError(
+                f"disk_format must be one of {', '.join(DISK_FORMATS)}, got {self.disk_format!r}"
+            )
 
 
 def default_kv_dir(model_key: str) -> Path:
@@ -74,7 +96,7 @@ def build_prefix_cache(
     their own sibling."""
     page_shape = tuple(pool.tensor.select(2, 0).shape)
     dtype = pool.tensor.dtype
-    tiers: list[DeviceTier | HostTier | DiskTier] = []
+    tiers: list[DeviceTier | HostTier | DiskTier | SegmentDiskTier] = []
     if config.device_blocks:
         reserved = pool.allocate(min(config.device_blocks, pool.num_blocks // 2))
         tiers.append(
@@ -93,7 +115,7 @@ def build_prefix_cache(
         directory = directory.with_name(directory.name + directory_suffix)
         try:
             directory.mkdir(parents=True, exist_ok=True)
-            tiers.append(DiskTier(directory, page_shape, dtype, config.disk_bytes))
+            tiers.append(_disk_tier(config, directory, page_shape, dtype))
         except CacheLockedError as exc:
             if config.directory:
                 raise
@@ -129,6 +151,28 @@ def build_prefix_cache(
         scatter_fn=scatter_blocks,
     )
     return adapter, store
+
+
+def _disk_tier(
+    config: PrefixCacheConfig, directory: Path, page_shape: tuple[int, ...], dtype: torch.dtype
+) -> DiskTier | SegmentDiskTier:
+    """The disk tier in the configured format (a directory in the other format raises
+    ``CacheFormatError``, unless it is "files" and ``migrate_disk`` converts it)."""
+    if config.disk_format == "files":
+        return DiskTier(directory, page_shape, dtype, config.disk_bytes)
+    tier = SegmentDiskTier(
+        directory, page_shape, dtype, config.disk_bytes, migrate=config.migrate_disk
+    )
+    if tier.migration is not None:
+        m = tier.migration
+        warnings.warn(
+            f"prefix cache: converted {os.fspath(directory)!r} to the 'segments' format "
+            f"({m.blocks_copied} blocks copied, {m.corrupt_quarantined} damaged files "
+            "quarantined)",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+    return tier
 
 
 def build_engine_kv(

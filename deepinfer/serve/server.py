@@ -58,6 +58,13 @@ def add_serve_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=1, help="torch threads per replica")
     p.add_argument("--no-prefix-cache", action="store_true")
     p.add_argument("--cache-dir", default=None, help="prefix cache disk directory")
+    p.add_argument(
+        "--cache-disk-format",
+        default="segments",
+        choices=["segments", "files"],
+        help="disk tier format: 'segments' (default; a 'files' directory is converted in "
+        "place) or 'files' (one file per block)",
+    )
     p.add_argument("--ttft-slo", type=float, default=None, help="429 above this predicted TTFT")
     p.add_argument("--max-waiting", type=int, default=None, help="429 above this queue length")
     p.add_argument("--drain-timeout", type=float, default=30.0)
@@ -86,7 +93,9 @@ def config_from_args(args: argparse.Namespace) -> ServeConfig:
     cache = None
     if not args.no_prefix_cache:
         blocks = max(1, args.num_blocks // 8)
-        cache = PrefixCacheConfig(device_blocks=blocks, directory=args.cache_dir)
+        cache = PrefixCacheConfig(
+            device_blocks=blocks, directory=args.cache_dir, disk_format=args.cache_disk_format
+        )
     return ServeConfig(
         model=model,
         served_model_name=args.served_model_name,

@@ -78,7 +78,7 @@ def test_disk_only_cache_serves_the_prefix_after_a_restart(
         assert [t.name for t in writer.store.tiers] == ["disk"]
         seed = writer.generate([first], GREEDY)[0]
     assert seed.metrics is not None and seed.metrics.num_cached_tokens == 0
-    assert any((tmp_path / "kv" / "blocks").rglob("*")), "the writer left no block files"
+    assert any((tmp_path / "kv" / "segments").glob("*.seg")), "the writer left no segments"
 
     # A fresh engine over the same directory: the only copy of the prefix is on disk.
     with LLM(loaded, engine_config=CFG, prefix_cache_config=cache) as restarted:

@@ -269,7 +269,7 @@ def test_prefill_worker_prefix_cache_hits_the_next_turn_and_survives_a_restart(
     assert first.metrics is not None and first.metrics.num_cached_tokens == 0
     assert second.metrics is not None and second.metrics.num_cached_tokens == 24
     worker_dir = tmp_path / "kv-pd-prefill-0"
-    assert any((worker_dir / "blocks").rglob("*")), "the prefill worker persisted no blocks"
+    assert any((worker_dir / "segments").glob("*.seg")), "the prefill worker persisted no blocks"
 
     disk_only = PrefixCacheConfig(
         device_blocks=0, host_bytes=0, disk_bytes=1 << 22, directory=str(kv_dir)

@@ -34,9 +34,12 @@ from .sizing import REFERENCE_MODELS, ModelKV, SizingResult, ssd_capacity
 from .stats import CostReport, StoreStats, TierStats
 from .store import TieredKVStore
 from .tiers import (
+    DISK_FORMATS,
+    CacheFormatError,
     DeviceTier,
     DiskTier,
     HostTier,
+    MigrationReport,
     SegmentDiskTier,
     Tier,
     torch_gather,
@@ -47,6 +50,7 @@ __version__ = "0.3.0"
 
 __all__ = [
     "DEFAULT_KEY_HASH",
+    "DISK_FORMATS",
     "KEY_HASHES",
     "REFERENCE_MODELS",
     "AllBlocksCleared",
@@ -55,6 +59,7 @@ __all__ = [
     "BlockRemoved",
     "BlockStored",
     "CacheEvent",
+    "CacheFormatError",
     "CacheLockedError",
     "Clock",
     "CorruptBlockError",
@@ -68,6 +73,7 @@ __all__ = [
     "KVCacheAdapter",
     "LookupResult",
     "MatchResult",
+    "MigrationReport",
     "ModelKV",
     "PrefixIndex",
     "RetentionPolicy",

@@ -2,12 +2,14 @@
 
 deepinfer-cache models
 deepinfer-cache size --model deepseek-v3 --tokens-per-second 1e6 --hit-rate 0.96
+deepinfer-cache migrate ~/.cache/deepinfer/kv/<key>   # "files" format -> "segments", in place
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 from importlib import metadata
@@ -56,11 +58,53 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--agent-days", type=float, default=3.0)
     s.add_argument("--overhead", type=float, default=0.05)
     s.add_argument("--json", action="store_true", help="print JSON")
+    m = sub.add_parser(
+        "migrate",
+        help="convert a cache directory from the 'files' format (DiskTier, one file per "
+        "block) to the 'segments' format (SegmentDiskTier) in place; crash-safe, rerunnable",
+    )
+    m.add_argument("directory")
+    m.add_argument("--json", action="store_true", help="print JSON")
     return p
+
+
+def _migrate(directory: str, as_json: bool) -> int:
+    """Open the directory as a segment tier that migrates on open (geometry read from the
+    block files themselves); the engine must not be running (it holds the directory lock)."""
+    from dataclasses import asdict
+
+    from .lockfile import CacheLockedError
+    from .tiers import CacheFormatError, SegmentDiskTier
+    from .tiers.disk_formats import files_format_geometry
+
+    if not os.path.isdir(directory):
+        print(
+            f"deepinfer-cache: error: directory: {directory!r} is not a directory", file=sys.stderr
+        )
+        return 2
+    geometry = files_format_geometry(directory)
+    if geometry is None:
+        print(f"{directory}: no blocks in the 'files' format; nothing to migrate")
+        return 0
+    dtype, shape, layout = geometry
+    try:
+        tier = SegmentDiskTier(directory, shape, dtype, 1 << 62, layout=layout, migrate=True)
+    except (CacheLockedError, CacheFormatError, OSError) as exc:
+        print(f"deepinfer-cache: error: {exc}", file=sys.stderr)
+        return 1
+    tier.close()
+    rep = asdict(tier.migration) if tier.migration is not None else {}
+    if as_json:
+        print(json.dumps({"directory": directory, **rep}, indent=2))
+    else:
+        print(f"{directory}: " + ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in rep.items()))
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.cmd == "migrate":
+        return _migrate(args.directory, args.json)
     if args.cmd == "models":
         for name, m in sorted(REFERENCE_MODELS.items()):
             print(

@@ -44,6 +44,7 @@ from ..lockfile import DirectoryLock
 from ..meta import RecoveredBlock
 from .base import BlockMeta, check_key, check_page, check_page_shape, page_nbytes
 from .dir_hygiene import clear_tmp, ensure_dir, move_aside, quarantine_odd
+from .disk_formats import holds_segments_format, segments_format_refused
 
 
 @dataclass
@@ -119,6 +120,8 @@ class DiskTier:
         self._kicked = False  # a deferred-work job is queued (one is enough)
         self._dirlock = DirectoryLock(self.directory)
         try:
+            if holds_segments_format(self.directory):
+                raise segments_format_refused(self.directory)
             self._scan()
             self._workers = IOWorkers(io_threads, queue_depth, name="disk-write")
             self._readers = IOWorkers(read_threads, 4 * queue_depth, name="disk-read")

@@ -56,6 +56,12 @@ from ._segment_io import pwrite_all as _pwrite_all
 from .base import BlockMeta, check_key, check_page, check_page_shape, page_nbytes
 from .dir_hygiene import clear_tmp, ensure_dir, move_aside, quarantine_odd
 from .disk import DiskCounters
+from .disk_formats import (
+    MigrationReport,
+    files_format_refused,
+    holds_files_format,
+    migrate_files_to_segments,
+)
 from .segment_maintenance import SegmentMaintenance
 from .segment_open import Rec, load_segments
 from .segment_read import SegmentReads
@@ -107,6 +113,11 @@ class SegmentDiskTier(SegmentReads, SegmentMaintenance):
     live records copied forward), so the directory holds at most about
     ``capacity / compact_below`` plus one segment. ``fsync=False`` trades durability of the
     latest writes for speed; records stay checked either way.
+
+    A directory holding blocks in ``DiskTier``'s one-file-per-block format is refused
+    (``CacheFormatError``) unless ``migrate=True``, which converts them in place on open
+    (``tiers/disk_formats.py``: copied, made durable, then the old files removed; the report is
+    ``self.migration``).
     """
 
     name = "disk"
@@ -127,6 +138,7 @@ class SegmentDiskTier(SegmentReads, SegmentMaintenance):
         compact_below: float = 0.5,
         checkpoint_every: int = 4096,
         max_read_bytes: int = 32 << 20,
+        migrate: bool = False,
     ) -> None:
         if not isinstance(dtype, torch.dtype):
             raise TypeError(f"dtype must be a torch.dtype, got {dtype!r}")
@@ -178,13 +190,23 @@ class SegmentDiskTier(SegmentReads, SegmentMaintenance):
         self._failed: deque[bytes] = deque()
         self._recovered: list[bytes] | None = None
         self._columns: RecoveredColumns | None = None
+        self.migration: MigrationReport | None = None  # set when ``migrate`` converted files
         os.makedirs(self.directory, exist_ok=True)
         self._dirlock = DirectoryLock(self.directory)
         try:
+            if not migrate and holds_files_format(self.directory):
+                raise files_format_refused(self.directory)
             self._open()
             self._workers = IOWorkers(io_threads, queue_depth, name="seg-write")
             self._readers = IOWorkers(read_threads, 4 * queue_depth, name="seg-read")
+            if migrate and holds_files_format(self.directory):
+                self.migration = migrate_files_to_segments(self)
+                self._recovered = list(self._loc)  # the migrated blocks are recovered too
+                self._columns = None
         except BaseException:
+            for workers in (getattr(self, "_workers", None), getattr(self, "_readers", None)):
+                if workers is not None:
+                    workers.shutdown(wait=True)
             self._close_fds()
             self._dirlock.release()  # a failed open must not keep the directory locked
             raise
