@@ -38,6 +38,13 @@ Prompt = str | Seq[int]
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
+def torch_dtype(name: str) -> torch.dtype:
+    """The torch dtype a ``dtype`` argument names; ``ValueError`` lists the choices."""
+    if name not in DTYPES:
+        raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {name!r}")
+    return DTYPES[name]
+
+
 @dataclass
 class BuiltEngine:
     """An assembled engine, the model it runs, and the prefix-cache store to close."""
@@ -89,12 +96,11 @@ def build_engine(
             built.engine.step()
         built.close()
     """
-    if dtype not in DTYPES:
-        raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
+    weights = torch_dtype(dtype)
     if isinstance(model, LoadedModel):
         loaded = model
     else:
-        loaded = load_model(model, dtype=DTYPES[dtype], device=device, cache_dir=cache_dir)
+        loaded = load_model(model, dtype=weights, device=device, cache_dir=cache_dir)
     config = engine_config or EngineConfig()
     pool, adapter, store = build_engine_kv(
         loaded.model, config, prefix_cache, str(loaded.path), directory_suffix=directory_suffix
@@ -230,8 +236,7 @@ class LLM:
         ``kv_memory``: bytes for the KV pool; its block count replaces
         ``engine_config.num_blocks``. The pool's memory is committed only as blocks are
         written, whatever its size."""
-        if dtype not in DTYPES:
-            raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
+        weights = torch_dtype(dtype)
         pd_on = pd is not None and pd is not False
         self.loaded: LoadedModel | ModelFiles
         if isinstance(model, LoadedModel):
@@ -239,13 +244,11 @@ class LLM:
         elif pd_on:  # the workers load the weights; this process only tokenizes
             self.loaded = load_model_files(model, cache_dir=cache_dir)
         else:
-            self.loaded = load_model(model, dtype=DTYPES[dtype], device=device, cache_dir=cache_dir)
+            self.loaded = load_model(model, dtype=weights, device=device, cache_dir=cache_dir)
         self.tokenizer = self.loaded.tokenizer
         config = engine_config or EngineConfig()
         if kv_memory is not None:
-            blocks = blocks_for_memory(
-                self.loaded.config, kv_memory, config.block_size, DTYPES[dtype]
-            )
+            blocks = blocks_for_memory(self.loaded.config, kv_memory, config.block_size, weights)
             config = replace(config, num_blocks=blocks)
         cache_config = (
             prefix_cache_config or PrefixCacheConfig(device_blocks=config.num_blocks // 8)
