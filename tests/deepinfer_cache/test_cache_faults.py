@@ -14,7 +14,7 @@ import torch
 from _cache_helpers import BS, PAGE, PAGE_BYTES, page_for, pages_for
 
 import deepinfer_cache.tiers.disk as disk_mod
-import deepinfer_cache.tiers.segment_disk as seg_mod
+import deepinfer_cache.tiers.segment_write as seg_mod
 from deepinfer_cache import (
     DeviceTier,
     DiskTier,

@@ -17,8 +17,8 @@ import torch
 
 from deepinfer_cache import BlockMeta, SegmentDiskTier
 from deepinfer_cache.segment_format import Geometry, read_manifest_file, slot_bytes_for
-from deepinfer_cache.tiers import segment_disk as seg_mod
 from deepinfer_cache.tiers import segment_maintenance as maint_mod
+from deepinfer_cache.tiers import segment_write as seg_mod
 
 PAGE = (2, 3, 4)
 

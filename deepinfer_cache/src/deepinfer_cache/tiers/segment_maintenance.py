@@ -36,7 +36,8 @@ from .segment_open import Rec
 if TYPE_CHECKING:
     import torch
 
-    from .segment_disk import SegmentCounters, _Segment
+    from .segment_disk import SegmentCounters
+    from .segment_write import _Segment
 
 _BLANK = bytes(RECORD_HEADER_BYTES)
 

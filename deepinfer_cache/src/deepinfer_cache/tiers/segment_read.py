@@ -35,7 +35,8 @@ from ..segment_format import (
 from .segment_open import Rec
 
 if TYPE_CHECKING:
-    from .segment_disk import SegmentCounters, _Segment
+    from .segment_disk import SegmentCounters
+    from .segment_write import _Segment
 
 
 class SegmentReads:
