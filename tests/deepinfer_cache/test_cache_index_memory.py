@@ -30,14 +30,14 @@ def test_index_adds_no_gc_tracked_objects_per_block() -> None:
 
 def test_first_block_miss_hashes_one_block(monkeypatch) -> None:
     calls = []
-    real = store_mod.iter_block_hashes
+    real = store_mod.hash_chunks  # lookup hashes in chunks of 1, 1, 2, 4... blocks
 
     def counting(*a, **kw):
-        for h in real(*a, **kw):
-            calls.append(h)
-            yield h
+        for chunk in real(*a, **kw):
+            calls.extend(chunk)
+            yield chunk
 
-    monkeypatch.setattr(store_mod, "iter_block_hashes", counting)
+    monkeypatch.setattr(store_mod, "hash_chunks", counting)
     store = TieredKVStore([HostTier(PAGE, torch.float32, 8 * PAGE_BYTES)], BS)
     res = store.lookup(list(range(1000 * BS)))
     assert res.num_blocks == 0 and len(calls) == 1 and len(res.hashes) == 1
