@@ -193,8 +193,8 @@ class PrefixIndex:
 
     def _leading_ids(self, hashes: Sequence[bytes], now: float) -> list[int]:
         """Ids of the leading present, unexpired ``hashes``. The probes and the expiry reads
-        run as C loops (``map``): a 1203-block prompt costs a few tens of microseconds instead
-        of a Python iteration per block."""
+        run as C loops (``map``) instead of a Python iteration per block; on a 1M-block index
+        the dict probes' cache misses are most of what is left."""
         probed = list(map(self._ids.get, hashes))
         if None in probed:
             del probed[probed.index(None) :]
