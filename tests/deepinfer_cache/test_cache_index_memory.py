@@ -30,7 +30,7 @@ def test_index_adds_no_gc_tracked_objects_per_block() -> None:
 
 def test_first_block_miss_hashes_one_block(monkeypatch) -> None:
     calls = []
-    real = store_mod.hash_chunks  # lookup hashes in chunks of 1, 1, 2, 4... blocks
+    real = store_mod.hash_chunks  # lookup hashes in chunks of 1, 2, 4... blocks
 
     def counting(*a, **kw):
         for chunk in real(*a, **kw):

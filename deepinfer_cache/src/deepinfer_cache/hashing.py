@@ -192,7 +192,7 @@ def iter_block_hashes(
     key_hash: str = DEFAULT_KEY_HASH,
 ) -> Iterator[BlockHash]:
     """Yield the chained hashes of the full blocks of ``tokens`` one at a time. Tokens are
-    converted and checked in chunks that double in size (1, 1, 2, 4, ... blocks), so stopping
+    converted and checked in chunks that double in size (1, 2, 4, ... blocks), so stopping
     after k blocks costs O(k) work. Arguments are checked at the call, tokens as they are
     reached."""
     return chain.from_iterable(

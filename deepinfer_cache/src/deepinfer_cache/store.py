@@ -124,16 +124,16 @@ class TieredKVStore(StoreCore):
         """How many leading full blocks of ``tokens`` are cached, and in which tiers.
 
         Hashes are computed lazily, outside the store lock: a miss on the first block costs
-        one block hash, a miss on block k at most 2 (k + 1). The count is an upper bound of what ``fetch`` returns: a block whose
-        payload turns out corrupt when read is a miss then (and removed); ``scrub()`` verifies
-        every disk block ahead of time.
+        one block hash, a miss on block k at most 2 k + 1. The count is an upper bound of what
+        ``fetch`` returns: a block whose payload turns out corrupt when read is a miss then (and
+        removed); ``scrub()`` verifies every disk block ahead of time.
         """
         toks = as_token_sequence(tokens)
         computed: list[BlockHash] = []
         chunks = hash_chunks(
             toks, self.block_size, namespace, self.model, extra, block_extras, self.key_hash, 1
         )
-        # Hash outside the store lock, in chunks of 1, 1, 2, 4... blocks, stopping after the
+        # Hash outside the store lock, in chunks of 1, 2, 4... blocks, stopping after the
         # first block the index lacks (dict membership tests are atomic under the GIL). The
         # index never holds a block without its parent, so a chunk whose last block is known
         # is known whole: one probe per chunk. The locked match below re-checks every block.
