@@ -14,6 +14,7 @@ from _cache_helpers import BS, make_store, page_for, pages_for
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import deepinfer_cache.store as store_mod
 from deepinfer_cache import (
     DEFAULT_KEY_HASH,
     KEY_HASHES,
@@ -182,3 +183,24 @@ def test_directory_records_its_key_schemes(tmp_path, segments: bool) -> None:
     assert damaged.lookup(tokens).num_blocks == 3
     damaged.close()
     assert json.loads(record.read_text()) == {"key_hashes": ["xxh3_128"]}
+
+
+@pytest.mark.parametrize("k", [1, 2, 3, 6, 7, 20])
+def test_a_miss_on_block_k_hashes_at_most_2k_plus_1_blocks(monkeypatch, k: int) -> None:
+    calls: list[bytes] = []
+    real = store_mod.hash_chunks
+
+    def counting(*a, **kw):
+        for chunk in real(*a, **kw):
+            calls.extend(chunk)
+            yield chunk
+
+    monkeypatch.setattr(store_mod, "hash_chunks", counting)
+    store = make_store(None, device_pages=0, host_pages=64, disk_pages=None)
+    tokens = list(range(64 * BS))
+    store.store(tokens[: k * BS], pages_for(tokens[: k * BS]))
+    calls.clear()
+    res = store.lookup(tokens)
+    assert res.num_blocks == k and len(res.hashes) == k + 1
+    assert k + 1 <= len(calls) <= 2 * k + 1
+    store.close()
