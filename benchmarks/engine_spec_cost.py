@@ -23,8 +23,9 @@ from vs_transformers import CHAT_MESSAGES, CODE_PROMPT
 
 from deepinfer import LLM, EngineConfig, SamplingParams, SpeculativeConfig
 from deepinfer.models import load_model
-from deepinfer.speculative import time_draft
-from deepinfer_spec import DraftGate
+from deepinfer.speculative import profile_target_sps, time_draft
+from deepinfer_kernels.cpu import ModuleLinear
+from deepinfer_spec import DraftGate, module_linear
 
 
 def main() -> None:
@@ -60,7 +61,43 @@ def main() -> None:
         )
     spec_1 = engines["1 drafts"].engine.speculator
     assert spec_1 is not None
-    print(f"one drafter forward: {1e3 * time_draft(spec_1.drafter, repeats=10):.1f} ms")  # type: ignore[attr-defined]
+    drafter = spec_1.drafter  # type: ignore[attr-defined]
+    # The drafter's products: the one build_speculator timed fastest here, against each option.
+    panels = ModuleLinear(loaded.model.cpu_kernels.linear)
+    chosen = drafter.linear
+    print(f"drafter products chosen at start-up: {type(chosen).__name__}")
+    for label, fn in (("bf16 panels", panels), ("modules (MKL)", module_linear)):
+        drafter.use_linear(fn)
+        print(f"one drafter forward, {label}: {1e3 * time_draft(drafter, repeats=10):.1f} ms")
+    drafter.use_linear(chosen)
+    gamma = drafter.config.gamma
+    full_ms, one_ms = [], []
+    for _ in range(5):  # alternated: drawing all gamma positions vs the first only
+        full_ms.append(1e3 * time_draft(drafter, repeats=2))
+        one_ms.append(1e3 * time_draft(drafter, repeats=2, num_tokens=1))
+    print(
+        f"one drafter forward, {gamma} positions drawn: {statistics.median(full_ms):.1f} ms; "
+        f"1 position (FixedGammaScheduler(1)'s bound): {statistics.median(one_ms):.1f} ms "
+        f"({min(o / f for o, f in zip(one_ms, full_ms)):.2f}-"
+        f"{max(o / f for o, f in zip(one_ms, full_ms)):.2f}x)"
+    )
+    forced = LLM(
+        loaded,
+        engine_config=cfg,
+        enable_prefix_caching=False,
+        speculative=SpeculativeConfig("dspark", num_speculative_tokens=1, draft_gate=False),
+    )
+    forced.engine.speculator.drafter.use_linear(panels)  # type: ignore[union-attr]
+    engines["1 drafts, bf16 panels"] = forced
+    # What verifying k drafts adds to the target's forward (k + 1 tokens against 1).
+    sizes = (1, 2, 3, 4, 6)
+    curve = profile_target_sps(
+        loaded.model, plain.engine.pool, sizes, context=len(chat_ids), repeats=5
+    )
+    print(
+        "target forward of B tokens / 1 token: "
+        + ", ".join(f"B={b}: {curve.at(1) / curve.at(b):.2f}x" for b in sizes[1:])
+    )
     step_ms: dict[str, list[float]] = {k: [] for k in engines}
     for llm in engines.values():
         llm.generate([chat_ids], params)
@@ -83,11 +120,15 @@ def main() -> None:
                 step_ms.setdefault(f"{name} tau", []).append(tau)
     base = statistics.median(step_ms["plain"])
     print(f"plain decode step: {base:.1f} ms")
-    for g in (1, 3, 5):
-        ms = statistics.median(step_ms[f"{g} drafts"])
+    for name in engines:
+        if name == "plain":
+            continue
+        ms = statistics.median(step_ms[name])
         print(
-            f"{g}-draft step: {ms:.1f} ms ({ms / base:.2f}x plain: breaks even at tau "
-            f"{ms / base:.2f}); tau on the chat prompt {statistics.median(step_ms[f'{g} drafts tau']):.2f}"
+            f"{name}: step {ms:.1f} ms ({ms / base:.2f}x plain, range "
+            f"{min(step_ms[name]) / max(step_ms['plain']):.2f}-"
+            f"{max(step_ms[name]) / min(step_ms['plain']):.2f}: breaks even at tau "
+            f"{ms / base:.2f}); tau on the chat prompt {statistics.median(step_ms[f'{name} tau']):.2f}"
         )
 
     # 2. as shipped

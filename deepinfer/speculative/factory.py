@@ -38,6 +38,7 @@ from deepinfer_spec import (
     PrefixScheduler,
     SPSCurve,
     VerifyScheduler,
+    draft_bound,
     module_linear,
     profile_sps,
     propose,
@@ -96,9 +97,10 @@ def profile_target_sps(
 
 
 @torch.no_grad()
-def time_draft(drafter: DSparkDrafter, repeats: int = 3) -> float:
+def time_draft(drafter: DSparkDrafter, repeats: int = 3, num_tokens: int | None = None) -> float:
     """Median seconds of one greedy :func:`~deepinfer_spec.propose` for one row over a full
-    context window (what a drafting decode step adds for the drafter itself)."""
+    context window (what a drafting decode step adds for the drafter itself); ``num_tokens``
+    draws only that many positions (``None``: all ``gamma``)."""
     weight = drafter.context_proj.weight
     window = drafter.config.window
     # The speculator's form of the context: the ring's keys and values.
@@ -113,7 +115,15 @@ def time_draft(drafter: DSparkDrafter, repeats: int = 3) -> float:
         if sync is not None:
             sync()
         start = time.perf_counter()
-        propose(drafter, anchor, context, valid, temperature=0.0, context_is_kv=True)
+        propose(
+            drafter,
+            anchor,
+            context,
+            valid,
+            temperature=0.0,
+            context_is_kv=True,
+            num_tokens=num_tokens,
+        )
         if sync is not None:
             sync()
         times.append(time.perf_counter() - start)
@@ -226,8 +236,12 @@ def build_speculator(
             gate = DraftGate()
         else:
             plain = 1.0 / curve.at(1)
+            # Priced on the proposal a step really draws: a lone row's bounded positions.
+            drawn = max(1, draft_bound(scheduler, 1, drafter.config.gamma))
             gate = DraftGate.break_even(
-                time_draft(drafter), plain, verify_extra_s=max(0.0, 1.0 / curve.at(2) - plain)
+                time_draft(drafter, num_tokens=drawn),
+                plain,
+                verify_extra_s=max(0.0, 1.0 / curve.at(2) - plain),
             )
     return DSparkSpeculator(
         drafter,

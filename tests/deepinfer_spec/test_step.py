@@ -45,8 +45,12 @@ def test_draft_block_calibrates_schedules_and_caps(target: RecomputeTarget) -> N
         max_drafts=[5, 1, 0],
     )
     raw = propose(drafter, anchors, context, valid, temperature=0.0)
-    assert torch.equal(block.token_ids, raw.token_ids)
-    torch.testing.assert_close(block.confidence, apply_temperatures(raw.confidence, sts))
+    # FixedGammaScheduler(3) can never verify a 4th draft: only 3 positions are drawn.
+    assert torch.equal(block.token_ids[:, :3], raw.token_ids[:, :3])
+    assert not block.token_ids[:, 3:].any() and not block.confidence[:, 3:].any()
+    torch.testing.assert_close(
+        block.confidence[:, :3], apply_temperatures(raw.confidence, sts)[:, :3]
+    )
     assert block.num_draft_tokens.tolist() == [3, 1, 0]  # scheduled 3, capped per row
     assert block.probs is None and block.width == 4
     assert block.drafts(1) == raw.token_ids[1, :1].tolist() and block.drafts(2) == []
@@ -72,10 +76,12 @@ def test_draft_block_groups_rows_by_temperature(target: RecomputeTarget) -> None
         generator=torch.Generator().manual_seed(0),
     )
     greedy = propose(drafter, anchors[:1], context[:1], valid[:1], temperature=0.0)
-    assert torch.equal(block.token_ids[0], greedy.token_ids[0])
+    # FixedGammaScheduler(2): only the first two positions are drawn.
+    assert torch.equal(block.token_ids[0, :2], greedy.token_ids[0, :2])
     assert block.probs is not None
     assert bool((block.probs[0] == 0).all())  # greedy rows keep no draft distribution
-    torch.testing.assert_close(block.probs[1].sum(-1), torch.ones(drafter.config.gamma))
+    torch.testing.assert_close(block.probs[1, :2].sum(-1), torch.ones(2))
+    assert not block.probs[1, 2:].any()
 
 
 @settings(max_examples=20, deadline=None)

@@ -33,6 +33,7 @@ from deepinfer_spec.linear import LinearFn, module_linear
 from deepinfer_spec.propose import Draft, propose
 from deepinfer_spec.recompute_target import RecomputeTarget
 from deepinfer_spec.scheduling import (
+    BoundedScheduler,
     DraftGate,
     FixedGammaScheduler,
     PrefixScheduler,
@@ -40,6 +41,7 @@ from deepinfer_spec.scheduling import (
     SPSCurve,
     ThresholdScheduler,
     VerifyScheduler,
+    draft_bound,
     evaluate_schedule,
     profile_sps,
 )
@@ -72,6 +74,7 @@ __all__ = [
     "propose",
     "verify_block",
     # calibration and verification scheduling (spec-B)
+    "BoundedScheduler",
     "DraftGate",
     "FixedGammaScheduler",
     "PrefixScheduler",
@@ -83,6 +86,7 @@ __all__ = [
     "auc",
     "calibrate_sts",
     "calibration_report",
+    "draft_bound",
     "evaluate_schedule",
     "expected_calibration_error",
     "profile_sps",

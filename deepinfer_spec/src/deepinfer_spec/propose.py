@@ -44,8 +44,9 @@ def propose(
     generator: torch.Generator | None = None,
     context_is_kv: bool = False,
     logits_hook: Callable[[int, torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+    num_tokens: int | None = None,
 ) -> Draft:
-    """Propose ``gamma`` tokens after each anchor.
+    """Propose ``gamma`` tokens after each anchor (the first ``num_tokens`` of them).
 
     Args:
         anchor_ids: ``[B]`` last token emitted for each request (not yet seen by the target).
@@ -62,13 +63,26 @@ def propose(
             (over the draft vocabulary's columns when there is one) before it is drawn, e.g. a
             structured-output mask; ``probs`` is then the rewritten distribution, so
             verification stays lossless. It must leave each row at least one finite logit.
+        num_tokens: draw only block positions ``1..num_tokens`` (``None``: all ``gamma``); the
+            result has ``num_tokens`` columns, each equal to the full proposal's (the backbone
+            still reads the whole block: its positions attend to each other). Saves the head,
+            sequential step and confidence of drafts that cannot be verified.
     """
     if not isinstance(temperature, (int, float)) or temperature < 0:
         raise ValueError(f"temperature: expected a float >= 0, got {temperature!r}")
     vocab = drafter.vocab_size
     if anchor_ids.numel() and (int(anchor_ids.min()) < 0 or int(anchor_ids.max()) >= vocab):
         raise ValueError(f"anchor_ids: expected token ids in [0, {vocab})")
+    full = drafter.config.gamma
+    if num_tokens is not None and (
+        not isinstance(num_tokens, int)
+        or isinstance(num_tokens, bool)
+        or not 0 < num_tokens <= full
+    ):
+        raise ValueError(f"num_tokens: expected an int in [1, {full}] or None, got {num_tokens!r}")
     hidden = drafter.backbone(anchor_ids, context, context_valid, context_is_kv=context_is_kv)
+    if num_tokens is not None and num_tokens < full:
+        hidden = hidden[:, :num_tokens]
     base = drafter.base_logits(hidden).float()
     batch, gamma = hidden.shape[0], hidden.shape[1]
     draft_ids = drafter.draft_vocab_ids  # None: logits are over the whole vocabulary

@@ -3,7 +3,8 @@ verify -> accept. `SpecDecoder` and the engine's speculator (``deepinfer.specula
 run exactly these functions; only where the target's forward happens differs.
 
 1. :func:`draft_block`: the drafter proposes ``gamma`` tokens per row (rows grouped by their
-   sampling temperature), the confidences are calibrated with the STS temperatures of greedy or
+   sampling temperature; only the positions the scheduler's bound and the caps let any row
+   verify are drawn, see ``BoundedScheduler``), the confidences are calibrated with the STS temperatures of greedy or
    sampled rows, the verification scheduler picks ``n_b`` drafts per row, capped per row;
 2. the caller runs the target over ``[anchor ; d_1 .. d_{n_b}]`` of every row;
 3. :func:`verify_block`: ``greedy_verify`` (temperature 0) or ``speculative_verify`` accepts a
@@ -27,7 +28,7 @@ from deepinfer_kernels import greedy_verify, speculative_verify
 from deepinfer_spec.calibration import apply_temperatures
 from deepinfer_spec.drafter import DSparkDrafter
 from deepinfer_spec.propose import propose
-from deepinfer_spec.scheduling import VerifyScheduler
+from deepinfer_spec.scheduling import VerifyScheduler, draft_bound
 
 
 @dataclass(frozen=True)
@@ -99,6 +100,11 @@ def draft_block(
     if max_drafts is not None and len(max_drafts) != batch:
         raise ValueError(f"max_drafts: expected {batch} values, got {len(max_drafts)}")
     device = anchors.device
+    # Positions no row can verify are not drawn: the scheduler's bound, the callers' caps.
+    width = draft_bound(scheduler, batch, gamma)
+    if max_drafts is not None and batch:
+        width = min(width, max(int(m) for m in max_drafts))
+    width = max(width, 1)  # a zero-draft step still proposes one position (never verified)
     tokens = torch.zeros(batch, gamma, dtype=torch.int64, device=device)
     conf = torch.zeros(batch, gamma, dtype=torch.float32, device=device)
     probs: torch.Tensor | None = None
@@ -114,15 +120,20 @@ def draft_block(
             generator=generator,
             context_is_kv=context_is_kv,
             logits_hook=_rows_hook(logits_hook, rows),
+            num_tokens=width,
         )
-        tokens[rows] = d.token_ids
+        # Undrawn positions keep token 0 and confidence 0: no scheduler admits them (and the
+        # bound above says none could have).
+        tokens[rows, :width] = d.token_ids
         sts = sts_greedy if temp == 0 else sts_sampling
-        conf[rows] = apply_temperatures(d.confidence, sts) if sts is not None else d.confidence
+        conf[rows, :width] = (
+            apply_temperatures(d.confidence, sts[:width]) if sts is not None else d.confidence
+        )
         if temp > 0:
             if probs is None:
                 probs = torch.zeros(batch, gamma, d.probs.shape[-1], device=device)
-            probs[rows] = d.probs
-    n = _checked_schedule(scheduler.schedule(conf), batch, gamma).cpu()
+            probs[rows, :width] = d.probs
+    n = _checked_schedule(scheduler.schedule(conf), batch, gamma).cpu().clamp(max=width)
     if max_drafts is not None:
         n = torch.minimum(n, torch.tensor([int(m) for m in max_drafts], dtype=torch.int64))
     return DraftBlock(tokens, conf, n.clamp(min=0), probs)

@@ -10,7 +10,13 @@ Example::
     print(plan.num_draft_tokens, plan.expected_tau, plan.batch_size)
 """
 
-from deepinfer_spec.scheduling.base import SchedulePlan, VerifyScheduler, evaluate_schedule
+from deepinfer_spec.scheduling.base import (
+    BoundedScheduler,
+    SchedulePlan,
+    VerifyScheduler,
+    draft_bound,
+    evaluate_schedule,
+)
 from deepinfer_spec.scheduling.fixed import FixedGammaScheduler
 from deepinfer_spec.scheduling.gate import DraftGate
 from deepinfer_spec.scheduling.prefix import PrefixScheduler
@@ -18,6 +24,7 @@ from deepinfer_spec.scheduling.sps import SPSCurve, profile_sps
 from deepinfer_spec.scheduling.threshold import ThresholdScheduler
 
 __all__ = [
+    "BoundedScheduler",
     "DraftGate",
     "FixedGammaScheduler",
     "PrefixScheduler",
@@ -25,6 +32,7 @@ __all__ = [
     "SchedulePlan",
     "ThresholdScheduler",
     "VerifyScheduler",
+    "draft_bound",
     "evaluate_schedule",
     "profile_sps",
 ]

@@ -24,6 +24,23 @@ class VerifyScheduler(Protocol):
     def schedule(self, confidence: Tensor) -> Tensor: ...
 
 
+@runtime_checkable
+class BoundedScheduler(Protocol):
+    """A :class:`VerifyScheduler` that knows, before any confidence exists, the most drafts it
+    can verify for one request of an ``R``-request step. A drafter then draws only that many
+    tokens (the head, the sequential step and the confidence of the others would be wasted:
+    on a CPU the head over the draft vocabulary is a large part of a proposal)."""
+
+    def max_drafts(self, num_requests: int, gamma: int) -> int: ...
+
+
+def draft_bound(scheduler: VerifyScheduler, num_requests: int, gamma: int) -> int:
+    """``scheduler.max_drafts(R, G)`` clamped to ``[0, G]``, or ``G`` when it gives no bound."""
+    if not isinstance(scheduler, BoundedScheduler):
+        return gamma
+    return max(0, min(gamma, int(scheduler.max_drafts(num_requests, gamma))))
+
+
 @dataclass(frozen=True)
 class SchedulePlan:
     """A schedule and its expected value under the model ``throughput = tau * SPS(B)``.

@@ -24,3 +24,7 @@ class FixedGammaScheduler:
         check_confidence_matrix(confidence)
         r, g = confidence.shape
         return torch.full((r,), min(self.gamma, g), dtype=torch.int64, device=confidence.device)
+
+    def max_drafts(self, num_requests: int, gamma: int) -> int:
+        """Never more than ``min(gamma, G)`` drafts per request."""
+        return min(self.gamma, gamma)
