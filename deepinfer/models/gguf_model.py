@@ -87,15 +87,22 @@ def _joined_view(parts: Sequence[torch.Tensor]) -> torch.Tensor | None:
     return first.as_strided((end - start,), (1,), start)
 
 
-def _fused_groups(blocks: dict[str, QuantWeight]) -> dict[str, list[str]]:
-    """``{fused weight name: [HF weight names]}`` for each multi-part projection whose parts
-    are all block-format (as :func:`build_gguf_model` will join them)."""
+def _fused_groups(
+    floats: dict[str, torch.Tensor], blocks: dict[str, QuantWeight]
+) -> dict[str, list[str]]:
+    """``{fused weight name: [HF weight names]}`` for each multi-part projection that
+    :func:`build_gguf_model` joins into one :class:`QuantLinear` (a part in a block format;
+    the others may be F32 matrices, joined as F32 'blocks')."""
     layers = {m.group(1) for n in blocks if (m := re.match(r"^(model\.layers\.\d+)\.", n))}
     groups = {}
     for prefix in sorted(layers):
         for path, names in _PROJECTIONS:
             weights = [f"{prefix}.{n}.weight" for n in names]
-            if len(weights) > 1 and all(w in blocks for w in weights):
+            if (
+                len(weights) > 1
+                and any(w in blocks for w in weights)
+                and all(w in blocks or w in floats for w in weights)
+            ):
                 groups[f"{prefix}.{path}.weight"] = weights
     return groups
 
@@ -186,14 +193,15 @@ def _save_blocks(
     """Write the GGUF tensors (block bytes and floats) as one safetensors file, atomically."""
     from safetensors.torch import save_file
 
-    tensors = {name: t.contiguous() for name, t in floats.items()}
-    groups = _fused_groups(blocks)
+    groups = _fused_groups(floats, blocks)
     joined = {w for names in groups.values() for w in names}
+    tensors = {name: t.contiguous() for name, t in floats.items() if name not in joined}
     tensors.update({name: w.data for name, w in blocks.items() if name not in joined})
     fused = {}
-    for name, parts in groups.items():
-        tensors[name] = torch.cat([blocks[w].data.reshape(-1) for w in parts])
-        fused[name] = [[w, int(blocks[w].qtype), blocks[w].rows, blocks[w].cols] for w in parts]
+    for name, names in groups.items():
+        parts = [blocks[w] if w in blocks else _as_block(floats[w]) for w in names]
+        tensors[name] = torch.cat([p.data.reshape(-1) for p in parts])
+        fused[name] = [[w, int(p.qtype), p.rows, p.cols] for w, p in zip(names, parts)]
     meta = {
         "format": str(BLOCKS_FORMAT),
         "source": source_marker,
