@@ -107,6 +107,24 @@ def compare(
         overhead,
         cache_publish=args.cache_publish,
     )
+    if saved.get("live_profile"):
+        # Diagnostic only, never the figure: the same prediction with a model fitted to this
+        # run's own steps. Close to measured here but not with the calibration fit means the
+        # machine's speed moved between runs; far here too means the model misses something.
+        own = fit_profile(saved["live_profile"])
+        pred["self_fit_goodput_rps"] = serve_sim.predict_closed_loop(
+            turns,
+            starts,
+            own,
+            saved["router"],
+            args.replicas,
+            wargs,
+            overhead,
+            cache_publish=args.cache_publish,
+        )["sim_goodput_rps"]
+        pred["mean_step_s"] = sum(x["seconds"] for x in saved["live_profile"]["steps"]) / len(
+            saved["live_profile"]["steps"]
+        )
     tpots = _tpots(records)
     g = m["goodput_rps"]
     row = {
@@ -178,6 +196,8 @@ def main() -> None:
             setattr(args, key, doc["args"][key])
         args.ttft_slo = args.ttft_slo or doc["args"]["ttft_slo"]
         args.tpot_slo = args.tpot_slo or doc["args"]["tpot_slo"]
+        steps = doc["live_profile"]["steps"]
+        doc.setdefault("calibration_mean_step_s", sum(x["seconds"] for x in steps) / len(steps))
         cm = FittedCostModel.from_json(doc["cost_model"])
         oh = serve_sim.FrontOverhead(**doc["front_overhead"])
         rows = [compare(saved, cm, oh, args) for saved in doc["held_out"]]
@@ -227,7 +247,9 @@ def main() -> None:
     held_out, rows = [], []
     for seed in args.seeds:
         for router in args.routers:
-            r = run(args, router, seed, None)
+            with tempfile.TemporaryDirectory() as pdir:
+                r = run(args, router, seed, pdir)
+                own = merge_profiles([load_profile(f) for f in r["profiles"]])
             users = {i: c.user for i, c in enumerate(r["convs"])}
             turns = serve_sim.workload_turns(r["records"], r["prompts"], users, front)
             saved = {
@@ -241,6 +263,7 @@ def main() -> None:
                     for c, ts in turns.items()
                 },
                 "starts": {i: c.start_s for i, c in enumerate(r["convs"])},
+                "live_profile": own,  # diagnostics only (see compare)
             }
             held_out.append(saved)
             rows.append(compare(saved, cost_model, overhead, args))
@@ -250,9 +273,16 @@ def main() -> None:
         "front_overhead": asdict(overhead),
         "calibration_runs": calib,
         "live_profile": merge_profiles(profiles),
+        "calibration_mean_step_s": sum(x["seconds"] for p in profiles for x in p["steps"])
+        / sum(len(p["steps"]) for p in profiles),
         "held_out": held_out,
     }
     write(out, args, rows, doc, time.perf_counter() - started)
+
+
+def self_ratio(r: dict[str, Any]) -> float | None:
+    own, g = r.get("self_fit_goodput_rps"), r["goodput_rps"]
+    return own / g if own is not None and g else None
 
 
 def write(
@@ -273,15 +303,17 @@ def write(
         "",
         "| router | seed | measured goodput req/s | predicted | predicted / measured | "
         "TTFT p50 measured / predicted s | TPOT p50 measured / predicted s | "
-        "prefix hit measured / predicted | load avg |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "prefix hit measured / predicted | load avg | mean step s (calibration: "
+        f"{doc.get('calibration_mean_step_s', 0):.2f}) | self-fit / measured (diagnostic) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
             f"| {r['router']} | {r['seed']} | {f(r['goodput_rps'])} | {f(r['sim_goodput_rps'])} | "
             f"{f(r['ratio'], 2)} | {f(r['ttft_p50'], 2)} / {f(r['sim_ttft_p50'], 2)} | "
             f"{f(r['tpot_p50'], 2)} / {f(r['sim_tpot_p50'], 2)} | {r['prefix_hit_rate']:.0%} / "
-            f"{r['sim_prefix_hit_rate']:.0%} | {r['load_average']:.1f} |"
+            f"{r['sim_prefix_hit_rate']:.0%} | {r['load_average']:.1f} | "
+            f"{f(r.get('mean_step_s'), 2)} | {f(self_ratio(r), 2)} |"
         )
     lines += ["", "| router | predicted / measured goodput, range over seeds |", "|---|---|"]
     for router in args.routers:
