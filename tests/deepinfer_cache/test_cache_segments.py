@@ -304,7 +304,9 @@ def test_get_many_coalesces_adjacent_records(tmp_path, monkeypatch) -> None:
     assert tier.flush()
     runs: list[int] = []
     real = tier._read_run
-    monkeypatch.setattr(tier, "_read_run", lambda keys: runs.append(len(keys)) or real(keys))
+    monkeypatch.setattr(
+        tier, "_read_run", lambda keys, dest=None: runs.append(len(keys)) or real(keys, dest)
+    )
     pages = tier.get_many([key(i) for i in [*range(20), 99]])  # 99: absent
     assert sorted(runs) == [1, 20]  # one read for the twenty adjacent records
     assert pages[-1] is None and served_is_right(tier, range(20)) == list(range(20))
@@ -371,3 +373,20 @@ def test_segment_of_another_geometry_is_quarantined(tmp_path) -> None:
     other.close()
     moved = {p.name.split(".")[0]: os.path.getsize(p) for p in (tmp_path / "quarantine").iterdir()}
     assert moved["0000000000000000"] >= SEGMENT_HEADER_BYTES and "manifest" in moved
+
+
+def test_a_run_is_read_and_checked_in_pieces(tmp_path, monkeypatch) -> None:
+    """A run longer than ``_HOT_BYTES`` is read by several ``preadv`` calls, each piece checked
+    right after its read: a damaged record in the middle is the only miss."""
+    from deepinfer_cache.tiers import segment_read
+
+    monkeypatch.setattr(segment_read, "_HOT_BYTES", 3 * 4096)  # three records per preadv
+    tier = open_tier(tmp_path, segment_bytes=16 * 4096)
+    fill(tier, range(12))
+    assert tier.flush()
+    path, off = tier.location_of(key(7))
+    _flip(path, off + RECORD_HEADER_BYTES + 3)
+    assert tier._runs([key(i) for i in range(12)]) == [list(range(12))]  # one run
+    assert served_is_right(tier, range(12)) == [i for i in range(12) if i != 7]
+    assert tier.counters.corrupt_quarantined == 1 and tier.counters.blocks_read == 11
+    tier.close()
