@@ -293,6 +293,9 @@ class LlamaModel(nn.Module):
         ``cpu_kernels.layer`` when every projection weight is bf16-exact; None otherwise."""
         if not self.fused_layer_kernel_fits():
             return None
+        k_cache = kv_pool.layer_caches(0)[0]
+        if not FusedLayerKernel.operands_fit(x, k_cache, attn.slot_mapping):
+            return None
         choices: tuple[tuple[FusedLayerKernel[Any] | None, LayerWeightCache[Any]], ...] = (
             (self.cpu_kernels.quant_layer, self.layer_blocks),
             (self.cpu_kernels.layer, self.layer_panels),
@@ -300,12 +303,10 @@ class LlamaModel(nn.Module):
         for kernel, cache in choices:
             if kernel is None:
                 continue
-            # The weights first: cached, and None for a model the kernel cannot take, so its
-            # library is not built for models that never use it.
+            # The weights before the kernel: cached (a refusal too), so a library is not built
+            # for a model that never uses it.
             weights = cache.get()
-            if weights is not None and kernel.applies(
-                x, kv_pool.layer_caches(0)[0], attn.slot_mapping
-            ):
+            if weights is not None and kernel.available():
                 return kernel, weights
         return None
 

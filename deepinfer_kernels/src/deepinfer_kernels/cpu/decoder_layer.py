@@ -205,9 +205,15 @@ class FusedLayerKernel(Generic[W]):
         return self._qkv.available() and self._mlp.available()
 
     def applies(self, x: torch.Tensor, k_cache: torch.Tensor, slot_mapping: torch.Tensor) -> bool:
-        """Whether a step with these operands can take the compiled layer: 1 to
+        """Whether a step with these operands can take the compiled layer
+        (:meth:`operands_fit`) and the kernel is built (on the first call)."""
+        return self.operands_fit(x, k_cache, slot_mapping) and self.available()
+
+    @staticmethod
+    def operands_fit(x: torch.Tensor, k_cache: torch.Tensor, slot_mapping: torch.Tensor) -> bool:
+        """Whether a step's operands suit the compiled layer, without building it: 1 to
         ``BF16_MAX_ROWS`` fp32 CPU rows ``x`` with autograd off, a contiguous fp32 cache, no
-        padding slots (``-1``), and the kernel built (on the first call)."""
+        padding slots (``-1``)."""
         return (
             0 < x.shape[0] <= BF16_MAX_ROWS
             and x.dtype == torch.float32
@@ -216,7 +222,6 @@ class FusedLayerKernel(Generic[W]):
             and k_cache.dtype == torch.float32
             and k_cache.is_contiguous()
             and int(slot_mapping.min()) >= 0
-            and self.available()
         )
 
     @staticmethod

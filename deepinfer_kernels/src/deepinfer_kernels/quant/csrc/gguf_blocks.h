@@ -12,7 +12,7 @@
  * F32, F16 and BF16 weights (AVX2 + FMA) each 32-weight block is decoded into registers and
  * multiplied straight away (no store and reload of the fp32 values: at batch 1 that halves the
  * instructions per weight); otherwise the row is dequantised once into a K-float buffer (L1)
- * and dotted with each x row. The sums run in another order than a BLAS product, so they agree
+ * and dotted with the x rows, four at a time. The sums run in another order than a BLAS product, so they agree
  * with it to fp32 rounding, not bitwise.
  */
 #ifndef DEEPINFER_GGUF_BLOCKS_H
@@ -332,6 +332,27 @@ static void fused_dot_dispatch(const uint8_t *row, int qtype, int64_t K, const f
     }
 }
 #undef FUSED_CASE
+
+/* out[t] = w . x[t] for 4 rows x[t] = x + t * xs: each 8 weights loaded once for the 4 rows
+ * (the buffered path's dot products are bound by loads: 5 loads per 4 FMAs instead of 8). */
+static void dot_rows4(const float *restrict w, const float *restrict x, int64_t xs, int64_t K,
+                      float *out) {
+    __m256 acc[4][2];
+    for (int t = 0; t < 4; t++) acc[t][0] = acc[t][1] = _mm256_setzero_ps();
+    int64_t k = 0;
+    for (; k + 16 <= K; k += 16) {
+        __m256 w0 = _mm256_loadu_ps(w + k), w1 = _mm256_loadu_ps(w + k + 8);
+        for (int t = 0; t < 4; t++) {
+            acc[t][0] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x + t * xs + k), acc[t][0]);
+            acc[t][1] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x + t * xs + k + 8), acc[t][1]);
+        }
+    }
+    for (int t = 0; t < 4; t++) {
+        float s = hsum256(_mm256_add_ps(acc[t][0], acc[t][1]));
+        for (int64_t j = k; j < K; j++) s += w[j] * x[t * xs + j];
+        out[t] = s;
+    }
+}
 #endif
 
 /* y[t * N + n] = W[n] . x[t] (+ b) for every t < T: one weight row, read once.
@@ -347,7 +368,15 @@ static void project_row(const uint8_t *row, int qtype, int64_t K, const float *x
     }
 #endif
     dequant_row(row, qtype, K, buf);
-    for (int64_t t = 0; t < T; t++) y[t * N + n] = dot(buf, x + t * xs, K) + b;
+    int64_t t = 0;
+#if defined(__AVX2__) && defined(__FMA__)
+    for (; t + 4 <= T; t += 4) {
+        float out[4];
+        dot_rows4(buf, x + t * xs, xs, K, out);
+        for (int i = 0; i < 4; i++) y[(t + i) * N + n] = out[i] + b;
+    }
+#endif
+    for (; t < T; t++) y[t * N + n] = dot(buf, x + t * xs, K) + b;
 }
 
 #endif /* DEEPINFER_GGUF_BLOCKS_H */
