@@ -146,6 +146,7 @@ def main() -> None:
             llm.generate([ids], params)
         st = speculator.stats  # type: ignore[attr-defined]
         rows0, emit0, steps0, gated0 = st.num_rows, st.num_emitted, st.num_steps, st.num_gated_steps
+        verified0 = st.num_verified
         for _ in range(args.repeats):
             for key, llm in (("plain", plain), ("dspark", spec)):
                 start = time.perf_counter()
@@ -156,7 +157,8 @@ def main() -> None:
         print(
             f"{name}: plain {p_med:.1f} tok/s, dspark {s_med:.1f} tok/s ({s_med / p_med:.2f}x); "
             f"drafting steps {st.num_steps - steps0}, gated {st.num_gated_steps - gated0}, "
-            f"tau {tau:.2f}"
+            f"tau {tau:.2f}, verified drafts per drafting row "
+            f"{(st.num_verified - verified0) / max(1, st.num_rows - rows0):.2f}"
         )
 
     # 3. bookkeeping only
