@@ -11,8 +11,8 @@ median ratio and the range:
 3. 16 concurrent requests: total generated tokens/s. DeepInfer batches them continuously;
    llama.cpp's Python binding runs one sequence per context, so its figure is the 16 requests
    one after another (the table says so; llama.cpp's server with parallel slots would batch);
-4. peak RSS of each engine, each in a fresh child process (``resource.getrusage``), at the
-   same context length.
+4. peak RSS of each engine, each in a fresh child process (``VmHWM``), at the same context
+   length (``engine_memory.py`` breaks DeepInfer's down phase by phase).
 
 Issue #24's targets: decode >= 1.0x, 2k prefill >= 2x, 16 concurrent >= 3x llama.cpp; RSS of
 ``deepinfer generate`` <= 1.5x llama.cpp's.
