@@ -88,9 +88,9 @@ class QuantLinear(Linear):
 
     def block_matrix(self) -> BlockMatrix | None:
         """The weight as the compiled block-format decoder layer reads it (a view of its bytes,
-        no copy), or None off the CPU (``deepinfer_kernels.cpu.DecoderBlocks`` asks)."""
+        no copy), or None off the CPU or for non-contiguous bytes (``DecoderBlocks`` asks)."""
         flat = self.weight.detach()
-        if flat.device.type != "cpu":
+        if flat.device.type != "cpu" or not flat.is_contiguous():
             return None
         return BlockMatrix(flat, self.layout, self.in_features)
 
