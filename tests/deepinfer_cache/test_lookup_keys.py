@@ -164,7 +164,7 @@ def test_directory_records_its_key_schemes(tmp_path, segments: bool) -> None:
     first.store(tokens, pages_for(tokens))
     first.close()
     record = tmp_path / RECORD
-    assert json.loads(record.read_text()) == {"key_hashes": ["xxh3_128"]}
+    assert json.loads(record.read_text()) == {"key_hashes": ["xxh3_128"], "last": "xxh3_128"}
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # same scheme again: no warning
         make_store(tmp_path, device_pages=0, host_pages=0, segments=segments).close()
@@ -174,7 +174,13 @@ def test_directory_records_its_key_schemes(tmp_path, segments: bool) -> None:
         legacy = make_store(tmp_path, device_pages=0, host_pages=0, segments=segments)
     assert legacy.lookup(tokens).num_blocks == 3  # these blocks are xxh3 keyed: still served
     legacy.close()
-    assert json.loads(record.read_text()) == {"key_hashes": ["blake2b", "xxh3_128"]}
+    assert json.loads(record.read_text()) == {
+        "key_hashes": ["blake2b", "xxh3_128"],
+        "last": "xxh3_128",
+    }
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # warned once after the change, not on every start
+        make_store(tmp_path, device_pages=0, host_pages=0, segments=segments).close()
 
     record.write_bytes(b"\x00not json")
     with warnings.catch_warnings():
@@ -182,7 +188,7 @@ def test_directory_records_its_key_schemes(tmp_path, segments: bool) -> None:
         damaged = make_store(tmp_path, device_pages=0, host_pages=0, segments=segments)
     assert damaged.lookup(tokens).num_blocks == 3
     damaged.close()
-    assert json.loads(record.read_text()) == {"key_hashes": ["xxh3_128"]}
+    assert json.loads(record.read_text()) == {"key_hashes": ["xxh3_128"], "last": "xxh3_128"}
 
 
 @pytest.mark.parametrize("k", [1, 2, 3, 6, 7, 20])
