@@ -7,8 +7,8 @@ tier is a directory under the cache directory, so a restarted engine still hits.
 
 The disk tier is `SegmentDiskTier` (the "segments" format: blocks in large segment files found
 again through one manifest) unless ``PrefixCacheConfig.disk_format`` is ``"files"`` (`DiskTier`,
-one file per block, the format of releases before 0.4). A directory still in the "files" format
-is converted in place when the engine opens it with the default ``migrate_disk=True`` (crash-safe:
+one file per block, the engine's default before deepinfer 0.11). A directory still in the
+"files" format is converted in place when the engine opens it with the default ``migrate_disk=True`` (crash-safe:
 the old files go only once the segments holding them are durable; see
 `deepinfer_cache.tiers.disk_formats`); with ``migrate_disk=False`` it is refused with an error
 naming the format and the ``deepinfer-cache migrate`` command. Nothing is silently ignored.
