@@ -23,7 +23,7 @@ from deepinfer.engine import (
 from deepinfer.engine.cache_setup import PrefixCacheConfig
 from deepinfer.llm import LLM, BuiltEngine, build_engine
 
-__version__ = "0.10.0"
+__version__ = "0.11.0"
 
 __all__ = [
     "LLM",

@@ -46,7 +46,7 @@ from .tiers import (
     torch_scatter,
 )
 
-__version__ = "0.3.0"
+__version__ = "0.4.0"
 
 __all__ = [
     "DEFAULT_KEY_HASH",

@@ -48,7 +48,7 @@ from deepinfer_spec.scheduling import (
 from deepinfer_spec.state import ContextRing
 from deepinfer_spec.step import DraftBlock, Verdict, draft_block, verify_block
 
-__version__ = "0.6.1"
+__version__ = "0.7.0"
 
 __all__ = [
     "__version__",
