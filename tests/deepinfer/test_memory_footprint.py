@@ -174,6 +174,11 @@ def test_generate_on_the_embedded_model_stays_lean() -> None:
     LLM frees the model and the pool and unmaps the weights."""
     code = _GENERATE_CHECK.format(tests=str(Path(__file__).parent))
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    # The first load of a GGUF file parses it with `gguf` and writes the block cache; later
+    # loads (what this checks) read the cache. Warm it in another process, as a fresh cache
+    # directory (CI) would otherwise make this the first load.
+    warm = "from deepinfer.models import load_model; load_model(None)"
+    subprocess.run([sys.executable, "-c", warm], check=True, timeout=600, env=env)
     proc = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=600, env=env
     )
