@@ -69,6 +69,9 @@ def replay(
     vocab = engine.model.config.vocab_size
     rng = random.Random(seed)
     prompts = [[rng.randrange(3, vocab) for _ in range(p)] for _, p, _ in work]
+    # Seeded prompts: a namespace of this run's own keeps an earlier run's blocks in the
+    # persistent prefix cache from being hits (the simulator knows of no earlier run).
+    ns = os.urandom(16)
     ids: dict[str, int] = {}
     first: dict[int, float] = {}
     done: dict[int, float] = {}
@@ -79,7 +82,7 @@ def replay(
         while nxt < len(work) and work[nxt][0] <= now:
             _, _, out = work[nxt]
             params = SamplingParams(temperature=0.0, max_tokens=out, ignore_eos=True)
-            ids[engine.add_request(prompts[nxt], params)] = nxt
+            ids[engine.add_request(prompts[nxt], params, namespace=ns)] = nxt
             nxt += 1
         if not engine.has_unfinished():
             time.sleep(max(0.0, work[nxt][0] - now))

@@ -89,9 +89,12 @@ def profile_engine(
     rng = random.Random(seed)
     cap_tokens = engine.capacity_blocks * cfg.block_size
     one = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
+    # A namespace of its own: the prompts are seeded, so without it a persistent prefix cache
+    # serves an earlier profile's prompts as hits and the "prefill" rows time cache reads.
+    ns = os.urandom(16)
     # Warm-up: the first steps pay one-off costs (allocation, kernel build).
     for n in (32, 32):
-        engine.add_request(_prompt(rng, n, vocab), one)
+        engine.add_request(_prompt(rng, n, vocab), one, namespace=ns)
         _timed_steps(engine)
     prefill = []
     for n in prefill_lens:
@@ -99,7 +102,7 @@ def profile_engine(
             continue
         secs = []
         for _ in range(repeats):
-            engine.add_request(_prompt(rng, n, vocab), one)
+            engine.add_request(_prompt(rng, n, vocab), one, namespace=ns)
             steps = _timed_steps(engine)
             secs.append(round(steps[0][0], 6))
         prefill.append({"new_tokens": n, "cached_tokens": 0, "seconds": secs})
@@ -115,7 +118,7 @@ def profile_engine(
                 continue
             params = SamplingParams(temperature=0.0, max_tokens=decode_steps + 2, ignore_eos=True)
             for _ in range(b):
-                engine.add_request(_prompt(rng, ctx, vocab), params)
+                engine.add_request(_prompt(rng, ctx, vocab), params, namespace=ns)
             secs = []
             generated = 0
             while engine.has_unfinished():
