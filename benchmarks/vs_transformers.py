@@ -1,7 +1,11 @@
 """DeepInfer vs Hugging Face transformers on the embedded SmolLM2-135M-Instruct, same process.
 
-Same weights (the bf16 safetensors directory ``deepinfer.models.convert_gguf`` writes, loaded by
-both engines in fp32), same machine, torch threads pinned. Measures:
+Not quite the same weights (since deepinfer 0.10): DeepInfer runs ``load_model()``, the embedded
+GGUF's own Q4_1 blocks dequantised exactly in fp32; transformers loads the bf16 safetensors
+directory ``deepinfer.models.convert_gguf`` writes (those values rounded to bf16) in fp32. The
+brief asks for the peer to load the shipped file itself (transformers' ``gguf_file=``), which
+``benchmarks/gguf_exactness.py`` does for the exactness check; this speed comparison does not
+yet. Same machine, torch threads pinned. Measures:
 
 1. greedy outputs token-identical to transformers' greedy over 20 prompts;
 2. batch-1 greedy tokens/s without speculation vs transformers' ``generate``;
