@@ -1,6 +1,6 @@
 """DeepInfer vs Hugging Face transformers on the embedded SmolLM2-135M-Instruct, same process.
 
-Not quite the same weights (since deepinfer 0.10): DeepInfer runs ``load_model()``, the embedded
+Not quite the same weights (since deepinfer 0.9): DeepInfer runs ``load_model()``, the embedded
 GGUF's own Q4_1 blocks dequantised exactly in fp32; transformers loads the bf16 safetensors
 directory ``deepinfer.models.convert_gguf`` writes (those values rounded to bf16) in fp32. The
 brief asks for the peer to load the shipped file itself (transformers' ``gguf_file=``), which
