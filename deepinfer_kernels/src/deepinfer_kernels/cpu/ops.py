@@ -110,16 +110,7 @@ def decoder_layer_qkv_op(
         kernel.qkv(x, panels, shape, cos, sin, slot_map, k_cache, v_cache, out)
         return out
     qkv = F.linear(x, unpack_panels(qkv_panels, width), qkv_bias)
-    heads = qkv.view(rows, num_heads + 2 * num_kv_heads, d)
-    qk = heads[:, : num_heads + num_kv_heads]
-    half = d // 2
-    swapped = torch.cat([qk[..., half:], qk[..., :half]], dim=-1)
-    rotated = qk * cos[:, None] + swapped * sin[:, None]
-    heads = torch.cat([rotated, heads[:, num_heads + num_kv_heads :]], dim=1)
-    index = slots.long()
-    k_cache.view(-1, num_kv_heads, d).index_copy_(0, index, heads[:, num_heads:-num_kv_heads])
-    v_cache.view(-1, num_kv_heads, d).index_copy_(0, index, heads[:, -num_kv_heads:])
-    return heads.reshape(rows, width)
+    return rope_and_write_kv(qkv, cos, sin, slots, k_cache, v_cache, num_heads, num_kv_heads)
 
 
 @decoder_layer_qkv_op.register_fake
@@ -159,11 +150,10 @@ def decoder_layer_mlp_op(
         scratch = residual.new_empty(shape.scratch_size(rows))
         kernel.mlp(attn, panels, shape, residual, normed, post_norm, next_norm, eps, scratch)
         return normed
-    r = residual + F.linear(attn, unpack_panels(o_panels, hidden))
-    n = rms_norm(r, post_norm, eps)
-    gate, up = F.linear(n, unpack_panels(gate_up_panels, 2 * inter)).chunk(2, dim=-1)
-    residual.copy_(r + F.linear(F.silu(gate) * up, unpack_panels(down_panels, hidden)))
-    return rms_norm(residual, next_norm, eps)
+    o_w = unpack_panels(o_panels, hidden)
+    gate_up_w = unpack_panels(gate_up_panels, 2 * inter)
+    down_w = unpack_panels(down_panels, hidden)
+    return dense_mlp_half(attn, o_w, residual, post_norm, gate_up_w, down_w, next_norm, eps)
 
 
 @decoder_layer_mlp_op.register_fake
@@ -178,3 +168,48 @@ def _(
     eps: float,
 ) -> torch.Tensor:
     return torch.empty_like(residual)
+
+
+def rope_and_write_kv(
+    qkv: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    slots: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    num_heads: int,
+    num_kv_heads: int,
+) -> torch.Tensor:
+    """The QKV half's torch path after its product (shared by the panel and block-format ops):
+    rotate q and k (RoPE, halves swapped), write k and v at ``slots``; the rotated rows."""
+    rows, d = qkv.shape[0], cos.shape[-1]
+    width = (num_heads + 2 * num_kv_heads) * d
+    heads = qkv.view(rows, num_heads + 2 * num_kv_heads, d)
+    qk = heads[:, : num_heads + num_kv_heads]
+    half = d // 2
+    swapped = torch.cat([qk[..., half:], qk[..., :half]], dim=-1)
+    rotated = qk * cos[:, None] + swapped * sin[:, None]
+    heads = torch.cat([rotated, heads[:, num_heads + num_kv_heads :]], dim=1)
+    index = slots.long()
+    k_cache.view(-1, num_kv_heads, d).index_copy_(0, index, heads[:, num_heads:-num_kv_heads])
+    v_cache.view(-1, num_kv_heads, d).index_copy_(0, index, heads[:, -num_kv_heads:])
+    return heads.reshape(rows, width)
+
+
+def dense_mlp_half(
+    attn: torch.Tensor,
+    o_w: torch.Tensor,
+    residual: torch.Tensor,
+    post_norm: torch.Tensor,
+    gate_up_w: torch.Tensor,
+    down_w: torch.Tensor,
+    next_norm: torch.Tensor,
+    eps: float,
+) -> torch.Tensor:
+    """The MLP half's torch path over dense weights (shared by the panel and block-format ops):
+    o-proj + residual, norm, SwiGLU, + residual (written into ``residual``), next norm."""
+    r = residual + F.linear(attn, o_w)
+    n = rms_norm(r, post_norm, eps)
+    gate, up = F.linear(n, gate_up_w).chunk(2, dim=-1)
+    residual.copy_(r + F.linear(F.silu(gate) * up, down_w))
+    return rms_norm(residual, next_norm, eps)

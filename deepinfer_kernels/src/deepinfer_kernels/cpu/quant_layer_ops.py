@@ -21,9 +21,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from deepinfer_kernels.cpu.add_rms_norm import rms_norm
 from deepinfer_kernels.cpu.decoder_layer import LayerShape
-from deepinfer_kernels.cpu.ops import default_kernels
+from deepinfer_kernels.cpu.ops import default_kernels, dense_mlp_half, rope_and_write_kv
 from deepinfer_kernels.cpu.quant_decoder_layer import BlockMatrix, LayerBlocks
 
 
@@ -57,16 +56,7 @@ def quant_decoder_layer_qkv_op(
         kernel.qkv(x, blocks, shape, cos, sin, slot_map, k_cache, v_cache, out)
         return out
     qkv = F.linear(x, qkv_w.dequantized(), qkv_bias)
-    heads = qkv.view(rows, num_heads + 2 * num_kv_heads, d)
-    qk = heads[:, : num_heads + num_kv_heads]
-    half = d // 2
-    swapped = torch.cat([qk[..., half:], qk[..., :half]], dim=-1)
-    rotated = qk * cos[:, None] + swapped * sin[:, None]
-    heads = torch.cat([rotated, heads[:, num_heads + num_kv_heads :]], dim=1)
-    index = slots.long()
-    k_cache.view(-1, num_kv_heads, d).index_copy_(0, index, heads[:, num_heads:-num_kv_heads])
-    v_cache.view(-1, num_kv_heads, d).index_copy_(0, index, heads[:, -num_kv_heads:])
-    return heads.reshape(rows, width)
+    return rope_and_write_kv(qkv, cos, sin, slots, k_cache, v_cache, num_heads, num_kv_heads)
 
 
 @quant_decoder_layer_qkv_op.register_fake
@@ -113,11 +103,16 @@ def quant_decoder_layer_mlp_op(
         scratch = residual.new_empty(shape.scratch_size(rows))
         kernel.mlp(attn, blocks, shape, residual, normed, post_norm, next_norm, eps, scratch)
         return normed
-    r = residual + F.linear(attn, o.dequantized())
-    n = rms_norm(r, post_norm, eps)
-    gate, up = F.linear(n, gate_up.dequantized()).chunk(2, dim=-1)
-    residual.copy_(r + F.linear(F.silu(gate) * up, down.dequantized()))
-    return rms_norm(residual, next_norm, eps)
+    return dense_mlp_half(
+        attn,
+        o.dequantized(),
+        residual,
+        post_norm,
+        gate_up.dequantized(),
+        down.dequantized(),
+        next_norm,
+        eps,
+    )
 
 
 @quant_decoder_layer_mlp_op.register_fake
