@@ -126,26 +126,38 @@ def as_token_sequence(tokens: Any) -> Any:
 
 
 def _array_to_int32_bytes(arr: np.ndarray) -> bytes:
+    return bytes(_array_to_int32_buffer(arr))
+
+
+def _array_to_int32_buffer(arr: np.ndarray) -> memoryview:
     if arr.ndim != 1:
         raise ValueError(f"tokens must be 1-D, got shape {arr.shape}")
     if arr.size and (arr.dtype.kind not in "iu"):
         raise TypeError(f"tokens must be integers, got dtype {arr.dtype}")
     if arr.size and (int(arr.min()) < 0 or int(arr.max()) > _INT32_MAX):
         raise ValueError("tokens must be ids in [0, 2**31 - 1]")
-    return arr.astype("<i4", copy=False).tobytes()
+    return memoryview(np.ascontiguousarray(arr, dtype="<i4")).cast("B")
 
 
 def _list_to_int32_bytes(tokens: Sequence[Any]) -> bytes:
+    return bytes(_list_to_int32_buffer(tokens))
+
+
+def _list_to_int32_buffer(tokens: Sequence[Any]) -> memoryview:
+    """``tokens`` (a list or tuple of ids) as a byte view of little-endian int32s, checked.
+
+    ``array("I", list)`` is the cheapest exact conversion of Python ints measured here
+    (~7 ns a token, against ~25 for ``np.array(list, dtype=np.int32)``, ~30 for
+    ``np.fromiter`` and ~20 for ``struct.pack``): it reads each int in one C loop and refuses
+    negative ids itself; ids >= 2**31 are caught below with one vectorised max."""
     try:
-        # ``array`` converts a list in one C loop (2.5x faster than ``struct.pack(*tokens)``);
-        # unsigned items reject negative ids in C, ids >= 2**31 are caught below.
         packed = array(_U32, tokens)
     except OverflowError as exc:
         raise ValueError(f"tokens must be int ids in [0, 2**31 - 1] ({exc})") from exc
     except TypeError as exc:
         raise TypeError("tokens must be a sequence of ints") from exc
     if not packed:
-        return b""
+        return memoryview(b"")
     if _BIG_ENDIAN:
         packed.byteswap()
     ids = np.frombuffer(packed, dtype="<u4")
@@ -156,7 +168,7 @@ def _list_to_int32_bytes(tokens: Sequence[Any]) -> bytes:
     for i in np.flatnonzero(ids <= 1).tolist():
         if type(tokens[i]) is bool:
             raise TypeError("tokens must be int ids, got a bool")
-    return packed.tobytes()
+    return memoryview(packed).cast("B")
 
 
 def tokens_to_int32_bytes(tokens: Any) -> bytes:
@@ -218,9 +230,9 @@ def hash_chunks(
     parent = namespace_root(namespace, model=model, extra=extra, key_hash=key_hash)
     extras = _check_block_extras(block_extras)
     toks = as_token_sequence(tokens)
-    convert: Callable[[Any], bytes]
+    convert: Callable[[Any], memoryview]
     if isinstance(toks, list | tuple):
-        convert = _list_to_int32_bytes
+        convert = _list_to_int32_buffer
     else:
         if not isinstance(toks, np.ndarray):  # a torch tensor
             toks = toks.detach().cpu().numpy()
@@ -228,13 +240,19 @@ def hash_chunks(
             raise ValueError(f"tokens must be 1-D, got shape {toks.shape}")
         if toks.size and toks.dtype.kind not in "iu":
             raise TypeError(f"tokens must be integers, got dtype {toks.dtype}")
-        convert = _array_to_int32_bytes
+        convert = _array_to_int32_buffer
     return _chunks(toks, convert, block_size, parent, extras, key_hash == "xxh3_128", first_chunk)
+
+
+# After the first chunk, tokens are converted up to this many hash chunks ahead: converting
+# costs a fixed ~10 us a call (slice, checks) on top of its per-token work, so a 77k-token
+# hit converts in 4 calls instead of 11, while a first-block miss still converts one block.
+_CONVERT_AHEAD = 8
 
 
 def _chunks(
     toks: Any,
-    convert: Callable[[Any], bytes],
+    convert: Callable[[Any], memoryview],
     block_size: int,
     parent: bytes,
     extras: Mapping[int, bytes] | None,
@@ -246,18 +264,25 @@ def _chunks(
     blake = hashlib.blake2b
     xxh3 = xxhash.xxh3_128_digest
     done = 0
+    conv_lo = conv_hi = 0  # the blocks ``view`` holds, converted and checked
+    view = memoryview(b"")
+    ahead = 1
     while done < n_blocks:
         hi = min(n_blocks, done + chunk)
-        view = memoryview(convert(toks[done * block_size : hi * block_size]))
+        if hi > conv_hi:
+            conv_lo, conv_hi = done, min(n_blocks, max(hi, done + ahead * chunk))
+            view = convert(toks[conv_lo * block_size : conv_hi * block_size])
+            ahead = _CONVERT_AHEAD
         out: list[BlockHash] = []
         add = out.append
+        base = (done - conv_lo) * step
         if use_xxh3 and extras is None:  # the common case, kept to the bare calls
-            for off in range(0, len(view), step):
+            for off in range(base, base + (hi - done) * step, step):
                 parent = xxh3(parent + view[off : off + step])  # one 16 + 4 bs byte copy
                 add(parent)
         else:
             for i in range(done, hi):
-                off = (i - done) * step
+                off = base + (i - done) * step
                 msg: Any = view[off : off + step]
                 if extras is not None and i in extras:
                     msg = bytes(msg) + bytes(extras[i])
