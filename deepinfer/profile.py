@@ -1,56 +1,31 @@
-"""Step-time profile of an engine: prefill and decode steps over sizes, written as JSON.
+"""The engine's side of step profiles: time an idle engine, or record a live one's steps.
 
-``deepinfer bench --profile out.json`` writes it; ``deepinfer-sched calibrate --profile
-out.json`` fits the simulator's cost model to it, so the simulator predicts this engine on
-this machine. Format (``format = "deepinfer-step-profile"``, ``version = 1``)::
+``deepinfer bench --profile out.json`` writes :func:`profile_engine`'s offline profile;
+``deepinfer serve --profile-out`` writes each replica's :class:`StepRecorder`.
+``deepinfer-sched calibrate --profile`` fits the simulator's cost model to either, so the
+simulator predicts this engine on this machine. The file format, its writer and the bounded
+step log are ``deepinfer_sched.costmodel``'s (``step_log``); this module only turns engine
+steps into its rows.
 
-    {"format": ..., "version": 1,
-     "engine": {"model": ..., "device": ..., "dtype": ..., "block_size": 16,
-                "max_num_seqs": 32, "max_batched_tokens": 2048},
-     "kv_bytes_per_token": 46080, "kv_capacity_tokens": 32768,
-     "prefill": [{"new_tokens": 256, "cached_tokens": 0, "seconds": [0.051, 0.049]}, ...],
-     "decode":  [{"batch_size": 4, "context_tokens": 1040, "seconds": [0.012, ...]}, ...]}
-
-A prefill row times one engine step that prefills one prompt of ``new_tokens`` tokens
-(nothing else running); a decode row times one step in which ``batch_size`` sequences
-holding ``context_tokens`` KV tokens in all each decode one token. Prompts are random
-token ids, distinct per request, so no prefix-cache hit shortens a step.
-
-A live profile (`StepRecorder`, written by ``deepinfer serve --profile-out``) has the same
-header and a ``steps`` list instead: every step a serving replica ran, as it ran it, next to
-whatever else shared the machine (the other replicas, the HTTP front, the clients)::
-
-    "steps": [{"prefill": [[new_tokens, cached_tokens], ...], "batch_size": 3,
-               "context_tokens": 1210, "seconds": 0.041}, ...]
-
-``prefill`` lists the step's prefill chunks (``cached_tokens``: KV already held before the
-chunk), ``batch_size`` / ``context_tokens`` its decoding sequences and the KV they hold after
-the step, ``seconds`` the replica's whole loop iteration (messages in, state out, the forward, the
-outputs sent, and whatever time the OS gave other processes meanwhile),
-which is what one simulator iteration stands for. ``requests`` lists, per finished request,
-``[queued, first_token, finished, prompt_tokens, cached_tokens]`` (``queued``: when the front
-handed the request to this replica's pipe) on the
-``time.perf_counter()`` clock (system-wide monotonic on Linux, so a client on the same machine
-can subtract its own send time: what the HTTP front and the pipes add to TTFT).
+In an offline profile, prompts are random token ids, distinct per request and under a
+namespace of the run's own, so no prefix-cache hit shortens a step.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import time
-from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
 from deepinfer.engine import SamplingParams
 from deepinfer.engine.chunk import Chunk
 from deepinfer.engine.engine import LLMEngine
+from deepinfer_sched.costmodel import PROFILE_FORMAT, StepLog, profile_header, write_profile
 
+# The format constant and the writer are re-exported: callers of this module use them.
 __all__ = ["PROFILE_FORMAT", "StepRecorder", "profile_engine", "write_profile"]
-
-PROFILE_FORMAT = "deepinfer-step-profile"
 
 
 def _prompt(rng: random.Random, n: int, vocab: int) -> list[int]:
@@ -144,85 +119,33 @@ def profile_engine(
 def _header(engine: LLMEngine, model_name: str) -> dict[str, Any]:
     cfg = engine.config
     param = next(engine.model.parameters())
-    return {
-        "format": PROFILE_FORMAT,
-        "version": 1,
-        "engine": {
-            "model": model_name,
-            "device": str(param.device),
-            "dtype": str(param.dtype).replace("torch.", ""),
-            "block_size": cfg.block_size,
-            "max_num_seqs": cfg.max_num_seqs,
-            "max_batched_tokens": cfg.max_batched_tokens,
-            "chunked_prefill": cfg.chunked_prefill,
-        },
-        "kv_bytes_per_token": int(engine.pool.bytes_per_block // cfg.block_size),
-        "kv_capacity_tokens": int(engine.capacity_blocks * cfg.block_size),
+    described = {
+        "model": model_name,
+        "device": str(param.device),
+        "dtype": str(param.dtype).replace("torch.", ""),
+        "block_size": cfg.block_size,
+        "max_num_seqs": cfg.max_num_seqs,
+        "max_batched_tokens": cfg.max_batched_tokens,
+        "chunked_prefill": cfg.chunked_prefill,
     }
+    return profile_header(
+        described,
+        kv_bytes_per_token=int(engine.pool.bytes_per_block // cfg.block_size),
+        kv_capacity_tokens=int(engine.capacity_blocks * cfg.block_size),
+    )
 
 
-class StepRecorder:
-    """The steps a live engine ran: batch composition -> iteration seconds, in a bounded
-    buffer (the oldest steps drop out past ``max_steps``, so a long-running server keeps a
-    fixed few MB). Recording a step costs a pass over its chunks, no copy of any tensor."""
-
-    def __init__(self, max_steps: int = 200_000) -> None:
-        if max_steps < 1:
-            raise ValueError(f"max_steps must be >= 1, got {max_steps}")
-        self._steps: deque[dict[str, Any]] = deque(maxlen=max_steps)
-        self._requests: deque[list[float | int]] = deque(maxlen=max_steps)
-
-    def __len__(self) -> int:
-        return len(self._steps)
+class StepRecorder(StepLog):
+    """A live engine's :class:`~deepinfer_sched.costmodel.StepLog`, fed with the chunks each
+    step ran. Recording a step costs a pass over its chunks, no copy of any tensor."""
 
     def record(self, chunks: Sequence[Chunk], seconds: float) -> None:
         """One step that ran ``chunks`` in ``seconds`` (call right after the step: a chunk
         is a prefill chunk while it is below its sequence's prefill target)."""
-        if not chunks or not seconds > 0:
-            return
-        prefill: list[list[int]] = []
-        batch = context = 0
-        for c in chunks:
-            if c.start < c.seq.prefill_target:
-                prefill.append([c.length, c.start])
-            else:
-                batch += 1
-                context += c.end
-        self._steps.append(
-            {
-                "prefill": prefill,
-                "batch_size": batch,
-                "context_tokens": context,
-                "seconds": round(seconds, 7),
-            }
-        )
-
-    def request(
-        self, received: float, first_token: float, finished: float, prompt: int, cached: int
-    ) -> None:
-        """One finished request's replica-side times (``time.perf_counter()``)."""
-        self._requests.append(
-            [round(received, 6), round(first_token, 6), round(finished, 6), prompt, cached]
-        )
+        prefill = [(c.length, c.start) for c in chunks if c.start < c.seq.prefill_target]
+        decode = [c.end for c in chunks if c.start >= c.seq.prefill_target]
+        self.add_step(prefill, len(decode), sum(decode), seconds)
 
     def profile(self, engine: LLMEngine, model_name: str = "") -> dict[str, Any]:
-        """The live profile (module doc) of the steps recorded so far on ``engine``."""
-        return {
-            **_header(engine, model_name),
-            "steps": list(self._steps),
-            "requests": list(self._requests),
-        }
-
-
-def write_profile(profile: dict[str, Any], path: str | os.PathLike[str]) -> None:
-    """Write ``profile`` as JSON (creating the parent directory); the file appears whole or
-    not at all (written aside, then renamed)."""
-    p = os.fspath(path)
-    parent = os.path.dirname(p)
-    if parent:
-        os.makedirs(parent, exist_ok=True)
-    tmp = f"{p}.tmp{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(profile, f, indent=1, sort_keys=True, allow_nan=False)
-        f.write("\n")
-    os.replace(tmp, p)
+        """The live profile of the steps recorded so far on ``engine``."""
+        return self.live_profile(_header(engine, model_name))

@@ -59,3 +59,34 @@ def test_sizes_the_engine_cannot_hold_are_skipped_and_busy_engines_refused() -> 
     engine.add_request([5, 6, 7], SamplingParams(max_tokens=2))
     with pytest.raises(ValueError, match="idle engine"):
         profile_engine(engine)
+
+
+def test_step_recorder_logs_each_step_as_prefill_chunks_and_a_decode_batch(
+    tmp_path: Path,
+) -> None:
+    from deepinfer import SamplingParams
+    from deepinfer.profile import StepRecorder
+
+    engine = _engine()
+    rec = StepRecorder()
+    params = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)
+    engine.add_request(list(range(3, 23)), params)  # 20 prompt tokens
+    engine.add_request(list(range(30, 37)), params)  # 7
+    steps = 0
+    while engine.has_unfinished():
+        engine.step()
+        rec.record(engine.last_chunks, 0.01)
+        steps += 1
+    rec.record([], 0.01)  # an idle step is not a step
+    prof = rec.profile(engine, "tiny")
+    assert len(rec) == steps == 3
+    first, *decodes = prof["steps"]
+    assert sorted(first["prefill"]) == [[7, 0], [20, 0]] and first["batch_size"] == 0
+    # Each decode step: both sequences, holding their prompt and the tokens out so far.
+    assert [(s["prefill"], s["batch_size"], s["context_tokens"]) for s in decodes] == [
+        ([], 2, 27 + 2),
+        ([], 2, 27 + 4),
+    ]
+    path = tmp_path / "live.json"
+    write_profile(prof, path)
+    assert load_profile(path)["engine"]["model"] == "tiny"

@@ -25,9 +25,19 @@ from deepinfer_sched.costmodel.specs import (
     load_hardware,
     load_model,
 )
+from deepinfer_sched.costmodel.step_log import (
+    PROFILE_VERSION,
+    StepLog,
+    profile_header,
+    write_profile,
+)
 
 __all__ = [
     "PROFILE_FORMAT",
+    "PROFILE_VERSION",
+    "StepLog",
+    "profile_header",
+    "write_profile",
     "FittedCostModel",
     "fit_profile",
     "load_profile",
