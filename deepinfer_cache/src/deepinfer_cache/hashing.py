@@ -136,7 +136,7 @@ def _array_to_int32_buffer(arr: np.ndarray) -> memoryview:
         raise TypeError(f"tokens must be integers, got dtype {arr.dtype}")
     if arr.size and (int(arr.min()) < 0 or int(arr.max()) > _INT32_MAX):
         raise ValueError("tokens must be ids in [0, 2**31 - 1]")
-    return memoryview(np.ascontiguousarray(arr, dtype="<i4")).cast("B")
+    return memoryview(np.ascontiguousarray(arr, dtype="<i4").data).cast("B")
 
 
 def _list_to_int32_bytes(tokens: Sequence[Any]) -> bytes:
