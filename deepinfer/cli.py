@@ -72,6 +72,13 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
         help="disk tier format: 'segments' (default; a 'files' directory is converted in "
         "place) or 'files' (one file per block, the older format)",
     )
+    p.add_argument(
+        "--cache-key-hash",
+        default="xxh3_128",
+        choices=["xxh3_128", "blake2b"],
+        help="prefix cache block-key scheme: 'xxh3_128' (default, fast) or 'blake2b' "
+        "(cryptographic, for untrusted users sharing a namespace)",
+    )
     p.add_argument("--speculative", default=None, help="'dspark' or a drafter checkpoint dir")
     p.add_argument("--num-blocks", type=int, default=None, help="KV pool size in blocks")
     p.add_argument(
@@ -176,9 +183,13 @@ def _make_llm(args: argparse.Namespace):  # type: ignore[no-untyped-def]
         device=args.device,
         enable_prefix_caching=not args.no_prefix_cache,
         prefix_cache_config=PrefixCacheConfig(
-            directory=args.cache_dir, disk_format=args.cache_disk_format
+            directory=args.cache_dir,
+            disk_format=args.cache_disk_format,
+            key_hash=args.cache_key_hash,
         )
-        if args.cache_dir or args.cache_disk_format != "segments"
+        if args.cache_dir
+        or args.cache_disk_format != "segments"
+        or args.cache_key_hash != "xxh3_128"
         else None,
         **kwargs,
     )

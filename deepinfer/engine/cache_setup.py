@@ -35,6 +35,7 @@ from deepinfer.models.cache_files import cache_base
 from deepinfer.models.kv_pool import KVPool
 from deepinfer.models.llama import LlamaModel
 from deepinfer_cache import (
+    DEFAULT_KEY_HASH,
     DISK_FORMATS,
     CacheLockedError,
     DeviceTier,
@@ -43,6 +44,7 @@ from deepinfer_cache import (
     KVCacheAdapter,
     SegmentDiskTier,
     TieredKVStore,
+    check_key_hash,
 )
 from deepinfer_kernels import gather_blocks, scatter_blocks
 
@@ -53,7 +55,17 @@ class PrefixCacheConfig:
 
     ``disk_format``: ``"segments"`` (`SegmentDiskTier`, the default) or ``"files"``
     (`DiskTier`, one file per block). ``migrate_disk``: convert a directory still in the
-    "files" format to "segments" on open (True) or refuse it (False)."""
+    "files" format to "segments" on open (True) or refuse it (False).
+
+    Block keys (see `deepinfer_cache.hashing`): ``key_hash`` is the scheme, ``"xxh3_128"``
+    (default, fast, non-cryptographic) or ``"blake2b"`` (cryptographic: pick it where
+    untrusted users share a namespace and a crafted collision matters). ``model_id`` is the
+    model identity hashed into every key; by default it is derived from the model path, the KV
+    layout and dtype, so give one name (e.g. a weights fingerprint) to engines that must share
+    KV across paths. ``key_extra`` is deployment-wide key material hashed in as well (an
+    adapter id, a salt): engines with different ``key_extra`` never hit each other's blocks.
+    The routers of ``serve`` and ``pd`` hash prompts with whatever the replicas' stores use
+    (each replica publishes its scheme and key material when it is ready)."""
 
     device_blocks: int = 256
     host_bytes: int = 1 << 30
@@ -62,6 +74,9 @@ class PrefixCacheConfig:
     write_policy: str = "write-back"
     disk_format: str = "segments"
     migrate_disk: bool = True
+    key_hash: str = DEFAULT_KEY_HASH
+    model_id: str | None = None
+    key_extra: str = ""
 
     def __post_init__(self) -> None:
         if self.device_blocks < 0:
@@ -72,6 +87,22 @@ class PrefixCacheConfig:
             raise ValueError(
                 f"disk_format must be one of {', '.join(DISK_FORMATS)}, got {self.disk_format!r}"
             )
+        check_key_hash(self.key_hash)
+        if self.model_id is not None and (not isinstance(self.model_id, str) or not self.model_id):
+            raise ValueError(f"model_id must be a non-empty str or None, got {self.model_id!r}")
+        if not isinstance(self.key_extra, str):
+            raise TypeError(f"key_extra must be a str, got {type(self.key_extra).__name__}")
+
+    def key_material(self, model_key: str) -> bytes:
+        """The ``model`` bytes the store hashes into every block key: ``model_id`` (else
+        ``model_key``, the derived identity) and, when set, ``key_extra``, length-prefixed so
+        no two (identity, extra) pairs give the same bytes. Without ``key_extra`` it is the
+        identity alone, so caches written before ``key_extra`` existed keep hitting."""
+        identity = (self.model_id if self.model_id is not None else model_key).encode()
+        if not self.key_extra:
+            return identity
+        extra = self.key_extra.encode()
+        return len(identity).to_bytes(4, "little") + identity + extra
 
 
 def default_kv_dir(model_key: str) -> Path:
@@ -137,10 +168,14 @@ def build_prefix_cache(
             )
     if not tiers:
         raise ValueError("the prefix cache needs at least one tier with capacity")
-    # The model key goes into every block hash: two models sharing an explicit directory
+    # The model identity goes into every block hash: two models sharing an explicit directory
     # never see each other's KV.
     store = TieredKVStore(
-        tiers, pool.block_size, write_policy=config.write_policy, model=model_key.encode()
+        tiers,
+        pool.block_size,
+        write_policy=config.write_policy,
+        model=config.key_material(model_key),
+        key_hash=config.key_hash,
     )
     adapter = KVCacheAdapter(
         store,

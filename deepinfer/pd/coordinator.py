@@ -198,6 +198,8 @@ class PDCoordinator:
     def _mark_ready(self, proc: WorkerProc, message: dict[str, Any]) -> None:
         proc.view.block_size = int(message["block_size"])
         proc.view.kv_capacity_tokens = int(message["capacity_blocks"]) * int(message["block_size"])
+        proc.view.hash_model = bytes.fromhex(str(message.get("hash_model", "")))
+        proc.view.key_hash = str(message.get("key_hash", proc.view.key_hash))
         proc.ready = True
         proc.failed_starts = 0
 
@@ -296,10 +298,16 @@ class PDCoordinator:
             namespace,
             RequestMetrics(arrival_time=time.perf_counter(), num_prompt_tokens=len(prompt_ids)),
         )
-        block_size = next((p.view.block_size for p in self.prefill if p.ready), 0)
+        ready = next((p.view for p in self.prefill if p.ready), None)
         req.block_hashes = (
-            prompt_block_hashes(prompt_ids, block_size, namespace)
-            if self.prefix_cache is not None and block_size
+            prompt_block_hashes(
+                prompt_ids,
+                ready.block_size,
+                namespace,
+                model=ready.hash_model,
+                key_hash=ready.key_hash,
+            )
+            if self.prefix_cache is not None and ready is not None and ready.block_size
             else ()
         )
         try:

@@ -7,7 +7,7 @@ import dataclasses
 from typing import Any
 
 from deepinfer.engine.cache_setup import PrefixCacheConfig
-from deepinfer_cache import hash_token_blocks
+from deepinfer_cache import DEFAULT_KEY_HASH, hash_token_blocks
 from deepinfer_sched.policies import (
     LeastLoadedRouter,
     PowerOfTwoRouter,
@@ -29,12 +29,21 @@ def make_router(name: str) -> Router:
 
 
 def prompt_block_hashes(
-    prompt_ids: list[int], block_size: int, namespace: bytes
+    prompt_ids: list[int],
+    block_size: int,
+    namespace: bytes,
+    *,
+    model: bytes = b"",
+    key_hash: str = DEFAULT_KEY_HASH,
 ) -> tuple[int, ...]:
-    """The prompt's chained block hashes as the prefill workers' caches compute them, shortened
-    to 64-bit ints for the routers; ``()`` for a prompt the workers will reject anyway."""
+    """The prompt's chained block hashes as the prefill workers' caches compute them (``model``
+    and ``key_hash``: the key material and scheme a worker publishes in its ``ready``),
+    shortened to 64-bit ints for the routers; ``()`` for a prompt the workers will reject
+    anyway."""
     try:
-        hashes = hash_token_blocks(prompt_ids, block_size, namespace)
+        hashes = hash_token_blocks(
+            prompt_ids, block_size, namespace, model=model, key_hash=key_hash
+        )
     except (TypeError, ValueError, OverflowError):
         return ()
     return tuple(int.from_bytes(h[:8], "big") for h in hashes)

@@ -14,6 +14,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from itertools import takewhile
 
+from deepinfer_cache import DEFAULT_KEY_HASH
+
 # Blocks remembered per prefill worker (least recently sent forgotten first). The default tiers
 # hold ~13k SmolLM2 blocks (1 GiB host + 8 GiB disk at 0.7 MiB per 16-token block); 65k
 # entries cost the coordinator ~7 MB per worker.
@@ -32,6 +34,10 @@ class WorkerView:
     # Prompt block hashes handed to this worker, in LRU order (empty when it keeps no cache).
     cached: OrderedDict[int, None] = field(default_factory=OrderedDict)
     cache_view_blocks: int = CACHE_VIEW_BLOCKS
+    # The worker's block-key scheme and key material (from its ``ready``): prompts routed to
+    # it are hashed with them.
+    hash_model: bytes = b""
+    key_hash: str = DEFAULT_KEY_HASH
 
     def remember(self, block_hashes: Sequence[int]) -> None:
         """Record that the worker now holds these blocks (most recent last)."""

@@ -22,7 +22,7 @@ from deepinfer.engine.engine import LLMEngine
 from deepinfer.engine.outputs import RequestOutput
 from deepinfer.engine.sampling_params import SamplingParams
 from deepinfer.pd.messages import recv, send
-from deepinfer_cache import TieredKVStore
+from deepinfer_cache import DEFAULT_KEY_HASH, TieredKVStore
 from deepinfer_kernels import gather_blocks
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -130,6 +130,10 @@ def serve(
             "op": "ready",
             "capacity_blocks": engine.capacity_blocks,
             "block_size": engine.config.block_size,
+            # The block-key scheme and key material of this worker's cache, so the
+            # coordinator hashes prompts exactly as the worker's store does.
+            "hash_model": store.model.hex() if store is not None else "",
+            "key_hash": store.key_hash if store is not None else DEFAULT_KEY_HASH,
         },
     )
     try:

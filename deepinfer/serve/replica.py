@@ -43,7 +43,7 @@ from deepinfer.profile import StepRecorder, write_profile
 from deepinfer.serve.logprobs import to_wire
 from deepinfer.serve.replica_pd import KVTransport, PDRole
 from deepinfer.serve.step_model import StepTimeFit
-from deepinfer_cache import AllBlocksCleared, BlockStored
+from deepinfer_cache import DEFAULT_KEY_HASH, AllBlocksCleared, BlockStored
 
 IDLE_POLL_S = 0.5  # wake up this often while idle to notice a vanished front
 STATE_EVERY_S = 0.02  # at most this often a load update while busy
@@ -394,6 +394,7 @@ def replica_main(
                 # The key material the store folds into its block hashes (the front hashes
                 # prompts the same way to ask the routers which replica holds a prefix).
                 "hash_model": store.model.hex() if store is not None else "",
+                "key_hash": store.key_hash if store is not None else DEFAULT_KEY_HASH,
             },
         )
         replica.publish(force=True)

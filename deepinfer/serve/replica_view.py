@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from deepinfer_cache import DEFAULT_KEY_HASH
+
 
 class ReplicaView:
     """The `InstanceView` of one replica, plus the bookkeeping that keeps it current."""
@@ -28,6 +30,7 @@ class ReplicaView:
         self.step_s_per_token = 0.0005
         self.held: set[int] = set()  # block hashes the replica reported as cached
         self.hash_model = b""  # key material the replica's cache folds into block hashes
+        self.key_hash = DEFAULT_KEY_HASH  # the block-key scheme of the replica's cache
         self._routed: dict[str, tuple[int, ...]] = {}  # in flight here: its prompt blocks
         self._expiring: list[str] = []  # finished; dropped at the next authoritative report
 
@@ -61,6 +64,7 @@ class ReplicaView:
         self.free_blocks = self.capacity_blocks
         self.max_batched_tokens = int(info.get("max_batched_tokens", self.max_batched_tokens))
         self.hash_model = bytes.fromhex(str(info.get("hash_model", "")))
+        self.key_hash = str(info.get("key_hash", DEFAULT_KEY_HASH))
 
     def on_state(self, state: dict[str, Any]) -> None:
         self.num_waiting = int(state["num_waiting"])

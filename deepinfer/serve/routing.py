@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from deepinfer.serve.replica import block_key
 from deepinfer.serve.replica_view import ReplicaView
-from deepinfer_cache import hash_token_blocks
+from deepinfer_cache import DEFAULT_KEY_HASH, hash_token_blocks
 from deepinfer_sched.policies import ROUTERS, SchedulerConfig, estimate_ttft
 from deepinfer_sched.policies.base import AdmissionPolicy, InstanceView, Router
 
@@ -30,11 +30,17 @@ class RoutedRequest:
 
 
 def prompt_hashes(
-    prompt_ids: list[int], block_size: int, namespace: bytes, model: bytes = b""
+    prompt_ids: list[int],
+    block_size: int,
+    namespace: bytes,
+    model: bytes = b"",
+    *,
+    key_hash: str = DEFAULT_KEY_HASH,
 ) -> tuple[int, ...]:
     """The prompt's chained block hashes as the replicas' prefix caches compute them
-    (``model``: the key material their stores fold in, from the replicas' ``ready``)."""
-    hashes = hash_token_blocks(prompt_ids, block_size, namespace, model=model)
+    (``model`` and ``key_hash``: the key material and block-key scheme their stores use, as
+    each replica publishes them in its ``ready``)."""
+    hashes = hash_token_blocks(prompt_ids, block_size, namespace, model=model, key_hash=key_hash)
     return tuple(block_key(h) for h in hashes)
 
 

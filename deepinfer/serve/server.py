@@ -65,6 +65,13 @@ def add_serve_parser(sub: Any) -> argparse.ArgumentParser:
         help="disk tier format: 'segments' (default; a 'files' directory is converted in "
         "place) or 'files' (one file per block)",
     )
+    p.add_argument(
+        "--cache-key-hash",
+        default="xxh3_128",
+        choices=["xxh3_128", "blake2b"],
+        help="prefix cache block-key scheme: 'xxh3_128' (default, fast) or 'blake2b' "
+        "(cryptographic, for untrusted users sharing a namespace)",
+    )
     p.add_argument("--ttft-slo", type=float, default=None, help="429 above this predicted TTFT")
     p.add_argument("--max-waiting", type=int, default=None, help="429 above this queue length")
     p.add_argument("--drain-timeout", type=float, default=30.0)
@@ -94,7 +101,10 @@ def config_from_args(args: argparse.Namespace) -> ServeConfig:
     if not args.no_prefix_cache:
         blocks = max(1, args.num_blocks // 8)
         cache = PrefixCacheConfig(
-            device_blocks=blocks, directory=args.cache_dir, disk_format=args.cache_disk_format
+            device_blocks=blocks,
+            directory=args.cache_dir,
+            disk_format=args.cache_disk_format,
+            key_hash=args.cache_key_hash,
         )
     return ServeConfig(
         model=model,

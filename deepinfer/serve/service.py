@@ -256,7 +256,11 @@ class ServeService:
             tracked.routed = dataclasses.replace(
                 tracked.routed,
                 block_hashes=prompt_hashes(
-                    tracked.prompt_ids, bs, tracked.spec.namespace, up[0].view.hash_model
+                    tracked.prompt_ids,
+                    bs,
+                    tracked.spec.namespace,
+                    up[0].view.hash_model,
+                    key_hash=up[0].view.key_hash,
                 ),
             )
         views = [h.view for h in up]

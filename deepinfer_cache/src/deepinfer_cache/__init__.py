@@ -24,7 +24,14 @@ from .events import (
     CacheEvent,
     EventSubscription,
 )
-from .hashing import DEFAULT_KEY_HASH, KEY_HASHES, BlockHash, hash_token_blocks, iter_block_hashes
+from .hashing import (
+    DEFAULT_KEY_HASH,
+    KEY_HASHES,
+    BlockHash,
+    check_key_hash,
+    hash_token_blocks,
+    iter_block_hashes,
+)
 from .index import MatchResult, PrefixIndex
 from .lockfile import CacheLockedError
 from .meta import BlockMeta
@@ -85,6 +92,7 @@ __all__ = [
     "TierStats",
     "TieredKVStore",
     "__version__",
+    "check_key_hash",
     "hash_token_blocks",
     "iter_block_hashes",
     "ssd_capacity",
