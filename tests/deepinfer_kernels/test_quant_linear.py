@@ -45,6 +45,24 @@ def test_cpu_paths_match_reference(w: QuantWeight, rows: int, with_bias: bool, s
     _check_close(quant_linear(x, w, bias), x, w, bias)
 
 
+@settings(max_examples=40, deadline=None)
+@given(w=quant_weights(max_rows=37), rows=st.sampled_from([1, 2]), data=st.data())
+def test_decode_rows_on_one_hot_inputs_return_the_dequantised_weights(
+    w: QuantWeight, rows: int, data: st.DataObject
+) -> None:
+    """One or two x rows take the decode path (each block decoded in registers, a contiguous share
+    of the output rows per thread, so odd row counts split unevenly): x = e_k must give column k
+    of gguf's dequantised weight exactly, for every format and for a bias of zeros too."""
+    if not default_cpu_kernel().available():
+        pytest.skip("no C compiler")
+    ks = data.draw(st.lists(st.integers(0, w.cols - 1), min_size=rows, max_size=rows))
+    x = torch.zeros(rows, w.cols)
+    x[range(rows), ks] = 1.0
+    want = dequantize_reference(w.data, w.qtype)[:, ks].t()
+    assert torch.equal(quant_linear(x, w), want)
+    assert torch.equal(quant_linear(x, w, torch.zeros(w.rows)), want)
+
+
 def test_leading_dims_and_strided_rows() -> None:
     w = QuantWeight(random_quant_rows(QuantType.Q6_K, 7, 512, seed=2), QuantType.Q6_K, 512)
     x = torch.randn(2, 3, 512)

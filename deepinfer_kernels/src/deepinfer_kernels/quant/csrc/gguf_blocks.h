@@ -7,13 +7,22 @@
  * at most 12 bits), so the values are bit-identical to the reference with or without FMA
  * contraction: d * q + m rounds once either way because d * q is exact.
  *
- * project_row() computes one output column of y = x W^T for every row of x: the weight row is
- * read once per call whatever the number of x rows. For one or two x rows of Q4_0, Q4_1, Q8_0,
- * F32, F16 and BF16 weights (AVX2 + FMA) each 32-weight block is decoded into registers and
- * multiplied straight away (no store and reload of the fp32 values: at batch 1 that halves the
- * instructions per weight); otherwise the row is dequantised once into a K-float buffer (L1)
- * and dotted with the x rows, four at a time. The sums run in another order than a BLAS product, so they agree
- * with it to fp32 rounding, not bitwise.
+ * project_row() computes one output column of y = x W^T for every row of x, project_rows() a
+ * run of them: the weight row is read once per call whatever the number of x rows. For one or
+ * two x rows of Q4_0, Q4_1, Q8_0, F32, F16 and BF16 weights (AVX2 + FMA) each 32-weight block
+ * is decoded into registers and multiplied straight away (no store and reload of the fp32
+ * values: at batch 1 that halves the instructions per weight), with the row loop inside the
+ * code specialised for the format; otherwise the row is dequantised once into a K-float buffer
+ * (L1) and dotted with the x rows, four at a time. The sums run in another order than a BLAS
+ * product, so they agree with it to fp32 rounding, not bitwise.
+ *
+ * The batch-1 decode is bound by instructions, not memory: ~0.1 ns per Q4_1 weight on one
+ * core with the weights in cache, about as fast as from DRAM (benchmarks/gguf_decode_paths.py).
+ * So the Q4 path counts instructions: per block one conversion of d and m, two widening loads
+ * of the code bytes, the nibbles split in 256-bit lanes, then per 8 weights one int->float
+ * conversion, one FMA for fl(d q + m) and one FMA into the sum (the fewest for exact fp32
+ * weights: llama.cpp's integer dot products need int8 activations, which the exactness rule of
+ * #24 excludes).
  */
 #ifndef DEEPINFER_GGUF_BLOCKS_H
 #define DEEPINFER_GGUF_BLOCKS_H
@@ -21,6 +30,9 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#if defined(_OPENMP)
+#include <omp.h>
+#endif
 
 #define QK_K 256
 
@@ -237,17 +249,29 @@ static inline __attribute__((always_inline)) void load32(const uint8_t *row, int
                                                          __m256 w[4]) {
     if (qtype == T_Q4_0 || qtype == T_Q4_1) {
         const uint8_t *p = row + (qtype == T_Q4_0 ? 18 : 20) * b;
-        float d = half_to_float(p);
-        /* Q4_0: d * (q - 8) = d * q - 8 d, exact, so one FMA gives the reference's value. */
-        float m = qtype == T_Q4_0 ? -8.0f * d : half_to_float(p + 2);
-        __m128i bytes = _mm_loadu_si128((const __m128i *)(p + (qtype == T_Q4_0 ? 2 : 4)));
-        __m128i mask = _mm_set1_epi8(0x0f);
-        __m128i lo = _mm_and_si128(bytes, mask), hi = _mm_and_si128(_mm_srli_epi16(bytes, 4), mask);
-        __m256 vd = _mm256_set1_ps(d), vm = _mm256_set1_ps(m);
-        w[0] = _mm256_fmadd_ps(vd, codes_to_ps(lo), vm);
-        w[1] = _mm256_fmadd_ps(vd, codes_to_ps(_mm_srli_si128(lo, 8)), vm);
-        w[2] = _mm256_fmadd_ps(vd, codes_to_ps(hi), vm);
-        w[3] = _mm256_fmadd_ps(vd, codes_to_ps(_mm_srli_si128(hi, 8)), vm);
+        const uint8_t *qs = p + (qtype == T_Q4_0 ? 2 : 4);
+        __m256 vd, vm;
+        if (qtype == T_Q4_1) { /* d and m: one 4-byte load and one conversion */
+            int32_t dm_bits;
+            memcpy(&dm_bits, p, sizeof dm_bits);
+            __m256 dm = _mm256_castps128_ps256(_mm_cvtph_ps(_mm_cvtsi32_si128(dm_bits)));
+            vd = _mm256_permutevar8x32_ps(dm, _mm256_setzero_si256());
+            vm = _mm256_permutevar8x32_ps(dm, _mm256_set1_epi32(1));
+        } else { /* Q4_0: d * (q - 8) = d * q - 8 d, exact, so one FMA gives the reference's value */
+            float d = half_to_float(p);
+            vd = _mm256_set1_ps(d);
+            vm = _mm256_set1_ps(-8.0f * d);
+        }
+        /* Code bytes 0-7 and 8-15 widened to 32 bits straight from memory; each lane then holds
+         * element j (low nibble) and element j + 16 (high nibble). 10 instructions per block
+         * fewer than splitting the nibbles in one 128-bit register and widening four times. */
+        __m256i a = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)qs));
+        __m256i c = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(qs + 8)));
+        __m256i mask = _mm256_set1_epi32(0x0f);
+        w[0] = _mm256_fmadd_ps(vd, _mm256_cvtepi32_ps(_mm256_and_si256(a, mask)), vm);
+        w[1] = _mm256_fmadd_ps(vd, _mm256_cvtepi32_ps(_mm256_and_si256(c, mask)), vm);
+        w[2] = _mm256_fmadd_ps(vd, _mm256_cvtepi32_ps(_mm256_srli_epi32(a, 4)), vm);
+        w[3] = _mm256_fmadd_ps(vd, _mm256_cvtepi32_ps(_mm256_srli_epi32(c, 4)), vm);
     } else if (qtype == T_Q8_0) {
         const uint8_t *p = row + 34 * b;
         __m256 vd = _mm256_set1_ps(half_to_float(p));
@@ -315,14 +339,34 @@ static inline __attribute__((always_inline)) void fused_dot(const uint8_t *row, 
     }
 }
 
+/* y[t * N + n] = W[n] . x[t] (+ bias[n - n0]) for the count rows n = n0 .. n0 + count - 1,
+ * stored row_bytes apart from rows (bias: count floats or NULL), and R (1 or 2) x rows. The
+ * row loop sits inside the code made for one type and row count, so the per-row cost is the
+ * dot product alone (dispatching each row through a call cost ~10% at K = 576). */
+static inline __attribute__((always_inline)) void fused_rows(const uint8_t *rows,
+                                                             int64_t row_bytes, int64_t count,
+                                                             int qtype, int64_t K, const float *x,
+                                                             int64_t xs, const int R, float *y,
+                                                             int64_t N, int64_t n0,
+                                                             const float *bias) {
+    for (int64_t r = 0; r < count; r++) {
+        float out[2];
+        fused_dot(rows + r * row_bytes, qtype, K, x, xs, R, out);
+        float b = bias ? bias[r] : 0.0f;
+        for (int t = 0; t < R; t++) y[t * N + n0 + r] = out[t] + b;
+    }
+}
+
 #define FUSED_CASE(Q)                                                                          \
     case Q:                                                                                    \
-        if (R == 1) fused_dot(row, Q, K, x, xs, 1, out); else fused_dot(row, Q, K, x, xs, 2, out); \
+        if (R == 1) fused_rows(rows, row_bytes, count, Q, K, x, xs, 1, y, N, n0, bias);        \
+        else fused_rows(rows, row_bytes, count, Q, K, x, xs, 2, y, N, n0, bias);               \
         return;
 
-/* fused_dot with the type and row count as constants (each case is its own loop). */
-static void fused_dot_dispatch(const uint8_t *row, int qtype, int64_t K, const float *x,
-                               int64_t xs, int R, float *out) {
+/* fused_rows with the type and row count as constants (each case is its own loop). */
+static void fused_rows_dispatch(const uint8_t *rows, int64_t row_bytes, int64_t count, int qtype,
+                                int64_t K, const float *x, int64_t xs, int R, float *y,
+                                int64_t N, int64_t n0, const float *bias) {
     switch (qtype) {
     FUSED_CASE(T_Q4_0) FUSED_CASE(T_Q4_1) FUSED_CASE(T_Q8_0) FUSED_CASE(T_F32) FUSED_CASE(T_BF16)
 #if defined(__F16C__)
@@ -361,9 +405,7 @@ static void project_row(const uint8_t *row, int qtype, int64_t K, const float *x
                         int64_t xs, float *buf, float *y, int64_t N, int64_t n, float b) {
 #if defined(__AVX2__) && defined(__FMA__)
     if (T <= 2 && fused_type(qtype)) {
-        float out[2];
-        fused_dot_dispatch(row, qtype, K, x, xs, (int)T, out);
-        for (int64_t t = 0; t < T; t++) y[t * N + n] = out[t] + b;
+        fused_rows_dispatch(row, 0, 1, qtype, K, x, xs, (int)T, y, N, n, &b);
         return;
     }
 #endif
@@ -377,6 +419,35 @@ static void project_row(const uint8_t *row, int qtype, int64_t K, const float *x
     }
 #endif
     for (; t < T; t++) y[t * N + n] = dot(buf, x + t * xs, K) + b;
+}
+
+/* project_row() for the count consecutive rows n0 .. n0 + count - 1 of one format, stored
+ * row_bytes apart from rows (bias: N floats or NULL). */
+static void project_rows(const uint8_t *rows, int64_t row_bytes, int64_t count, int qtype,
+                         int64_t K, const float *x, int64_t T, int64_t xs, float *buf, float *y,
+                         int64_t N, int64_t n0, const float *bias) {
+#if defined(__AVX2__) && defined(__FMA__)
+    if (T <= 2 && fused_type(qtype)) {
+        fused_rows_dispatch(rows, row_bytes, count, qtype, K, x, xs, (int)T, y, N, n0,
+                            bias ? bias + n0 : NULL);
+        return;
+    }
+#endif
+    for (int64_t r = 0; r < count; r++)
+        project_row(rows + r * row_bytes, qtype, K, x, T, xs, buf, y, N, n0 + r,
+                    bias ? bias[n0 + r] : 0.0f);
+}
+
+/* This thread's share [*lo, *hi) of n rows in an OpenMP parallel region (all of them outside
+ * one): contiguous and balanced like schedule(static), so project_rows() can take it whole. */
+static inline void thread_share(int64_t n, int64_t *lo, int64_t *hi) {
+#if defined(_OPENMP)
+    int64_t t = omp_get_thread_num(), threads = omp_get_num_threads();
+#else
+    int64_t t = 0, threads = 1;
+#endif
+    *lo = n * t / threads;
+    *hi = n * (t + 1) / threads;
 }
 
 #endif /* DEEPINFER_GGUF_BLOCKS_H */

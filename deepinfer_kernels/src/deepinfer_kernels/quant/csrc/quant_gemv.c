@@ -1,10 +1,10 @@
 /* Products with weights kept in GGUF block formats, dequantised on the fly to fp32.
  *
  * y[m, n] = sum_k x[m, k] * W[n, k] (+ bias[n]), W given as raw GGUF rows (row_bytes bytes per
- * row of K weights). Each thread takes whole output rows n and computes them for every row of
- * x with project_row() (gguf_blocks.h), so every weight byte is read once per call whatever M
- * is. The weights' values are bit-identical to gguf.quants.dequantize; the sums agree with a
- * BLAS product to fp32 rounding, not bitwise (see gguf_blocks.h).
+ * row of K weights). Each thread takes a contiguous share of the output rows n and computes them
+ * for every row of x with project_rows() (gguf_blocks.h), so every weight byte is read once per
+ * call whatever M is. The weights' values are bit-identical to gguf.quants.dequantize; the sums
+ * agree with a BLAS product to fp32 rounding, not bitwise (see gguf_blocks.h).
  *
  * ABI: deepinfer_abi_quant_gemv() returns "<version>|<symbol>(<args>)<ret>|..." (p pointer,
  * i int64, f float; return i int), checked by the Python side before any call.
@@ -28,10 +28,10 @@ int deepinfer_quant_linear(const float *x, int64_t M, int64_t x_stride, const ui
         if (row == NULL) {
             failed = 1;
         } else {
-#pragma omp for schedule(static)
-            for (int64_t n = 0; n < N; n++)
-                project_row(w + n * row_bytes, (int)qtype, K, x, M, x_stride, row, y, N, n,
-                            bias ? bias[n] : 0.0f);
+            int64_t lo, hi;
+            thread_share(N, &lo, &hi);
+            project_rows(w + lo * row_bytes, row_bytes, hi - lo, (int)qtype, K, x, M, x_stride,
+                         row, y, N, lo, bias);
             free(row);
         }
     }
