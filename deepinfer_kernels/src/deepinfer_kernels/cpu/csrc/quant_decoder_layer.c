@@ -38,13 +38,13 @@ static void block_linear(const float *x, const uint8_t *w, const int64_t *seg, c
         for (int64_t s = 0; s < segments; s++) {
             int qtype = (int)seg[1 + 3 * s];
             int64_t rows = seg[2 + 3 * s], row_bytes = seg[3 + 3 * s];
-            /* Outputs of different segments are disjoint: no barrier between them. */
-#pragma omp for schedule(static) nowait
-            for (int64_t r = 0; r < rows; r++) {
-                int64_t n = first + r;
-                project_row(base + r * row_bytes, qtype, K, x, T, K, buf, y, N, n,
-                            bias ? bias[n] : 0.0f);
-            }
+            /* Each thread a contiguous share of the segment's rows, in one call (the format
+             * dispatched once, not per row). Outputs of different segments are disjoint: no
+             * barrier between them. */
+            int64_t lo, hi;
+            thread_share(rows, &lo, &hi);
+            project_rows(base + lo * row_bytes, row_bytes, hi - lo, qtype, K, x, T, K, buf, y, N,
+                         first + lo, bias);
             base += rows * row_bytes;
             first += rows;
         }
