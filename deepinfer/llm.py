@@ -4,7 +4,8 @@ Everything that puts an engine together (load the weights, size the KV pool, put
 cache's tiers over it, load and profile a drafter) happens here and nowhere else; `LLM`, the
 PD worker processes (through :func:`build_worker_engine`) and the HTTP server all call
 :func:`build_engine`. `LLM` talks to an :class:`EngineClient`: a :class:`LocalClient` stepping
-one engine in this process, or a :class:`~deepinfer.pd.PDCoordinator` over worker processes.
+one engine in this process, or a :class:`~deepinfer.pd.PDCoordinator` over worker processes
+(``deepinfer.engine.client``), so both modes share every method below.
 """
 
 from __future__ import annotations
@@ -15,11 +16,12 @@ import os
 from collections.abc import Iterator, Mapping
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass, replace
-from typing import Any, Protocol, cast, overload
+from typing import Any, cast, overload
 
 import torch
 
 from deepinfer.engine.cache_setup import PrefixCacheConfig, build_engine_kv
+from deepinfer.engine.client import ClosedClient, EngineClient, LocalClient
 from deepinfer.engine.config import EngineConfig, SpeculativeConfig
 from deepinfer.engine.engine import LLMEngine
 from deepinfer.engine.fanout import fan_out, merge
@@ -27,8 +29,8 @@ from deepinfer.engine.outputs import RequestMetrics, RequestOutput
 from deepinfer.engine.sampling_params import SamplingParams
 from deepinfer.models.kv_pool import blocks_for_memory
 from deepinfer.models.loader import LoadedModel, ModelFiles, load_model, load_model_files
-from deepinfer.models.registry import default_model_path
 from deepinfer.pd import PDConfig, PDCoordinator
+from deepinfer.pd.launch import worker_source, worker_speculative
 from deepinfer.pd.worker import WorkerSettings
 from deepinfer.speculative import SpeculativeSpec, build_speculator
 from deepinfer_cache import TieredKVStore
@@ -143,69 +145,6 @@ def build_worker_engine(settings: WorkerSettings) -> tuple[LLMEngine, TieredKVSt
     return built.engine, built.store
 
 
-class EngineClient(Protocol):
-    """What `LLM` needs from where requests run: one engine here, or PD worker processes."""
-
-    def submit(
-        self, prompt_ids: list[int], params: SamplingParams, namespace: bytes = b""
-    ) -> tuple[str, RequestOutput | None]:
-        """Queue one request: its id, and an error output if it was refused at once
-        (``ValueError``/``TypeError`` may also be raised for bad input)."""
-        ...
-
-    def run_until(self, request_ids: set[str]) -> Iterator[RequestOutput]:
-        """Yield outputs (of these and any other queued requests) until all of
-        ``request_ids`` finished."""
-        ...
-
-    def close(self) -> None: ...
-
-
-class LocalClient:
-    """Runs requests on one :class:`LLMEngine` in this process."""
-
-    def __init__(self, built: BuiltEngine) -> None:
-        self.built = built
-        self.engine = built.engine
-
-    def submit(
-        self, prompt_ids: list[int], params: SamplingParams, namespace: bytes = b""
-    ) -> tuple[str, RequestOutput | None]:
-        return self.engine.add_request(prompt_ids, params, namespace=namespace), None
-
-    def run_until(self, request_ids: set[str]) -> Iterator[RequestOutput]:
-        pending = set(request_ids)
-        try:
-            while pending and self.engine.has_unfinished():
-                for out in self.engine.step():
-                    if out.finished:
-                        pending.discard(out.request_id)
-                    yield out
-        finally:
-            # The caller stopped early (a stream it left) or the engine raised: these requests
-            # must not stay queued and run inside the next call.
-            for rid in pending:
-                self.engine.abort(rid)
-
-    def close(self) -> None:
-        self.built.close()
-
-
-class ClosedClient:
-    """The client of a closed :class:`LLM`: every request is refused."""
-
-    def submit(
-        self, prompt_ids: list[int], params: SamplingParams, namespace: bytes = b""
-    ) -> tuple[str, RequestOutput | None]:
-        raise RuntimeError("this LLM is closed")
-
-    def run_until(self, request_ids: set[str]) -> Iterator[RequestOutput]:
-        raise RuntimeError("this LLM is closed")
-
-    def close(self) -> None:
-        pass
-
-
 class LLM:
     """Load a model once and generate for many prompts with continuous batching.
 
@@ -261,13 +200,13 @@ class LLM:
         self.client: EngineClient
         if pd_on:
             self.pd = PDCoordinator(
-                _worker_source(model, self.loaded),
+                worker_source(model, self.loaded),
                 dtype=dtype,
                 device=device,
                 engine_config=config,
                 config=PDConfig.coerce(cast(PDConfig | bool, pd)),
                 prefix_cache=cache_config,
-                speculative=_worker_speculative(speculative),
+                speculative=worker_speculative(speculative),
                 build=build_worker_engine,
                 cache_dir=os.fspath(cache_dir) if cache_dir is not None else None,
             )
@@ -281,7 +220,7 @@ class LLM:
         )
         self.engine = built.engine
         self.store = built.store
-        self.client = LocalClient(built)
+        self.client = LocalClient(built.engine, on_close=built.close)
 
     def close(self) -> None:
         """Flush the prefix cache (its disk tier survives for the next engine), stop PD
@@ -469,40 +408,6 @@ class LLM:
             prompts.append(self.tokenizer.encode(text, add_bos=False))
         outs = self.generate(prompts, sampling_params, namespace=namespace)
         return outs[0] if single else outs
-
-
-def _worker_source(
-    model: str | os.PathLike[str] | LoadedModel | None, loaded: LoadedModel | ModelFiles
-) -> str:
-    """What PD workers load: the very source the parent loaded (a ``.gguf`` file stays a GGUF
-    file, so in fp32 the workers run its block-format weights as the parent does), or the
-    parent's model directory for a model handed over already loaded."""
-    if model is None:
-        return os.fspath(default_model_path())
-    if isinstance(model, LoadedModel):
-        return str(loaded.path)
-    return os.path.abspath(os.fspath(model))
-
-
-def _worker_speculative(speculative: SpeculativeSpec) -> SpeculativeConfig | None:
-    """PD workers load the drafter themselves: ``"dspark"``, a checkpoint directory or a
-    :class:`SpeculativeConfig` naming one (a relative directory is made absolute here)."""
-    if speculative is None:
-        return None
-    if isinstance(speculative, (str, os.PathLike)):
-        speculative = SpeculativeConfig(os.fspath(speculative))
-    if not isinstance(speculative, SpeculativeConfig):
-        raise ValueError(
-            "speculative: with pd, give 'dspark', a drafter checkpoint directory or a "
-            f"SpeculativeConfig (each decode worker loads the drafter), not a "
-            f"{type(speculative).__name__}"
-        )
-    if speculative.model == "dspark":
-        return speculative
-    directory = os.path.abspath(speculative.model)
-    if not os.path.isfile(os.path.join(directory, "config.json")):
-        raise ValueError(f"speculative: {directory!r} is not a drafter checkpoint directory")
-    return replace(speculative, model=directory)
 
 
 def _is_single(prompts: object) -> bool:
