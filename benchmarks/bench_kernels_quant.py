@@ -66,6 +66,45 @@ def test_quant_ours(benchmark, qtype, rows):  # type: ignore[no-untyped-def]
         print(f"\nquant_linear {qtype.name} x {rows} rows: {ratio:.2f}x fp32 F.linear")
 
 
+# ---------------------------------------------------------------- more than two rows (panels)
+# The C kernel's T > 2 path (quant/csrc/gguf_panel.h: 12-row panels dequantised into an fp32
+# tile, a 2 x 6 register-blocked micro-kernel) called directly at 16 rows (a 16-request decode
+# step) and 512 rows (a prefill chunk), against MKL's fp32 product over weights dequantised up
+# front (``fp32``) and over weights dequantised on every call (``deq+mkl``: what quant_linear
+# runs above GEMV_MAX_ROWS rows). Run: ``... bench_kernels_quant.py --benchmark-only -q -s -k panel``.
+PANEL_CASES = [(q, r) for q in (QuantType.Q4_1, QuantType.Q4_K) for r in (16, 512)]
+_PANEL_IDS = [f"{q.name}-{r}" for q, r in PANEL_CASES]
+
+
+@pytest.mark.parametrize("way", ["fp32", "deq+mkl", "panel"])
+@pytest.mark.parametrize(("qtype", "rows"), PANEL_CASES, ids=_PANEL_IDS)
+def test_panel_product(benchmark, qtype, rows, way):  # type: ignore[no-untyped-def]
+    from deepinfer_kernels.quant import QuantGemvKernel
+
+    kernel = QuantGemvKernel()
+    if not kernel.available():
+        pytest.skip("no compiled CPU kernel on this machine")
+    w = _weight(qtype)
+    wf, x = dequantize(w), torch.randn(rows, w.cols)
+    run = {
+        "fp32": lambda: F.linear(x, wf),
+        "deq+mkl": lambda: F.linear(x, dequantize(w)),
+        "panel": lambda: kernel.linear(x, w.data, qtype, w.cols, None),
+    }[way]
+    out = benchmark(run)
+    assert ((out - x @ wf.t()).abs() <= 2 * product_tolerance(x, wf)).all()
+    median = benchmark.stats.stats.median
+    _TIMES[f"panel-{way}-{qtype.name}-{rows}"] = median
+    if way == "panel":
+        fp32 = _TIMES.get(f"panel-fp32-{qtype.name}-{rows}")
+        deq = _TIMES.get(f"panel-deq+mkl-{qtype.name}-{rows}")
+        if fp32 is not None and deq is not None:
+            print(
+                f"\npanel {qtype.name} x {rows} rows: {median * 1e6:.0f} us; {fp32 / median:.2f}x"
+                f" fp32 MKL (weights dequantised up front), {deq / median:.2f}x dequantise+MKL"
+            )
+
+
 # ---------------------------------------------------------------- whole decoder layer
 # SmolLM2-135M's layer (hidden 576, 9 query / 3 KV heads of 64, MLP 1536) on GGUF weights: the
 # per-op path a GGUF model ran before the fused layer (one quant_linear per projection, torch

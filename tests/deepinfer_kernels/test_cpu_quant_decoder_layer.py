@@ -10,6 +10,7 @@ import pytest
 import torch
 from _cpu import built
 from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from deepinfer_kernels.cpu import BlockMatrix, LayerBlocks, LayerShape, QuantDecoderLayerKernel
 from deepinfer_kernels.cpu import quant_layer_ops as ops
@@ -219,3 +220,75 @@ def test_segments_merge_adjacent_types_and_round_trip() -> None:
 
 def test_turned_off_kernel_is_unavailable(tmp_path: Path) -> None:
     assert not QuantDecoderLayerKernel(tmp_path, enabled=False).available()
+
+
+# ---------------------------------------------------------------- more than two rows (panels)
+# T > 2 rows take gguf_panel.h: panels of 12 weight rows dequantised into a tile, a 2 x 6
+# micro-kernel over it. These row counts cover every micro-kernel tail (T mod 6 = 1..5, 0) and
+# more than one x group; widths include rows whose length is not a multiple of 256 (or of 32
+# for the float formats) and segments whose row counts are not multiples of 12 or of 2.
+MULTI_ROWS = [3, 4, 5, 7, 8, 16, 17, 33]
+
+
+@settings(max_examples=20, deadline=None)
+@given(
+    rows=st.sampled_from(MULTI_ROWS),
+    hidden=st.sampled_from([32, 96, 256, 37]),
+    inter=st.sampled_from([24, 64, 288]),
+    head_dim=st.sampled_from([8, 16]),
+    num_kv=st.integers(1, 2),
+    group=st.integers(1, 3),
+    part_types=st.lists(st.sampled_from(BLOCK_TYPES + FLOAT_TYPES), min_size=7, max_size=7),
+    seed=st.integers(0, 2**20),
+    bias=st.booleans(),
+)
+def test_multi_row_panels_match_the_reference(
+    layer: QuantDecoderLayerKernel,
+    rows: int,
+    hidden: int,
+    inter: int,
+    head_dim: int,
+    num_kv: int,
+    group: int,
+    part_types: list[QuantType],
+    seed: int,
+    bias: bool,
+) -> None:
+    """Mixed formats per part (a part whose width is not whole blocks of its drawn format is
+    F32), so a fused QKV or gate/up joins segments of different formats and sizes."""
+    names = ("q", "k", "v", "o", "gate", "up", "down")
+    q = quant_layer_case(rows, hidden, num_kv * group, num_kv, head_dim, inter,
+                         dict(zip(names, part_types)), seed=seed, bias=bias)  # fmt: skip
+    _check_qkv(q, _run_qkv(layer, q))
+    _check_mlp(q, *_run_mlp(layer, q))
+
+
+@pytest.mark.parametrize("qtype", BLOCK_TYPES + FLOAT_TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("rows", [4, 17])
+def test_every_type_on_the_panel_path(
+    layer: QuantDecoderLayerKernel, qtype: QuantType, rows: int
+) -> None:
+    # Widths of whole 256-weight super-blocks (so the K-quants fit) and 288 (9 blocks of 32:
+    # a row length that is not a multiple of 256 for the 32-weight formats).
+    inter = 288 if qtype in (QuantType.Q4_0, QuantType.Q4_1, QuantType.Q8_0) else 256
+    q = quant_layer_case(rows, 256, 4, 2, 64, inter, qtype, seed=rows, bias=True)
+    assert q.types() == {qtype}
+    _check_qkv(q, _run_qkv(layer, q))
+    _check_mlp(q, *_run_mlp(layer, q))
+
+
+@pytest.mark.parametrize("qtype", BLOCK_TYPES + FLOAT_TYPES, ids=lambda t: t.name)
+def test_panel_path_multiplies_the_formats_exactly(
+    layer: QuantDecoderLayerKernel, qtype: QuantType
+) -> None:
+    """One-hot activations over 3 to 17 rows through the panel path return gguf's dequantised
+    weights bit for bit, for a weight of 15 rows (one full 12-row panel and an odd rest)."""
+    cols = 256
+    m = BlockMatrix.of(QuantWeight(random_quant_rows(qtype, 15, cols, int(qtype)), qtype, cols))
+    want = m.dequantized()
+    for rows in (3, 7, 17):
+        ks = [(37 * i) % cols for i in range(rows)]
+        one_hot = torch.zeros(rows, cols)
+        one_hot[range(rows), ks] = 1.0
+        got = _project(layer, m, one_hot)
+        assert torch.equal(got, want[:, ks].t()), (qtype.name, rows)

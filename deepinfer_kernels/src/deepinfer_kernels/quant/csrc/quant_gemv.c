@@ -10,6 +10,7 @@
  * i int64, f float; return i int), checked by the Python side before any call.
  */
 #include "gguf_blocks.h"
+#include "gguf_panel.h"
 
 const char *deepinfer_abi_quant_gemv(void) {
     return "1|deepinfer_quant_linear(piipiiiipp)i|deepinfer_quant_dequantize(piiip)i";
@@ -21,6 +22,11 @@ int deepinfer_quant_linear(const float *x, int64_t M, int64_t x_stride, const ui
                            int64_t N, int64_t K, int64_t row_bytes, int64_t qtype,
                            const float *bias, float *y) {
     if (!known_type(qtype)) return -1;
+    if (M > 2) { /* dequantised panels and a register-blocked micro-kernel (gguf_panel.h) */
+        const int64_t seg[4] = {1, qtype, N, row_bytes};
+        panel_linear(x, x_stride, w, seg, bias, y, M, N, K);
+        return 0;
+    }
     int failed = 0;
 #pragma omp parallel reduction(| : failed)
     {
