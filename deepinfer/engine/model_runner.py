@@ -6,12 +6,13 @@ from collections.abc import Sequence as Seq
 
 import torch
 
-from deepinfer.engine.sampler import sample_next_tokens
+from deepinfer.engine.sampler import prepare_logits, sample_next_tokens, sampling_tensors
 from deepinfer.engine.sequence import Sequence
 from deepinfer.engine.speculation import ForwardOutput
 from deepinfer.models.attention_metadata import AttentionMetadata
 from deepinfer.models.kv_pool import KVPool
 from deepinfer.models.llama import LlamaModel
+from deepinfer_kernels.sampling import sample_with_generators
 
 
 class ModelRunner:
@@ -62,7 +63,23 @@ class ModelRunner:
     def sample(
         self, seqs: Seq[Sequence], hidden: torch.Tensor, generator: torch.Generator
     ) -> list[int]:
-        """One token per row of ``hidden`` with each request's parameters (and seed)."""
+        """One token per row of ``hidden`` with each request's parameters (and seed).
+
+        A batch of greedy requests takes the first maximal logit of each (processed) row
+        straight away, as ``sample_next_tokens`` would: its per-row parameter tensors and
+        checks were ~0.5 ms of a ~30 ms batch-1 CPU decode step."""
         with torch.inference_mode():
             logits = self.model.compute_logits(hidden)
+            if seqs and all(s.params.temperature == 0 for s in seqs):
+                logits = prepare_logits(seqs, logits)
+                best, index = logits.float().max(dim=-1)
+                if bool(torch.isfinite(best).all()):
+                    return [int(t) for t in index.tolist()]
+                # NaN or +inf: the full path raises or picks as it always did.
+                return sample_with_generators(
+                    logits,
+                    *sampling_tensors([s.params for s in seqs]),
+                    [s.generator for s in seqs],
+                    generator,
+                )
         return sample_next_tokens(seqs, logits, generator)

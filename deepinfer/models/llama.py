@@ -7,7 +7,7 @@ holds one decode token or a mix of prefill chunks and decodes.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, ClassVar, cast
 
 import torch
@@ -17,6 +17,7 @@ from torch import nn
 import deepinfer_kernels
 from deepinfer.models.attention_metadata import AttentionMetadata
 from deepinfer.models.config import LlamaConfig
+from deepinfer.models.fused_step import BoundStep, BoundSteps
 from deepinfer.models.kv_pool import KVPool
 from deepinfer.models.layers import Embedding, Linear, RMSNorm
 from deepinfer.models.rope import RotaryEmbedding
@@ -186,6 +187,8 @@ class LlamaModel(nn.Module):
         self.layer_panels = DecoderPanels(self._projections)
         # The same for projections kept in GGUF block formats (QuantLinear: the file's bytes).
         self.layer_blocks = DecoderBlocks(self._projections)
+        # Those layers' calls bound over step buffers, per batch size (fused_step.py).
+        self._bound_steps = BoundSteps()
         self.rope = RotaryEmbedding(
             config.head_dim, config.rope_theta, config.rope_scaling, config.max_position_embeddings
         )
@@ -211,6 +214,7 @@ class LlamaModel(nn.Module):
         self._head_packed.clear()  # see Linear._apply
         self.layer_panels.clear()
         self.layer_blocks.clear()
+        self._bound_steps.clear()
         return cast(LlamaModel, super()._apply(fn, recurse))  # type: ignore[no-untyped-call]
 
     def init_weights(self, std: float = 0.02, generator: torch.Generator | None = None) -> None:
@@ -261,13 +265,10 @@ class LlamaModel(nn.Module):
         # attention).
         if not layers:
             return self.norm.forward(residual), []
-        plans = self._plan_layers(attn, kv_pool.block_size)
-        plan = plans[0]
         fused = self._fused_layers(residual, kv_pool, attn)
         if fused is not None:
-            return self._forward_fused(
-                *fused, residual, cos, sin, plan, attn, kv_pool, wanted, layer_ids
-            )
+            return self._forward_fused(*fused, residual, cos, sin, attn, kv_pool, wanted, layer_ids)
+        plans = self._plan_layers(attn, kv_pool.block_size)
         writer = deepinfer_kernels.plan_write_kv(
             attn.slot_mapping, num_blocks=kv_pool.num_blocks, block_size=kv_pool.block_size
         )
@@ -344,53 +345,73 @@ class LlamaModel(nn.Module):
         residual: torch.Tensor,
         cos: torch.Tensor,
         sin: torch.Tensor,
-        plan: deepinfer_kernels.PagedAttentionPlan,
         attn: AttentionMetadata,
         kv_pool: KVPool,
         wanted: set[int],
         layer_ids: Sequence[int],
     ) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """:meth:`forward_with_layers` on a compiled layer ``kernel`` over its weights
-        ``panels`` (:meth:`_fused_layers`): per layer, one call before the attention and one
-        after it, on buffers allocated once for the step. The calls are bound once for all layers (operands checked, arguments built), and so is the
-        attention where its plan can be (``PagedAttentionPlan.bind_cpu_layers``): per layer
-        that leaves three foreign calls and no other Python work."""
-        cfg = self.config
-        shape = LayerShape(
-            cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.intermediate_size
-        )
-        rows, d = residual.shape[0], cfg.head_dim
-        slots = kernel.slot_mapping(attn.slot_mapping, kv_pool.num_blocks * kv_pool.block_size)
-        cos, sin = cos.reshape(rows, d), sin.reshape(rows, d)
+        ``panels`` (:meth:`_fused_layers`): per layer, one call before the attention, the
+        attention, one call after it. The calls are bound once per batch size over buffers
+        kept between steps (:class:`~deepinfer.models.fused_step.BoundStep`): a step copies
+        its values in and, when it is a decode step, re-points the bound attention at its
+        pages; other steps plan their attention (``PagedAttentionPlan.bind_cpu_layers``)."""
+        rows = residual.shape[0]
         layers = self.decoder_layers()
-        # ``residual`` is this step's own embedding output: the layers update it in place.
+        step = self._bound_steps.get(
+            kernel, panels, rows, kv_pool.num_layers, kv_pool.layer_caches(0)
+        )
+        if step is None:
+            caches = [kv_pool.layer_caches(i) for i in range(len(layers))]
+            k_caches, v_caches = [k for k, _ in caches], [v for _, v in caches]
+            step = self._bound_steps.put(self._bind_step(kernel, panels, rows, k_caches, v_caches))
+        k_caches, v_caches = step.k_caches, step.v_caches
         residual, normed = self._add_norm(residual, None, layers[0].input_layernorm)
-        normed = normed.contiguous()
-        qkv = torch.empty(rows, shape.qkv_width)
-        attn_out = torch.empty(rows, cfg.q_size)
-        scratch = torch.empty(shape.scratch_size(rows))
-        caches = [kv_pool.layer_caches(i) for i in range(len(layers))]
-        k_caches, v_caches = [k for k, _ in caches], [v for _, v in caches]
-        norms = [
-            (layer.post_attention_layernorm.weight, self._norm_after(i).weight)
-            for i, layer in enumerate(layers)
-        ]
-        eps = layers[0].post_attention_layernorm.eps
-        bound = kernel.bind(shape, panels, normed, qkv, cos, sin, slots, k_caches, v_caches,
-                            attn_out, residual, norms, eps, scratch)  # fmt: skip
-        q = qkv.view(rows, -1, d)[:, : cfg.num_heads]
-        attend = plan.bind_cpu_layers(q, k_caches, v_caches, attn_out.view(rows, -1, d))
+        step.load(residual, normed, cos, sin, attn.slot_mapping)
+        tiles = step.decode_tiles(attn)
+        plan = None
+        if tiles is not None:
+            assert step.decode is not None
+            step.decode.retarget(tiles)
+            attend: Callable[[int], None] | None = step.decode
+        else:
+            plan = self._plan_layers(attn, kv_pool.block_size)[0]
+            attend = plan.bind_cpu_layers(step.q, k_caches, v_caches, step.attn_view)
+        bound = step.layers
         captured: dict[int, torch.Tensor] = {}
         for i in range(len(layers)):
             bound.qkv(i)
             if attend is not None:
                 attend(i)
             else:
-                attn_out.copy_(plan.run(q, k_caches[i], v_caches[i]).reshape(rows, cfg.q_size))
+                assert plan is not None
+                out = plan.run(step.q, k_caches[i], v_caches[i])
+                step.attn_out.copy_(out.reshape(rows, -1))
             bound.mlp(i)
             if i in wanted:
-                captured[i] = residual.clone()
-        return normed, [captured[i] for i in layer_ids]
+                captured[i] = step.residual.clone()
+        # Copies: the buffers are the next step's.
+        return step.normed.clone(), [captured[i] for i in layer_ids]
+
+    def _bind_step(
+        self,
+        kernel: FusedLayerKernel[Any],
+        panels: tuple[Any, ...],
+        rows: int,
+        k_caches: list[torch.Tensor],
+        v_caches: list[torch.Tensor],
+    ) -> BoundStep:
+        cfg = self.config
+        shape = LayerShape(
+            cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.intermediate_size
+        )
+        layers = self.decoder_layers()
+        norms = [(layer.post_attention_layernorm, self._norm_after(i))
+                 for i, layer in enumerate(layers)]  # fmt: skip
+        eps = layers[0].post_attention_layernorm.eps
+        scale = layers[0].self_attn.scale
+        return BoundStep(kernel, panels, shape, rows, k_caches, v_caches, norms, eps,
+                         self.cpu_kernels.attention, scale)  # fmt: skip
 
     # ------------------------------------------------------------------ dense forward
     def forward_dense(

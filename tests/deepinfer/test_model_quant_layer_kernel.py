@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -50,6 +51,20 @@ def _decode_logits(model: LlamaModel, prompt: list[int], steps: int) -> list[tor
     return out
 
 
+class _CountingCalls:
+    """A kernel half (``NativeFunction``) that counts its calls."""
+
+    def __init__(self, fn: Any) -> None:
+        self.fn, self.calls = fn, 0
+
+    def __call__(self, *args: Any) -> Any:
+        self.calls += 1
+        return self.fn(*args)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.fn, name)
+
+
 @pytest.mark.parametrize("mix", list(MIXES))
 def test_decode_takes_the_fused_layer_and_matches_the_per_op_path(tmp_path: Path, mix: str) -> None:
     cfg = quant_config()
@@ -69,10 +84,15 @@ def test_decode_takes_the_fused_layer_and_matches_the_per_op_path(tmp_path: Path
         calls["n"] += 1
         return original(*args, **kwargs)
 
+    mlp = _CountingCalls(kernel._mlp)
     kernel.bind = counting_bind  # type: ignore[method-assign]
+    kernel._mlp = mlp  # type: ignore[assignment]
     prompt = [5, 9, 13, 2, 7]
     got, want = _decode_logits(fused, prompt, 6), _decode_logits(per_op, prompt, 6)
-    assert calls["n"] == 7  # the prefill (5 rows) and every decode step
+    # Bound once per batch size (the 5-row prefill, then one-row decode steps), and every
+    # step ran its layers on the compiled calls.
+    assert calls["n"] == 2
+    assert mlp.calls == 7 * cfg.num_layers
     for g, w in zip(got, want):
         torch.testing.assert_close(g, w, atol=1e-4, rtol=0)
     assert greedy_paged(fused, prompt, 10) == greedy_paged(per_op, prompt, 10)

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from deepinfer_kernels.cpu.decode_tiles import DecodeTiles
 from deepinfer_kernels.cpu.native import NativeFunction
 from deepinfer_kernels.cpu.sources import PAGED_ATTENTION_TILES
 
@@ -161,26 +162,30 @@ class BoundTiles:
         pages = page_ids.to(torch.int64).contiguous()
         kept = None if keep is None else keep.to(torch.bool).contiguous()
         # References: the call arguments are these tensors' addresses.
-        self._tensors = (q, out, pages, kept, *k_caches, *v_caches)
+        self._tensors = (q, out, *k_caches, *v_caches)
+        self._index = (pages, kept)
         self._fn = tiles.fn
-        self._rows = rows
+        self._rows, self._max_q = rows, max_q
+        self._num_blocks = min((int(k.shape[0]) for k in k_caches), default=0)
         self._args = [
-            _tile_args(
-                q,
-                None,
-                0,
-                k,
-                v,
-                pages,
-                kept,
-                out,
-                None,
-                num_tiles,
-                max_q,
-                num_pages,
-                key_len,
-                scale,
-                soft_cap,
+            list(
+                _tile_args(
+                    q,
+                    None,
+                    0,
+                    k,
+                    v,
+                    pages,
+                    kept,
+                    out,
+                    None,
+                    num_tiles,
+                    max_q,
+                    num_pages,
+                    key_len,
+                    scale,
+                    soft_cap,
+                )
             )
             for k, v in zip(k_caches, v_caches)
         ]
@@ -191,6 +196,44 @@ class BoundTiles:
     def __call__(self, layer: int) -> None:
         if self._rows and self._fn(*self._args[layer]):
             raise MemoryError("paged_attention_tiles could not allocate its score buffer")
+
+    def retarget(self, tiles: DecodeTiles) -> None:
+        """Attend over a decode step's tiles (:func:`plan_decode_tiles`) from now on: the
+        same ``q``, ``out`` and caches, new pages, mask and key length. A decode step of the
+        same batch differs from the last only there, so a model keeps one bound runner per
+        batch size and rewrites these five arguments instead of rebuilding every layer's."""
+        if self._max_q != 1 or tiles.num_tiles != self._rows:
+            raise ValueError(
+                f"tiles: expected {self._rows} one-query tiles (this runner's rows), got "
+                f"{tiles.num_tiles} of {self._max_q}-query rows"
+            )
+        if tiles.num_blocks > self._num_blocks:
+            raise ValueError(
+                f"tiles: ids checked against {tiles.num_blocks} blocks, the caches hold "
+                f"{self._num_blocks}"
+            )
+        pages = tiles.page_ids
+        keep = tiles.keep
+        if pages.dtype != torch.int64 or not pages.is_contiguous():
+            raise ValueError("tiles.page_ids: expected contiguous int64")
+        if pages.numel() != tiles.num_tiles * tiles.num_pages:
+            raise ValueError(f"tiles.page_ids: expected {tiles.num_tiles * tiles.num_pages} ids")
+        if keep is not None and (
+            keep.dtype != torch.bool
+            or not keep.is_contiguous()
+            or keep.numel() != tiles.num_tiles * tiles.key_len
+        ):
+            raise ValueError(f"tiles.keep: expected contiguous bool [{tiles.num_tiles}, 1, "
+                             f"{tiles.key_len}]")  # fmt: skip
+        self._index = (pages, keep)
+        pages_ptr, keep_ptr = pages.data_ptr(), None if keep is None else keep.data_ptr()
+        for args in self._args:
+            args[_PAGES], args[_KEEP] = pages_ptr, keep_ptr
+            args[_NUM_PAGES], args[_KEY_LEN] = tiles.num_pages, tiles.key_len
+
+
+# Positions in _tile_args of what a decode step changes (BoundTiles.retarget).
+_PAGES, _KEEP, _NUM_PAGES, _KEY_LEN = 6, 7, 12, 13
 
 
 def _tile_args(

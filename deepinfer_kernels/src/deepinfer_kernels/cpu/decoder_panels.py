@@ -90,12 +90,18 @@ class LayerWeightCache(Generic[W]):
     def is_current(self) -> bool:
         """Whether every projection still has the weight (same tensor, storage and version)
         and bias the weights were made from."""
-        return all(
-            params.get("weight") is weight
-            and params.get("bias") is bias
-            and weight_key(weight) == key
-            for params, weight, bias, key in self._sources
-        )
+        # A plain loop, no generator or helper call per projection: a model asks at every
+        # step (120 projections in SmolLM2-135M).
+        for params, weight, bias, (ptr, version) in self._sources:
+            if (
+                params.get("weight") is not weight
+                or params.get("bias") is not bias
+                or weight.data_ptr() != ptr
+                or (version and weight._version != version)
+                or (not version and not weight.is_inference() and weight._version)
+            ):
+                return False
+        return True
 
     def clear(self) -> None:
         """Forget the weights (the projections keep their own copies)."""

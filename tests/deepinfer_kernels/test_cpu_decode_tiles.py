@@ -1,0 +1,177 @@
+"""``plan_decode_tiles`` plans a decode batch exactly as the general planner does, and a bound
+tile runner re-pointed at it (``BoundTiles.retarget``) attends as ``PagedAttentionPlan.run``."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import deepinfer_kernels as dk
+from deepinfer_kernels.attention import torch_path
+from deepinfer_kernels.cpu import BoundTiles, PagedAttentionTiles, compiler_available
+from deepinfer_kernels.cpu.decode_tiles import (
+    SCORE_BUDGET,
+    SHORT_TILE,
+    DecodeTiles,
+    plan_decode_tiles,
+)
+
+
+@pytest.fixture(scope="module")
+def tiles(tmp_path_factory: pytest.TempPathFactory) -> PagedAttentionTiles:
+    if not compiler_available():
+        pytest.skip("no C compiler on this machine")
+    k = PagedAttentionTiles(tmp_path_factory.mktemp("kernels"), enabled=True)
+    assert k.available(), k.fn.error  # a machine with a compiler must build it
+    return k
+
+
+def test_budget_is_the_general_planners() -> None:
+    assert (SCORE_BUDGET, SHORT_TILE) == (torch_path._SCORE_BUDGET, torch_path._SHORT_TILE)
+
+
+def _batch(
+    seed: int, lens: list[int], block_size: int, spare: int
+) -> tuple[list[list[int]], int, torch.Tensor]:
+    """Shuffled block tables for ``lens`` (each with ``spare`` extra blocks) over one pool, the
+    pool's size, and the int32 table the general planner takes (unused columns hold garbage)."""
+    rng = random.Random(seed)
+    need = [-(-n // block_size) + spare for n in lens]
+    num_blocks = sum(need) + 3
+    ids = list(range(num_blocks))
+    rng.shuffle(ids)
+    tables, at = [], 0
+    for n in need:
+        tables.append(ids[at : at + n])
+        at += n
+    width = max(need)
+    table = torch.full((len(lens), width), 7, dtype=torch.int32)  # 7: garbage past the end
+    for b, t in enumerate(tables):
+        table[b, : len(t)] = torch.tensor(t, dtype=torch.int32)
+    return tables, num_blocks, table
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    lens=st.lists(st.integers(1, 70), min_size=1, max_size=6),
+    block_size=st.sampled_from([1, 4, 16]),
+    heads=st.sampled_from([(1, 1), (4, 2), (9, 3)]),
+    spare=st.integers(0, 2),
+    seed=st.integers(0, 100),
+)
+def test_equals_the_general_planners_tile_batch(
+    lens: list[int], block_size: int, heads: tuple[int, int], spare: int, seed: int
+) -> None:
+    tables, num_blocks, table = _batch(seed, lens, block_size, spare)
+    got = plan_decode_tiles(
+        tables, lens, block_size=block_size, num_blocks=num_blocks, num_q_heads=heads[0]
+    )
+    want = torch_path.plan_tile_batches(
+        table, lens, list(range(len(lens) + 1)), block_size=block_size, num_q_heads=heads[0],
+        num_kv_heads=heads[1], causal=True, window=0,
+    )  # fmt: skip
+    assert got is not None and len(want) == 1
+    tb = want[0]
+    assert (got.num_tiles, got.num_pages, got.key_len) == (tb.num_tiles, tb.num_pages, tb.key_len)
+    assert tb.max_q == 1 and got.num_blocks == num_blocks
+    assert torch.equal(got.page_ids, tb.page_ids)
+    if tb.keep is None:
+        assert got.keep is None
+    else:
+        assert got.keep is not None and torch.equal(got.keep, tb.keep)
+
+
+def test_a_batch_the_general_planner_splits_is_left_to_it() -> None:
+    lens, heads = [20000] * 8, 16
+    tables, num_blocks, table = _batch(0, lens, 16, 0)
+    want = torch_path.plan_tile_batches(
+        table, lens, list(range(9)), block_size=16, num_q_heads=heads, num_kv_heads=4,
+        causal=True, window=0,
+    )  # fmt: skip
+    assert len(want) > 1
+    assert plan_decode_tiles(tables, lens, block_size=16, num_blocks=num_blocks,
+                             num_q_heads=heads) is None  # fmt: skip
+    # One sequence is never split.
+    assert plan_decode_tiles(tables[:1], lens[:1], block_size=16, num_blocks=num_blocks,
+                             num_q_heads=heads) is not None  # fmt: skip
+
+
+def test_bad_metadata_is_refused_by_name() -> None:
+    kw = {"block_size": 4, "num_blocks": 3, "num_q_heads": 2}
+    with pytest.raises(ValueError, match="block_tables"):
+        plan_decode_tiles([], [], **kw)
+    with pytest.raises(ValueError, match="seq_lens"):
+        plan_decode_tiles([[0]], [0], **kw)
+    with pytest.raises(ValueError, match=r"block_tables\[0\]: 1 blocks"):
+        plan_decode_tiles([[0]], [5], **kw)
+    with pytest.raises(ValueError, match=r"block_tables\[1\]: a block id outside"):
+        plan_decode_tiles([[0], [1, 3]], [1, 5], **kw)
+    with pytest.raises(ValueError, match="outside"):
+        plan_decode_tiles([[-1]], [1], **kw)
+
+
+@settings(max_examples=15, deadline=None)
+@given(
+    steps=st.lists(st.lists(st.integers(1, 40), min_size=3, max_size=3), min_size=1, max_size=3),
+    block_size=st.sampled_from([4, 16]),
+    seed=st.integers(0, 100),
+)
+def test_retargeted_runner_attends_as_the_plan(
+    tiles: PagedAttentionTiles, steps: list[list[int]], block_size: int, seed: int
+) -> None:
+    """One runner bound for 3 rows over two layers, re-pointed at several decode steps, writes
+    exactly what each step's plan returns."""
+    hq, hkv, d, rows = 4, 2, 32, 3
+    g = torch.Generator().manual_seed(seed)
+    pool = 3 * (-(-40 // block_size)) + 3
+    layers = [
+        (torch.randn(pool, block_size, hkv, d, generator=g),
+         torch.randn(pool, block_size, hkv, d, generator=g))
+        for _ in range(2)
+    ]  # fmt: skip
+    q, out = torch.empty(rows, hq, d), torch.empty(rows, hq, d)
+    first = plan_decode_tiles([[0]] * rows, [1] * rows, block_size=block_size, num_blocks=pool,
+                              num_q_heads=hq)  # fmt: skip
+    assert first is not None
+    bound = BoundTiles(
+        tiles, q, [k for k, _ in layers], [v for _, v in layers], out, page_ids=first.page_ids,
+        keep=first.keep, num_tiles=rows, max_q=1, num_pages=first.num_pages,
+        key_len=first.key_len, scale=d**-0.5, soft_cap=0.0,
+    )  # fmt: skip
+    for i, lens in enumerate(steps):
+        tables, _, table = _batch(seed + i, lens, block_size, 0)
+        decode = plan_decode_tiles(tables, lens, block_size=block_size, num_blocks=pool,
+                                   num_q_heads=hq)  # fmt: skip
+        assert decode is not None
+        bound.retarget(decode)
+        plan = dk.plan_paged_attention(
+            table, torch.tensor(lens, dtype=torch.int32),
+            torch.arange(rows + 1, dtype=torch.int32), block_size=block_size, num_q_heads=hq,
+            num_kv_heads=hkv, head_dim=d, scale=d**-0.5, cpu_kernel=tiles,
+        )  # fmt: skip
+        with torch.inference_mode():
+            for layer, (k, v) in enumerate(layers):
+                q.normal_(generator=g)
+                bound(layer)
+                assert torch.equal(out, plan.run(q, k, v))
+
+
+def test_retarget_refuses_tiles_of_another_batch(tiles: PagedAttentionTiles) -> None:
+    k, v = torch.randn(2, 4, 1, 8), torch.randn(2, 4, 1, 8)
+    q, out = torch.randn(1, 2, 8), torch.empty(1, 2, 8)
+    pages = torch.zeros(1, dtype=torch.int64)
+    bound = BoundTiles(tiles, q, [k], [v], out, page_ids=pages, keep=None, num_tiles=1, max_q=1,
+                       num_pages=1, key_len=1, scale=1.0, soft_cap=0.0)  # fmt: skip
+    two = plan_decode_tiles([[0], [1]], [1, 1], block_size=4, num_blocks=2, num_q_heads=2)
+    assert two is not None
+    with pytest.raises(ValueError, match="tiles: expected 1 one-query tiles"):
+        bound.retarget(two)
+    bigger = DecodeTiles(pages, None, 1, 1, 1, num_blocks=3)
+    with pytest.raises(ValueError, match="checked against 3 blocks"):
+        bound.retarget(bigger)
+    with pytest.raises(ValueError, match="page_ids"):
+        bound.retarget(DecodeTiles(pages.int(), None, 1, 1, 1, num_blocks=2))
