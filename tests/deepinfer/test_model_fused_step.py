@@ -1,0 +1,81 @@
+"""The compiled layer's calls bound once per batch size (``deepinfer.models.fused_step``): reused
+between steps without changing what a step computes, and re-bound when what they point at
+changes (another KV pool, a replaced norm weight)."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+import torch
+from model_helpers import one_thread
+from quant_helpers import quant_config, write_quant_gguf
+
+from deepinfer.models import AttentionMetadata, KVPool, LlamaModel
+from deepinfer.models.gguf_model import load_gguf_model
+from deepinfer_kernels.cpu import compiler_available
+
+pytestmark = pytest.mark.skipif(not compiler_available(), reason="no C compiler")
+_threads = pytest.fixture(scope="module", autouse=True)(one_thread)
+
+TYPES = {"attn_q": "Q4_0", "attn_k": "Q4_1", "attn_v": "Q8_0", "attn_output": "Q4_1",
+         "ffn_gate": "Q4_0", "ffn_up": "Q4_1", "ffn_down": "Q8_0", "token_embd": "Q8_0"}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_quant_gguf(tmp_path_factory.mktemp("gguf") / "m.gguf", quant_config(), TYPES, 5)
+
+
+def _per_op(model: LlamaModel) -> LlamaModel:
+    model.use_cpu_kernels(dataclasses.replace(model.cpu_kernels, quant_layer=None))
+    return model
+
+
+class Decoder:
+    """Greedy one-row decoding of one prompt on its own pool."""
+
+    def __init__(self, model: LlamaModel, prompt: list[int]) -> None:
+        self.model, self.feed, self.done = model, list(prompt), 0
+        self.pool = KVPool.for_model(model.config, 4, 16)
+        self.table = self.pool.allocate(4)
+
+    def step(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(final hidden rows, logits of the last row) of one forward."""
+        attn = AttentionMetadata.build([self.table], [self.done + len(self.feed)],
+                                       [len(self.feed)], 16)  # fmt: skip
+        with torch.inference_mode():
+            hidden = self.model(torch.tensor(self.feed), attn.positions(), attn, self.pool)
+            logits = self.model.compute_logits(hidden[-1])
+        self.done += len(self.feed)
+        self.feed = [int(logits.argmax())]
+        return hidden, logits
+
+
+def test_interleaved_pools_and_kept_outputs_match_the_per_op_path(path: Path) -> None:
+    """Two requests on two pools take turns at the same batch size (the bound step is re-bound
+    to each pool), and a step's returned hidden states are not changed by the next step."""
+    fused, ref = load_gguf_model(path), _per_op(load_gguf_model(path))
+    runs = [(Decoder(fused, p), Decoder(ref, p)) for p in ([5, 9, 13], [2, 7])]
+    kept: list[tuple[torch.Tensor, torch.Tensor]] = []
+    for _ in range(5):
+        for got, want in runs:
+            (h, g), (h_ref, w) = got.step(), want.step()
+            torch.testing.assert_close(g, w, atol=1e-4, rtol=0)
+            torch.testing.assert_close(h, h_ref, atol=1e-4, rtol=0)
+            kept.append((h, h.clone()))
+    for h, copy in kept:
+        assert torch.equal(h, copy)
+
+
+def test_a_replaced_norm_weight_is_bound_again(path: Path) -> None:
+    fused, ref = load_gguf_model(path), _per_op(load_gguf_model(path))
+    a, b = Decoder(fused, [3, 4]), Decoder(ref, [3, 4])
+    for _ in range(2):
+        torch.testing.assert_close(a.step()[1], b.step()[1], atol=1e-4, rtol=0)
+    for model in (fused, ref):
+        norm = model.decoder_layers()[1].post_attention_layernorm
+        norm.weight = torch.nn.Parameter(torch.linspace(0.5, 1.5, norm.weight.numel()))
+    for _ in range(2):
+        torch.testing.assert_close(a.step()[1], b.step()[1], atol=1e-4, rtol=0)
