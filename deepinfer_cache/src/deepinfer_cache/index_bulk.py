@@ -22,20 +22,94 @@ import numpy as np
 from .index import _NONE, EXPIRY_BUCKET, PrefixIndex
 
 
-@dataclass
 class RecoveredColumns:
-    """Blocks a durable tier found on open, as parallel lists."""
+    """Blocks a durable tier found on open, as parallel columns: ``keys`` and either the lists
+    ``parents``, ``retention``, ``expires`` (the latest persisted expiry of each block) and
+    ``tenants``, or their numpy forms when the tier has them at hand (a manifest):
+    ``parent_array`` / ``tenant_array`` ("S16", bytes ignored where ``has_parent`` /
+    ``has_tenant`` is false), ``retention_codes`` indexing ``retention_names``,
+    ``expires_array``. A list asked for is built from the arrays on first use; ``bulk_load``
+    reads the arrays directly. ``key_pos`` (``key -> position``), when given, becomes the
+    index's own key map instead of building another one."""
 
-    keys: list[bytes]
-    parents: list[bytes | None]
-    retention: list[str]
-    expires: list[float]  # the latest persisted expiry of each block
-    tenants: list[bytes | None]
-    # Optional numpy forms of keys/parents ("S16"; parent bytes ignored where not
-    # has_parent), when the tier has them at hand (a manifest): saves joining the lists.
-    key_array: np.ndarray | None = None
-    parent_array: np.ndarray | None = None
-    has_parent: np.ndarray | None = None
+    def __init__(
+        self,
+        keys: list[bytes],
+        parents: list[bytes | None] | None = None,
+        retention: list[str] | None = None,
+        expires: list[float] | None = None,
+        tenants: list[bytes | None] | None = None,
+        *,
+        key_array: np.ndarray | None = None,
+        parent_array: np.ndarray | None = None,
+        has_parent: np.ndarray | None = None,
+        tenant_array: np.ndarray | None = None,
+        has_tenant: np.ndarray | None = None,
+        retention_codes: np.ndarray | None = None,
+        retention_names: list[str] | None = None,
+        expires_array: np.ndarray | None = None,
+        key_pos: dict[bytes, int] | None = None,
+    ) -> None:
+        self.keys = keys
+        self._parents = parents
+        self._retention = retention
+        self._expires = expires
+        self._tenants = tenants
+        self.key_array = key_array
+        self.parent_array = parent_array
+        self.has_parent = has_parent
+        self.tenant_array = tenant_array
+        self.has_tenant = has_tenant
+        self.retention_codes = retention_codes
+        self.retention_names = retention_names
+        self.expires_array = expires_array
+        self.key_pos = key_pos
+        if parents is None and (parent_array is None or has_parent is None):
+            raise ValueError("RecoveredColumns needs parents or parent_array and has_parent")
+        if retention is None and (retention_codes is None or retention_names is None):
+            raise ValueError("RecoveredColumns needs retention or retention_codes and names")
+        if expires is None and expires_array is None:
+            raise ValueError("RecoveredColumns needs expires or expires_array")
+        if tenants is None and (tenant_array is None or has_tenant is None):
+            raise ValueError("RecoveredColumns needs tenants or tenant_array and has_tenant")
+
+    @staticmethod
+    def _optional(values: np.ndarray, present: np.ndarray) -> list[bytes | None]:
+        raw = np.ascontiguousarray(values).view("V16").tolist()
+        out: list[bytes | None] = raw
+        for i in np.flatnonzero(~present).tolist():
+            out[i] = None
+        return out
+
+    @property
+    def parents(self) -> list[bytes | None]:
+        if self._parents is None:
+            assert self.parent_array is not None and self.has_parent is not None
+            self._parents = self._optional(self.parent_array, self.has_parent)
+        return self._parents
+
+    @property
+    def tenants(self) -> list[bytes | None]:
+        if self._tenants is None:
+            assert self.tenant_array is not None and self.has_tenant is not None
+            self._tenants = self._optional(self.tenant_array, self.has_tenant)
+        return self._tenants
+
+    @property
+    def retention(self) -> list[str]:
+        if self._retention is None:
+            assert self.retention_codes is not None and self.retention_names is not None
+            self._retention = list(
+                map(self.retention_names.__getitem__, self.retention_codes.tolist())
+            )
+        return self._retention
+
+    @property
+    def expires(self) -> list[float]:
+        if self._expires is None:
+            assert self.expires_array is not None
+            self._expires = self.expires_array.tolist()
+        return self._expires
 
 
 @dataclass
@@ -65,7 +139,9 @@ def bulk_load(index: PrefixIndex, tier: int, cols: RecoveredColumns, now: float)
     t = index._check_tier(tier)
     n = len(cols.keys)
     par = _parent_positions(cols)  # -1: a first block, -2: the parent is not there
-    exp = np.asarray(cols.expires, dtype=np.float64)
+    exp = np.asarray(
+        cols.expires_array if cols.expires_array is not None else cols.expires, dtype=np.float64
+    )
     idx = np.arange(n, dtype=np.int64)
     # Pointer jumping: ``up`` doubles its reach each round while ``dead`` ORs and ``depth``
     # sums along the path, so after log2(depth) rounds every block knows the top of its
@@ -114,18 +190,7 @@ def bulk_load(index: PrefixIndex, tier: int, cols: RecoveredColumns, now: float)
     nchildren = np.bincount(parent[has_p], minlength=m) if m else np.zeros(0, np.int64)
 
     # Retention classes.
-    known = index.retention.ttls
-    kret = cols.retention if m == n else [cols.retention[i] for i in kept.tolist()]
-    unknown: dict[str, int] = {}
-    for r in set(kret):
-        index._class(r)
-        if r not in known:
-            unknown[r] = 0
-    if unknown:
-        for r in kret:
-            if r in unknown:
-                unknown[r] += 1
-    ret = np.fromiter(map(index._class_id.__getitem__, kret), dtype=np.uint16, count=m)
+    ret, unknown = _retention_ids(index, cols, kept, m == n)
 
     # LRU: older expiry first, deeper first on ties (leaves before their ancestors).
     lru = np.lexsort((-depth[kept], kexp)) if m else np.zeros(0, np.int64)
@@ -136,8 +201,14 @@ def bulk_load(index: PrefixIndex, tier: int, cols: RecoveredColumns, now: float)
         lru_next[lru[:-1]] = lru[1:]
 
     kkeys = keys if m == n else [keys[i] for i in kept.tolist()]
-    index._ids = dict(zip(kkeys, range(m)))
-    index._keys = bytearray(b"".join(kkeys))
+    if m == n and cols.key_pos is not None and len(cols.key_pos) == n:
+        index._ids = cols.key_pos  # handed over: the same key -> position map
+    else:
+        index._ids = dict(zip(kkeys, range(m)))
+    if m == n and cols.key_array is not None:
+        index._keys = bytearray(np.ascontiguousarray(cols.key_array).tobytes())
+    else:
+        index._keys = bytearray(b"".join(kkeys))
     index._alive = bytearray(b"\x01" * m)
     index._parent = _q(parent)
     index._first_child = _q(first_child)
@@ -172,12 +243,45 @@ def bulk_load(index: PrefixIndex, tier: int, cols: RecoveredColumns, now: float)
     index._tail[t] = int(lru[-1]) if m else _NONE
     index._count[t] = m
 
-    tenants = {
-        keys[i]: ten
-        for i in np.flatnonzero(keep & (par == -1)).tolist()
-        if (ten := cols.tenants[i]) is not None
-    }
+    firsts = np.flatnonzero(keep & (par == -1)).tolist()
+    if cols.tenant_array is not None and cols.has_tenant is not None:
+        tarr, has_t = cols.tenant_array, cols.has_tenant
+        tenants = {keys[i]: tarr[i : i + 1].tobytes() for i in firsts if has_t[i]}
+    else:
+        tenants = {keys[i]: ten for i in firsts if (ten := cols.tenants[i]) is not None}
     return BulkResult(orphans, expired, unknown, tenants)
+
+
+def _retention_ids(
+    index: PrefixIndex, cols: RecoveredColumns, kept: np.ndarray, all_kept: bool
+) -> tuple[np.ndarray, dict[str, int]]:
+    """Each kept block's retention class id in ``index``, and the classes its policy does not
+    name with their block counts."""
+    known = index.retention.ttls
+    unknown: dict[str, int] = {}
+    if cols.retention_codes is not None and cols.retention_names is not None:
+        codes = cols.retention_codes if all_kept else cols.retention_codes[kept]
+        names = cols.retention_names
+        counts = np.bincount(codes.astype(np.int64), minlength=len(names))
+        lut = np.zeros(max(1, len(names)), dtype=np.uint16)
+        for c, name in enumerate(names):
+            if not counts[c]:
+                continue
+            lut[c] = index._class(name)
+            if name not in known:
+                unknown[name] = int(counts[c])
+        return lut[codes], unknown
+    kret = cols.retention if all_kept else [cols.retention[i] for i in kept.tolist()]
+    for r in set(kret):
+        index._class(r)
+        if r not in known:
+            unknown[r] = 0
+    if unknown:
+        for r in kret:
+            if r in unknown:
+                unknown[r] += 1
+    ret = np.fromiter(map(index._class_id.__getitem__, kret), dtype=np.uint16, count=len(kret))
+    return ret, unknown
 
 
 def _parent_positions(cols: RecoveredColumns) -> np.ndarray:

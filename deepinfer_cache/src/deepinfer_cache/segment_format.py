@@ -29,6 +29,7 @@ import os
 import struct
 import zlib
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -110,6 +111,15 @@ class Geometry:
             "slot_bytes": self.slot_bytes,
         }
 
+    @cached_property
+    def header_json_parts(self) -> tuple[bytes, bytes]:
+        """The segment header's JSON before and after the segment id (see
+        ``encode_segment_header``): ``{**doc(), "segment": id}`` with sorted keys."""
+        marker = "\x00segment-id\x00"
+        text = json.dumps({**self.doc(), "segment": marker}, separators=(",", ":"), sort_keys=True)
+        before, _, after = text.partition(json.dumps(marker))
+        return before.encode(), after.encode()
+
     def check(self, doc: dict[str, Any], what: str) -> None:
         try:
             same = (
@@ -159,8 +169,15 @@ def _decode_json_header(
 
 
 def encode_segment_header(geometry: Geometry, segment: int) -> bytes:
-    doc = {**geometry.doc(), "segment": segment}
-    head = _encode_json_header(SEGMENT_MAGIC, doc, pad_to=SEGMENT_HEADER_BYTES)
+    # The JSON around the segment id is the same for every segment of a geometry: it is
+    # encoded once (a reopen checks thousands of headers), and the id is spliced in as the
+    # decimal ``json.dumps`` writes for an int.
+    before, after = geometry.header_json_parts
+    body = before + str(int(segment)).encode() + after
+    fixed = _PREFIX.size + _CRC.size
+    body += b" " * (-(fixed + len(body)) % SEGMENT_HEADER_BYTES)
+    head = _PREFIX.pack(SEGMENT_MAGIC, SEGMENT_VERSION, len(body)) + body
+    head += _CRC.pack(zlib.crc32(head))
     if len(head) != SEGMENT_HEADER_BYTES:
         raise ValueError("page shape too long for the segment header")
     return head

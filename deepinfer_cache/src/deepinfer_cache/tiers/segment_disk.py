@@ -33,7 +33,7 @@ import contextlib
 import os
 import queue
 import threading
-from collections import Counter, deque
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -50,6 +50,7 @@ from ..segment_format import (
     slot_bytes_for,
     slot_offset,
 )
+from ._locations import LocationTable
 from .base import BlockMeta, check_page_shape, page_nbytes
 from .dir_hygiene import clear_tmp, ensure_dir, move_aside, quarantine_odd
 from .disk import DiskCounters
@@ -60,7 +61,7 @@ from .disk_formats import (
     migrate_files_to_segments,
 )
 from .segment_maintenance import SegmentMaintenance
-from .segment_open import Rec, load_segments
+from .segment_open import load_segments
 from .segment_read import SegmentReads
 from .segment_write import SegmentWrites, _Segment
 
@@ -146,7 +147,7 @@ class SegmentDiskTier(SegmentWrites, SegmentReads, SegmentMaintenance):
         self._lock = threading.Lock()
         self._sync_lock = threading.Lock()
         self._manifest_lock = threading.Lock()
-        self._loc: dict[bytes, Rec] = {}
+        self._loc = LocationTable()
         self._pending: dict[bytes, tuple[int, torch.Tensor, int, int, BlockMeta]] = {}
         self._touches: dict[bytes, float] = {}
         self._unsynced: list[tuple[bytes, int, int, int, BlockMeta, int]] = []
@@ -202,11 +203,11 @@ class SegmentDiskTier(SegmentWrites, SegmentReads, SegmentMaintenance):
         c.manifest_rejected += st.manifest_rejected
         c.segments_retired += st.segments_retired
         c.tail_records_scanned += st.tail_records
-        self._loc = st.loc
+        self._loc = st.table
         self._next_segment = st.next_segment
         for sid, n in st.slots.items():
             self._segments[sid] = _Segment(sid, os.path.join(self._segdir, segment_name(sid)), n)
-        for sid, live in Counter([r[0] for r in self._loc.values()]).items():
+        for sid, live in self._loc.live_per_segment().items():
             self._segments[sid].live = live
         self._columns = st.columns
         self._recovered = list(self._loc)

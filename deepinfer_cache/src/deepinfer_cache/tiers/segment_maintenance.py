@@ -20,7 +20,6 @@ import numpy as np
 
 from ..disk_format import page_bytes_view
 from ..segment_format import (
-    MANIFEST_DTYPE,
     RECORD_HEADER_BYTES,
     Geometry,
     Manifest,
@@ -29,9 +28,9 @@ from ..segment_format import (
     slot_offset,
     write_manifest_file,
 )
+from ._locations import LocationTable
 from ._segment_io import pwrite_all as _pwrite_all
 from .base import BlockMeta
-from .segment_open import Rec
 
 if TYPE_CHECKING:
     import torch
@@ -55,7 +54,7 @@ class SegmentMaintenance:
         _manifest_lock: threading.Lock
         _manifest: str
         _tmp: str
-        _loc: dict[bytes, Rec]
+        _loc: LocationTable
         _segments: dict[int, _Segment]
         _active: _Segment | None
         _next_segment: int
@@ -92,7 +91,7 @@ class SegmentMaintenance:
     def _compact(self, old: _Segment) -> int:
         """Copy ``old``'s live records to the active segment, then retire ``old``."""
         with self._lock:
-            todo = [(k, r) for k, r in self._loc.items() if r[0] == old.id]
+            todo = self._loc.in_segment(old.id)
         moved = 0
         for key, r in todo:
             page = self.get(key)  # verified; a corrupt record is dropped and counted
@@ -149,7 +148,7 @@ class SegmentMaintenance:
                     return True
                 changed, self._changed = self._changed, 0
                 invalid, self._invalid = self._invalid, []
-                items = list(self._loc.items())
+                snap = self._loc.snapshot()
                 covered = {
                     s.id: (min(s.open_slots) if s.open_slots else s.slots)
                     for s in self._segments.values()
@@ -157,23 +156,7 @@ class SegmentMaintenance:
                 # Segments with a write still in flight: only their prefix below it is covered.
                 open_from = {s.id: covered[s.id] for s in self._segments.values() if s.open_slots}
                 next_segment = self._next_segment
-            classes = sorted({r[4] for _, r in items})
-            cls_id = {c: i for i, c in enumerate(classes)}
-            rows = np.zeros(len(items), dtype=MANIFEST_DTYPE)
-            if items:
-                rows["key"] = np.frombuffer(b"".join(k for k, _ in items), np.uint8).reshape(-1, 16)
-                rows["parent"] = np.frombuffer(
-                    b"".join(r[2] or bytes(16) for _, r in items), np.uint8
-                ).reshape(-1, 16)
-                rows["tenant"] = np.frombuffer(
-                    b"".join(r[3] or bytes(16) for _, r in items), np.uint8
-                ).reshape(-1, 16)
-                rows["flags"] = [(r[2] is not None) | (r[3] is not None) << 1 for _, r in items]
-                rows["cls"] = [cls_id[r[4]] for _, r in items]
-                rows["segment"] = [r[0] for _, r in items]
-                rows["slot"] = [r[1] for _, r in items]
-                rows["expires"] = [r[5] for _, r in items]
-                rows["xxh3"] = [r[6] for _, r in items]
+            rows, classes = self._loc.manifest_rows(snap)
             rows = _within_covered(rows, open_from)
             head, body = encode_manifest(
                 self.geometry, Manifest(next_segment, covered, classes, rows)

@@ -34,7 +34,7 @@ from ..segment_format import (
     is_blank,
     slot_offset,
 )
-from .segment_open import Rec
+from ._locations import LocationTable, Rec
 
 _HOT_BYTES = 1 << 20  # bytes read per preadv before they are checked (fits a core's L2)
 
@@ -56,7 +56,7 @@ class SegmentReads:
         counters: SegmentCounters
         _lock: threading.Lock
         _pending: dict[bytes, tuple[int, torch.Tensor, int, int, Any]]
-        _loc: dict[bytes, Rec]
+        _loc: LocationTable
         _segments: dict[int, _Segment]
         _invalid: list[tuple[int, int]]
         _changed: int

@@ -33,9 +33,9 @@ from ..segment_format import (
     segment_name,
     slot_offset,
 )
+from ._locations import LocationTable
 from ._segment_io import pwrite_all as _pwrite_all
 from .base import BlockMeta, check_key, check_page
-from .segment_open import Rec
 
 if TYPE_CHECKING:
     from .segment_disk import SegmentCounters
@@ -84,7 +84,7 @@ class SegmentWrites:
         _sync_lock: threading.Lock
         _segdir: str
         _tmp: str
-        _loc: dict[bytes, Rec]
+        _loc: LocationTable
         _pending: dict[bytes, tuple[int, torch.Tensor, int, int, BlockMeta]]
         _touches: dict[bytes, float]
         _unsynced: list[tuple[bytes, int, int, int, BlockMeta, int]]
