@@ -13,6 +13,7 @@ Example::
         print([out.new_token_ids for out in engine.step()])
 """
 
+from deepinfer.engine.client import EngineClient, LocalClient
 from deepinfer.engine.config import EngineConfig, SpeculativeConfig
 from deepinfer.engine.engine import LLMEngine
 from deepinfer.engine.logits_processor import LogitsProcessor
@@ -23,8 +24,10 @@ from deepinfer.engine.structured_params import StructuredOutputsParams
 
 __all__ = [
     "CompletionOutput",
+    "EngineClient",
     "EngineConfig",
     "LLMEngine",
+    "LocalClient",
     "LogitsProcessor",
     "Logprob",
     "PrefixCache",
