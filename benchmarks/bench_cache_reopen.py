@@ -2,6 +2,12 @@
 block-by-block rebuild it replaces, measured in the same process.
 
     .venv/bin/python benchmarks/bench_cache_reopen.py [--blocks 1000000] [--dir /path/on/ssd]
+        [--ab REV] [--rounds 3]
+
+``--ab REV`` also reopens the same directory with the package as it was at git revision REV
+(``git archive``, imported as ``deepinfer_cache_ab``), alternating old and new in ``--rounds``
+rounds in this one process, and prints the old/new ratio of the process CPU per reopen (tier +
+index) as a range: on a loaded machine the wall clock of one reopen says little.
 
 The directory is synthesised with the tier's own format code: a manifest listing every block
 (chains of 1203 blocks, a 77k-token prompt at block size 64) and sparse segment files of the
@@ -16,6 +22,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import sys
 import tempfile
 import time
 
@@ -80,6 +87,8 @@ def main() -> None:
     ap.add_argument("--blocks", type=int, default=1_000_000)
     ap.add_argument("--dir", default=None)
     ap.add_argument("--compare", type=int, default=100_000, help="blocks for the old-path ratio")
+    ap.add_argument("--ab", metavar="REV", help="also reopen with the package at git REV")
+    ap.add_argument("--rounds", type=int, default=3, help="alternated rounds for --ab")
     args = ap.parse_args()
     base = tempfile.mkdtemp(prefix="bench_reopen_", dir=args.dir)
     try:
@@ -101,6 +110,8 @@ def main() -> None:
                 f"{t_tier + t_index:.2f} s"
             )
             store.close()
+        if args.ab:
+            _ab(args.ab, d, args.blocks, args.rounds)
         # Same-process ratio against the block-by-block rebuild (the DiskTier path).
         m = min(args.compare, args.blocks)
         tier = SegmentDiskTier(d, PAGE, torch.bfloat16, 1 << 62)
@@ -150,6 +161,41 @@ def main() -> None:
         )
     finally:
         shutil.rmtree(base, ignore_errors=True)
+
+
+def _reopen(pkg, d: str, n: int) -> tuple[float, float]:
+    """(wall, process CPU) of one reopen (tier + index) with package ``pkg``."""
+    t0, c0 = time.perf_counter(), time.process_time()
+    tier = pkg.SegmentDiskTier(d, PAGE, torch.bfloat16, 1 << 62)
+    store = pkg.TieredKVStore([tier], block_size=64, persist_on_close=False)
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    assert len(store.index) == n, len(store.index)
+    store.close()
+    return wall, cpu
+
+
+def _ab(rev: str, d: str, n: int, rounds: int) -> None:
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from bench_cache_index import _baseline_package
+
+    import deepinfer_cache as new_pkg
+
+    old_pkg = _baseline_package(rev)
+    got: dict[str, list[tuple[float, float]]] = {"old": [], "new": []}
+    for _ in range(rounds):
+        for label, pkg in (("old", old_pkg), ("new", new_pkg)):
+            got[label].append(_reopen(pkg, d, n))
+    ratios = [o[1] / w[1] for o, w in zip(got["old"], got["new"])]
+
+    def span(label: str, i: int) -> str:
+        xs = [x[i] for x in got[label]]
+        return f"{min(xs):.2f}-{max(xs):.2f} s"
+
+    print(
+        f"A/B reopen of {n:,} blocks, {rounds} alternated rounds: {rev} {span('old', 1)} CPU "
+        f"({span('old', 0)} wall), now {span('new', 1)} CPU ({span('new', 0)} wall); "
+        f"old/new CPU per round {min(ratios):.2f}-{max(ratios):.2f}x"
+    )
 
 
 if __name__ == "__main__":

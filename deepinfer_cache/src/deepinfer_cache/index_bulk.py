@@ -312,10 +312,20 @@ def _parent_positions(cols: RecoveredColumns) -> np.ndarray:
             (pos.get(p, -2) if p is not None else -1 for p in cols.parents), np.int64, n
         )
         return found_at
-    j = np.minimum(np.searchsorted(sk, phi), n - 1)
-    cand = order[j]
-    found = (sk[j] == phi) & (keys[cand] == parents)
-    return np.where(has, np.where(found, cand, -2), -1).astype(np.int64)
+    out = np.where(has, -2, -1).astype(np.int64)
+    # A chain is usually stored parent first, so most parents are the row just before: those
+    # are settled by one comparison, and only the rest are searched (random probes into a
+    # million sorted keys are what the search costs).
+    prev = np.zeros(n, dtype=bool)
+    prev[1:] = has[1:] & (parents[1:] == keys[:-1])
+    out[1:][prev[1:]] = np.arange(n - 1, dtype=np.int64)[prev[1:]]
+    rest = np.flatnonzero(has & ~prev)
+    if len(rest):
+        j = np.minimum(np.searchsorted(sk, phi[rest]), n - 1)
+        cand = order[j]
+        found = (sk[j] == phi[rest]) & (keys[cand] == parents[rest])
+        out[rest[found]] = cand[found]
+    return out
 
 
 @contextlib.contextmanager
