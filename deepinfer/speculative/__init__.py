@@ -20,12 +20,11 @@ from deepinfer.speculative.factory import (
     SHIPPED_DRAFTER,
     SpeculativeSpec,
     build_speculator,
-    fastest_linear,
-    load_sts,
     profile_target_sps,
-    time_draft,
 )
-from deepinfer.speculative.speculator import DSparkSpeculator, SpecStats
+from deepinfer.speculative.speculator import DSparkSpeculator
+from deepinfer_spec import SpecStats, fastest_linear, time_draft
+from deepinfer_spec.training import load_sts
 
 __all__ = [
     "SHIPPED_DRAFTER",

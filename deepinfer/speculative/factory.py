@@ -14,10 +14,7 @@
 
 from __future__ import annotations
 
-import json
 import os
-import statistics
-import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -34,19 +31,18 @@ from deepinfer_spec import (
     DraftGate,
     DSparkDrafter,
     FixedGammaScheduler,
-    LinearFn,
     PrefixScheduler,
     SPSCurve,
     VerifyScheduler,
     draft_bound,
+    fastest_linear,
     module_linear,
     profile_sps,
-    propose,
+    time_draft,
 )
-from deepinfer_spec.training import load_drafter
+from deepinfer_spec.training import load_drafter, load_sts
 
 SHIPPED_DRAFTER = Path(__file__).resolve().parents[1] / "data" / "dspark-smollm2"
-STS_FILE = "sts.json"
 
 SpeculativeSpec = (
     str | os.PathLike[str] | SpeculativeConfig | DSparkDrafter | DSparkSpeculator | None
@@ -94,84 +90,6 @@ def profile_target_sps(
         return profile_sps(lambda b: forward(context, b), sizes, repeats, warmup, synchronize=sync)
     finally:
         pool.free(blocks)
-
-
-@torch.no_grad()
-def time_draft(drafter: DSparkDrafter, repeats: int = 3, num_tokens: int | None = None) -> float:
-    """Median seconds of one greedy :func:`~deepinfer_spec.propose` for one row over a full
-    context window (what a drafting decode step adds for the drafter itself); ``num_tokens``
-    draws only that many positions (``None``: all ``gamma``)."""
-    weight = drafter.context_proj.weight
-    window = drafter.config.window
-    # The speculator's form of the context: the ring's keys and values.
-    context = torch.zeros(
-        1, window, drafter.context_kv_dim, dtype=weight.dtype, device=weight.device
-    )
-    valid = torch.ones(1, window, dtype=torch.bool, device=weight.device)
-    anchor = torch.zeros(1, dtype=torch.int64, device=weight.device)
-    sync = torch.cuda.synchronize if weight.device.type == "cuda" else None
-    times = []
-    for _ in range(repeats + 1):  # the first call warms up
-        if sync is not None:
-            sync()
-        start = time.perf_counter()
-        propose(
-            drafter,
-            anchor,
-            context,
-            valid,
-            temperature=0.0,
-            context_is_kv=True,
-            num_tokens=num_tokens,
-        )
-        if sync is not None:
-            sync()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times[1:])
-
-
-@torch.no_grad()
-def fastest_linear(
-    drafter: DSparkDrafter, candidates: Sequence[LinearFn], repeats: int = 3
-) -> LinearFn:
-    """The candidate :class:`~deepinfer_spec.LinearFn` under which one greedy proposal
-    (:func:`time_draft`) is fastest on this machine; the drafter's own product is left as it was.
-
-    Candidates are timed alternately, ``repeats`` rounds, and compared by their fastest round:
-    a preempted round on a shared CPU only ever adds time. Why measure instead of assuming:
-    the bf16-panel product was 1.5x faster than MKL for one-row products on the machine it was
-    tuned on, and 4-15x slower for the drafter's 5-row products on a loaded 2-core box
-    (``benchmarks/results/engine_spec.md``, session 11).
-    """
-    if not candidates:
-        raise ValueError("candidates: expected at least one LinearFn")
-    if repeats < 1:
-        raise ValueError(f"repeats: expected a positive int, got {repeats!r}")
-    previous = drafter.linear
-    best: list[float] = [float("inf")] * len(candidates)
-    try:
-        for _ in range(repeats):
-            for i, fn in enumerate(candidates):
-                drafter.use_linear(fn)
-                best[i] = min(best[i], time_draft(drafter, repeats=1))
-    finally:
-        drafter.use_linear(previous)
-    return candidates[min(range(len(candidates)), key=best.__getitem__)]
-
-
-def load_sts(directory: str | os.PathLike[str]) -> dict[str, torch.Tensor]:
-    """``{"greedy": T[G], "sampling": T[G]}`` from a checkpoint's ``sts.json`` (may be empty)."""
-    path = Path(directory) / STS_FILE
-    if not path.exists():
-        return {}
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ValueError(f"{path}: cannot read STS temperatures ({exc})") from exc
-    return {k: torch.tensor(v, dtype=torch.float32) for k, v in data.items() if k in _STS_KEYS}
-
-
-_STS_KEYS = ("greedy", "sampling")
 
 
 def build_speculator(

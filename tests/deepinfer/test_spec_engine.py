@@ -87,16 +87,10 @@ class RecordingSpeculator(DSparkSpeculator):
         self.steps: list[tuple[int, list[int]]] = []
 
     def propose(self, batch):
-        self.last_drafts = []
         prefill = sum(c.length for c in batch.chunks if c.seq.num_computed < c.seq.prefill_target)
         drafts = super().propose(batch)
-        self.steps.append((prefill, [len(w) for w in self.last_drafts]))
+        self.steps.append((prefill, [len(drafts.tokens[i]) for i in drafts.plan.drafting]))
         return drafts
-
-    def _propose(self, drafting):
-        out = super()._propose(drafting)
-        self.last_drafts = [w.drafts for w in drafting]
-        return out
 
 
 class DraftCollector(DSparkSpeculator):
@@ -106,10 +100,10 @@ class DraftCollector(DSparkSpeculator):
         super().__init__(*args, **kwargs)
         self.drafted: list[int] = []
 
-    def _propose(self, drafting):
-        out = super()._propose(drafting)
-        self.drafted.extend(t for w in drafting for t in w.drafts)
-        return out
+    def propose(self, batch):
+        drafts = super().propose(batch)
+        self.drafted.extend(t for row in drafts.tokens for t in row)
+        return drafts
 
 
 def spec_engine(model, drafter, scheduler=None, cls=DSparkSpeculator) -> LLMEngine:
@@ -448,16 +442,18 @@ class ContextRecorder(DSparkSpeculator):
         super().__init__(*args, **kwargs)
         self.seen: list[tuple[list[int], torch.Tensor]] = []
 
-    def _propose(self, drafting):
-        out = super()._propose(drafting)
-        if not drafting:
-            return out
-        slots = torch.tensor([self._slots[w.seq.seq_id] for w in drafting])
-        context, valid = self.ring.view(slots)
-        for i, w in enumerate(drafting):
-            history = list(w.seq.all_ids[: w.chunk.start])
+    def propose(self, batch):
+        drafts = super().propose(batch)
+        seqs = [batch.chunks[i].seq for i in drafts.plan.drafting]
+        if not seqs:
+            return drafts
+        context, valid = self.spec.context.view([s.seq_id for s in seqs])
+        for i, (seq, row) in enumerate(
+            zip(seqs, (drafts.plan.rows[j] for j in drafts.plan.drafting))
+        ):
+            history = list(seq.all_ids[: row.start])
             self.seen.append((history, context[i][valid[i]].clone()))
-        return out
+        return drafts
 
 
 def test_lazily_projected_context_equals_the_eager_projection(model, greedy_reference) -> None:

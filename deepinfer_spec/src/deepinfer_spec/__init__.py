@@ -18,6 +18,7 @@ from deepinfer_spec.adapter import (
     TargetAdapter,
     TargetOutput,
 )
+from deepinfer_spec.batch_step import BatchSpeculator, RowResult, SpecStats, StepPlan, StepRow
 from deepinfer_spec.calibration import (
     apply_temperatures,
     auc,
@@ -29,6 +30,7 @@ from deepinfer_spec.calibration import (
 from deepinfer_spec.config import DSparkConfig
 from deepinfer_spec.decoder import RequestState, SpecDecoder, StepOutput
 from deepinfer_spec.drafter import DSparkDrafter
+from deepinfer_spec.lazy_context import LazyContext
 from deepinfer_spec.linear import LinearFn, module_linear
 from deepinfer_spec.propose import Draft, propose
 from deepinfer_spec.recompute_target import RecomputeTarget
@@ -47,31 +49,40 @@ from deepinfer_spec.scheduling import (
 )
 from deepinfer_spec.state import ContextRing
 from deepinfer_spec.step import DraftBlock, Verdict, draft_block, verify_block
+from deepinfer_spec.timing import fastest_linear, time_draft
 
 __version__ = "0.7.0"
 
 __all__ = [
     "__version__",
     # drafter, state, decoding (spec-A)
+    "BatchSpeculator",
     "ContextRing",
     "DSparkConfig",
     "DSparkDrafter",
     "Draft",
     "DraftBlock",
+    "LazyContext",
     "LinearFn",
     "RecomputeTarget",
     "RequestState",
+    "RowResult",
     "ScoringTarget",
     "SpecDecoder",
+    "SpecStats",
     "StepOutput",
+    "StepPlan",
+    "StepRow",
     "SupportsLayerWeights",
     "SupportsLmHeadRows",
     "TargetAdapter",
     "TargetOutput",
     "Verdict",
     "draft_block",
+    "fastest_linear",
     "module_linear",
     "propose",
+    "time_draft",
     "verify_block",
     # calibration and verification scheduling (spec-B)
     "BoundedScheduler",

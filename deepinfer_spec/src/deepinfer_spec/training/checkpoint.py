@@ -4,6 +4,7 @@ A checkpoint is a directory:
 
 * ``drafter.safetensors``: the drafter's own weights (never the target's);
 * ``config.json``: ``{"format", "dspark": DSparkConfig.to_dict(), "hidden_size", "vocab_size"}``;
+* ``sts.json`` (optional): STS temperatures ``{"greedy": [G], "sampling": [G]}``;
 * ``optimizer.safetensors`` and ``trainer_state.json`` (step, history): only for resuming.
 """
 
@@ -29,6 +30,8 @@ WEIGHTS, CONFIG, OPTIMIZER, TRAINER = (
     "trainer_state.json",
 )
 OPTIONAL_BUFFERS = ("feature_shift", "feature_scale")
+STS_FILE = "sts.json"
+STS_KEYS = ("greedy", "sampling")
 
 
 def save_drafter(drafter: DSparkDrafter, directory: str | os.PathLike[str]) -> Path:
@@ -77,6 +80,21 @@ def load_drafter(
             f"(missing {sorted(missing)}, unexpected {sorted(unexpected)})"
         )
     return drafter.to(device)
+
+
+def load_sts(directory: str | os.PathLike[str]) -> dict[str, torch.Tensor]:
+    """``{"greedy": T[G], "sampling": T[G]}`` from a checkpoint's ``sts.json`` (empty when the
+    checkpoint has none)."""
+    path = Path(directory) / STS_FILE
+    if not path.exists():
+        return {}
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{path}: cannot read STS temperatures ({exc})") from exc
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a JSON object")
+    return {k: torch.tensor(v, dtype=torch.float32) for k, v in data.items() if k in STS_KEYS}
 
 
 def save_training_state(
