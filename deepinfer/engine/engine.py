@@ -109,6 +109,13 @@ class LLMEngine:
         bad = [t for t in prompt_ids if not isinstance(t, int) or not 0 <= t < vocab]
         if bad:
             raise ValueError(f"prompt token ids must be ints in [0, {vocab}), got {bad[:5]}")
+        # As vLLM: ids the model cannot produce are refused, not silently dropped.
+        for name, ids in (
+            ("allowed_token_ids", params.allowed_token_ids or ()),
+            ("logit_bias", params.logit_bias or {}),
+        ):
+            if any(t >= vocab for t in ids):
+                raise ValueError(f"{name}: token ids must be below the vocabulary size {vocab}")
         if len(prompt_ids) >= self.max_model_len:
             raise ValueError(
                 f"prompt has {len(prompt_ids)} tokens; the context holds {self.max_model_len} "

@@ -47,6 +47,29 @@ def test_a_bad_prompt_fails_alone(llm: LLM, bad: object, needle: str) -> None:
     assert not llm.engine.has_unfinished()
 
 
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(temperature=0.0, max_tokens=3, allowed_token_ids=[5, 10**6]),
+        SamplingParams(temperature=0.0, max_tokens=3, logit_bias={10**6: 5.0}),
+    ],
+)
+def test_token_ids_past_the_vocabulary_in_params_fail_that_request(
+    llm: LLM, params: SamplingParams
+) -> None:
+    """As vLLM: an id the model cannot produce is refused by name, not silently dropped."""
+    outs = llm.generate(["the cat", "a hat"], [GREEDY, params])
+    name = "allowed_token_ids" if params.allowed_token_ids else "logit_bias"
+    assert outs[0].error is None
+    assert name in (outs[1].error or "") and "vocabulary" in (outs[1].error or "")
+    edge = llm.engine.model.config.vocab_size - 1  # the last id is still fine
+    ok = llm.generate(
+        "the cat", SamplingParams(temperature=0.0, max_tokens=2, logit_bias={edge: 1.0})
+    )
+    assert ok[0].error is None
+    assert not llm.engine.has_unfinished()
+
+
 def test_a_lone_token_id_list_is_one_prompt(llm: LLM) -> None:
     outs = llm.generate([5, 6, 7], GREEDY)
     assert len(outs) == 1 and outs[0].error is None and outs[0].prompt_token_ids == [5, 6, 7]
