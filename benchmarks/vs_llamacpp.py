@@ -175,6 +175,12 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", default=None, help="write the markdown table here")
     parser.add_argument("--rss-only", action="store_true", help="measure peak RSS only")
+    parser.add_argument(
+        "--parts",
+        default="decode,prefill,batch",
+        help="comma-separated measurements to run (decode, prefill, batch)",
+    )
+    parser.add_argument("--no-rss", action="store_true", help="skip the peak RSS measurement")
     args = parser.parse_args()
     try:
         import llama_cpp  # noqa: F401
@@ -201,6 +207,13 @@ def main() -> int:
         "prefill": lambda e: _prefill_rate(e, long_prompt),
         "batch": lambda e: _batch_rate(e, batch, args.tokens // 4),
     }
+    parts = [p.strip() for p in args.parts.split(",") if p.strip()]
+    unknown = sorted(set(parts) - set(runs))
+    if unknown:
+        parser.error(f"--parts: unknown measurement(s) {', '.join(unknown)}; known: decode, "
+                     "prefill, batch")  # fmt: skip
+    runs = {name: run for name, run in runs.items() if name in parts}
+    rows = {name: rows[name] for name in runs}
     for repeat in range(args.repeats):
         for name, run in runs.items():
             a, b = run(ours), run(theirs)  # alternated, same process
@@ -208,8 +221,10 @@ def main() -> int:
             figures[name].append((a, b))
             print(f"run {repeat + 1} {name}: DeepInfer {a:.1f}, llama.cpp {b:.1f}, "
                   f"{a / b:.2f}x", flush=True)  # fmt: skip
-    rss_ours = _peak_rss("ours", path, args.threads, ctx, 32)
-    rss_theirs = _peak_rss("theirs", path, args.threads, ctx, 32)
+    rss_ours = rss_theirs = float("nan")
+    if not args.no_rss:
+        rss_ours = _peak_rss("ours", path, args.threads, ctx, 32)
+        rss_theirs = _peak_rss("theirs", path, args.threads, ctx, 32)
     lines = [
         "## DeepInfer vs llama.cpp on the same GGUF (CPU)",
         "",
@@ -230,10 +245,11 @@ def main() -> int:
         b = statistics.median(y for _, y in figures[name])
         lines.append(f"| {labels[name]} | {a:.1f} | {b:.1f} | {_median_range(rows[name])} "
                      f"| {targets[name]} |")  # fmt: skip
-    lines.append(
-        f"| peak RSS, GB (32 tokens, ctx {ctx}) | {rss_ours:.2f} | {rss_theirs:.2f} | "
-        f"{rss_ours / rss_theirs:.2f}x | <= 1.5x |"
-    )
+    if not args.no_rss:
+        lines.append(
+            f"| peak RSS, GB (32 tokens, ctx {ctx}) | {rss_ours:.2f} | {rss_theirs:.2f} | "
+            f"{rss_ours / rss_theirs:.2f}x | <= 1.5x |"
+        )
     text = "\n".join(lines) + "\n"
     print(text)
     if args.out:
