@@ -24,8 +24,14 @@ import torch
 
 from deepinfer.models.attention_metadata import AttentionMetadata
 from deepinfer.models.layers import RMSNorm
-from deepinfer_kernels.cpu import BoundTiles, FusedLayerKernel, LayerShape, PagedAttentionTiles
-from deepinfer_kernels.cpu.decode_tiles import DecodeTiles, plan_decode_tiles
+from deepinfer_kernels.cpu import (
+    BoundTiles,
+    DecodeTiles,
+    FusedLayerKernel,
+    LayerShape,
+    PagedAttentionTiles,
+    plan_decode_tiles,
+)
 
 # Batch sizes kept bound at once (continuous batching moves between a few).
 MAX_BOUND_STEPS = 8

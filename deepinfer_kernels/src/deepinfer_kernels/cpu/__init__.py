@@ -31,6 +31,7 @@ from deepinfer_kernels.cpu.bf16_weight_linear import (
     unpack_panels,
 )
 from deepinfer_kernels.cpu.bound_layers import BoundLayers
+from deepinfer_kernels.cpu.decode_tiles import DecodeTiles, plan_decode_tiles
 from deepinfer_kernels.cpu.decoder_blocks import DecoderBlocks, block_matrix_of
 from deepinfer_kernels.cpu.decoder_layer import (
     DecoderLayerKernel,
@@ -86,6 +87,7 @@ __all__ = [
     "CSource",
     "CompileError",
     "CpuKernels",
+    "DecodeTiles",
     "DecoderBlocks",
     "DecoderLayerKernel",
     "DecoderPanels",
@@ -116,6 +118,7 @@ __all__ = [
     "linear",
     "load_library",
     "mkl_packing_available",
+    "plan_decode_tiles",
     "rms_norm",
     "source_digest",
     "unpack_panels",
