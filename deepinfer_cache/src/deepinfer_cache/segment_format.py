@@ -277,8 +277,11 @@ def check_record_parts(
     segment: int,
     slot: int,
     key: bytes | None,
+    payload_xxh3: int | None = None,
 ) -> RecordHeader:
-    """``check_record`` for a header and a payload read into separate buffers."""
+    """``check_record`` for a header and a payload read into separate buffers
+    (``payload_xxh3``: the XXH3-64 of the whole ``payload`` when the reader already computed
+    it piece by piece; it is compared only once the header has passed its checks)."""
     h = decode_record_header(head)
     if h.segment != segment or h.slot != slot:
         raise CorruptBlockError("record is not where its header says")
@@ -290,7 +293,11 @@ def check_record_parts(
         )
     if memoryview(payload).nbytes < h.payload_len:
         raise CorruptBlockError("record truncated")
-    if xxhash.xxh3_64_intdigest(memoryview(payload)[: h.payload_len]) != h.payload_xxh3:
+    if payload_xxh3 is not None and memoryview(payload).nbytes == h.payload_len:
+        digest = payload_xxh3
+    else:
+        digest = xxhash.xxh3_64_intdigest(memoryview(payload)[: h.payload_len])
+    if digest != h.payload_xxh3:
         raise CorruptBlockError("payload checksum mismatch")
     return h
 
