@@ -9,6 +9,7 @@ Example::
         print(out[0].text)
 """
 
+from deepinfer.builder import BuiltEngine, build_engine
 from deepinfer.engine import (
     CompletionOutput,
     EngineConfig,
@@ -21,7 +22,7 @@ from deepinfer.engine import (
     StructuredOutputsParams,
 )
 from deepinfer.engine.cache_setup import PrefixCacheConfig
-from deepinfer.llm import LLM, BuiltEngine, build_engine
+from deepinfer.llm import LLM
 
 __version__ = "0.11.0"
 
