@@ -293,9 +293,12 @@ async def replay(
     max_tokens: int,
     prompts: dict[tuple[int, int], list[dict[str, str]]],
     clock: list[float] | None = None,
+    probe: list[float] | None = None,
 ) -> tuple[list[Record], float]:
     """Run the workload; ``clock`` (if given) receives the run's start on the
-    ``time.perf_counter()`` clock, which the replicas' live profiles share."""
+    ``time.perf_counter()`` clock, which the replicas' live profiles share. ``probe`` (if
+    given) receives the seconds of each request of a fixed probe sent before the run (see
+    :func:`speed_probe`)."""
     records: list[Record] = []
     limits = httpx.Limits(max_connections=256, max_keepalive_connections=256)
     async with httpx.AsyncClient(timeout=600, limits=limits) as client:
@@ -303,6 +306,8 @@ async def replay(
         await client.post(
             f"{base}/v1/completions", json={"model": "bench", "prompt": "hi", "max_tokens": 2}
         )
+        if probe is not None:
+            probe.extend(await speed_probe(client, base))
         t0 = time.perf_counter()
         if clock is not None:
             clock.append(t0)
@@ -314,6 +319,35 @@ async def replay(
         )
         wall = time.perf_counter() - t0
     return records, wall
+
+
+PROBE_REQUESTS = 4
+PROBE_WORDS = 120
+PROBE_TOKENS = 8
+
+
+async def speed_probe(client: httpx.AsyncClient, base: str) -> list[float]:
+    """Seconds of each of a fixed few completions sent one after another to an idle server:
+    the same prompts (seeded, none a prefix of another or of the workload's) and lengths in
+    every run, so the ratio between two runs' probes is the machine's speed between them."""
+    rng = random.Random(20260)
+    out = []
+    for k in range(PROBE_REQUESTS):
+        prompt = f"Probe {k}: " + " ".join(rng.choice(WORDS) for _ in range(PROBE_WORDS))
+        t = time.perf_counter()
+        r = await client.post(
+            f"{base}/v1/completions",
+            json={
+                "model": "bench",
+                "prompt": prompt,
+                "max_tokens": PROBE_TOKENS,
+                "ignore_eos": True,
+                "temperature": 0.0,
+            },
+        )
+        r.raise_for_status()
+        out.append(time.perf_counter() - t)
+    return out
 
 
 # ---------------------------------------------------------------------- overhead

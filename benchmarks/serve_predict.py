@@ -49,12 +49,15 @@ def run(
     convs = serve_load.build_workload(wargs)
     prompts: dict[tuple[int, int], list[dict[str, str]]] = {}
     clock: list[float] = []
+    probe: list[float] = []
     profile = os.path.join(profile_dir, f"{router}-s{seed}.json") if profile_dir else None
     with (
         tempfile.TemporaryDirectory() as cache,
         serve_load.server(wargs, router, args.replicas, cache, profile) as base,
     ):
-        records, wall = asyncio.run(serve_load.replay(base, convs, args.max_tokens, prompts, clock))
+        records, wall = asyncio.run(
+            serve_load.replay(base, convs, args.max_tokens, prompts, clock, probe)
+        )
     files = []
     if profile:
         root, ext = os.path.splitext(profile)
@@ -69,6 +72,7 @@ def run(
         "t0": clock[0],
         "profiles": files,
         "load_average": os.getloadavg()[0],
+        "probe_s": sorted(probe)[len(probe) // 2],
     }
 
 
@@ -87,8 +91,11 @@ def compare(
     cost_model: FittedCostModel,
     overhead: serve_sim.FrontOverhead,
     args: argparse.Namespace,
+    probe_ref: float | None = None,
 ) -> dict[str, Any]:
-    """Measured figures of one saved held-out run at ``args``' SLO, and its prediction."""
+    """Measured figures of one saved held-out run at ``args``' SLO, and its prediction;
+    with ``probe_ref`` (the calibration runs' probe, s) also the prediction with the cost
+    model rescaled by this run's probe over it (the machine's speed since calibrating)."""
     records = [serve_load.Record(**r) for r in saved["records"]]
     wargs = argparse.Namespace(**{**vars(args), "seed": saved["seed"]})
     m = serve_load.summarize(saved["router"], records, saved["wall"], wargs)
@@ -107,6 +114,18 @@ def compare(
         overhead,
         cache_publish=args.cache_publish,
     )
+    if probe_ref and saved.get("probe_s"):
+        pred["probe_scale"] = saved["probe_s"] / probe_ref
+        pred["sim_goodput_rps_probe"] = serve_sim.predict_closed_loop(
+            turns,
+            starts,
+            cost_model.scaled(pred["probe_scale"]),
+            saved["router"],
+            args.replicas,
+            wargs,
+            overhead,
+            cache_publish=args.cache_publish,
+        )["sim_goodput_rps"]
     if saved.get("live_profile"):
         # Diagnostic only, never the figure: the same prediction with a model fitted to this
         # run's own steps. Close to measured here but not with the calibration fit means the
@@ -139,6 +158,9 @@ def compare(
         "load_average": saved["load_average"],
         **{k: v for k, v in pred.items() if k != "sim_requests"},
         "ratio": pred["sim_goodput_rps"] / g if g else None,
+        "ratio_probe": pred["sim_goodput_rps_probe"] / g
+        if g and "sim_goodput_rps_probe" in pred
+        else None,
     }
     return row
 
@@ -200,7 +222,8 @@ def main() -> None:
         doc.setdefault("calibration_mean_step_s", sum(x["seconds"] for x in steps) / len(steps))
         cm = FittedCostModel.from_json(doc["cost_model"])
         oh = serve_sim.FrontOverhead(**doc["front_overhead"])
-        rows = [compare(saved, cm, oh, args) for saved in doc["held_out"]]
+        ref = doc.get("calibration_probe_s")
+        rows = [compare(saved, cm, oh, args, ref) for saved in doc["held_out"]]
         write(out, args, rows, {**doc, "args": vars(args)}, doc["wall_s"])
         return
     if args.calib_seed in args.seeds:
@@ -227,6 +250,7 @@ def main() -> None:
                     "tpot_p90": _pct(_tpots(r["records"]), 0.9),
                     "steps": sum(len(p["steps"]) for p in mine),
                     "load_average": r["load_average"],
+                    "probe_s": r["probe_s"],
                 }
             )
             print(f"calibration run: {calib[-1]}", flush=True)
@@ -242,6 +266,8 @@ def main() -> None:
     args.tpot_slo = args.tpot_slo or round(base["tpot_p90"], 2)
     print(f"cost model: {cost_model.prefill_coef} {cost_model.decode_coef} {cost_model.fit_error}")
     print(f"front overhead: {overhead}; SLO TTFT {args.ttft_slo} s, TPOT {args.tpot_slo} s")
+    probes = sorted(c["probe_s"] for c in calib)
+    probe_ref = probes[len(probes) // 2]
 
     # 2-3. held-out runs and their predictions
     held_out, rows = [], []
@@ -257,6 +283,7 @@ def main() -> None:
                 "seed": seed,
                 "wall": r["wall"],
                 "load_average": r["load_average"],
+                "probe_s": r["probe_s"],
                 "records": [asdict(x) for x in r["records"]],
                 "turns": {
                     c: [[t.input_len, t.output_len, list(t.block_hashes), t.tenant] for t in ts]
@@ -266,12 +293,13 @@ def main() -> None:
                 "live_profile": own,  # diagnostics only (see compare)
             }
             held_out.append(saved)
-            rows.append(compare(saved, cost_model, overhead, args))
+            rows.append(compare(saved, cost_model, overhead, args, probe_ref))
             print(json.dumps(rows[-1], default=str), flush=True)
     doc = {
         "cost_model": cost_model.to_json(),
         "front_overhead": asdict(overhead),
         "calibration_runs": calib,
+        "calibration_probe_s": probe_ref,
         "live_profile": merge_profiles(profiles),
         "calibration_mean_step_s": sum(x["seconds"] for p in profiles for x in p["steps"])
         / sum(len(p["steps"]) for p in profiles),
@@ -304,8 +332,9 @@ def write(
         "| router | seed | measured goodput req/s | predicted | predicted / measured | "
         "TTFT p50 measured / predicted s | TPOT p50 measured / predicted s | "
         "prefix hit measured / predicted | load avg | mean step s (calibration: "
-        f"{doc.get('calibration_mean_step_s', 0):.2f}) | self-fit / measured (diagnostic) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        f"{doc.get('calibration_mean_step_s', 0):.2f}) | self-fit / measured (diagnostic) | "
+        "probe scale | predicted x probe / measured |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
@@ -313,13 +342,31 @@ def write(
             f"{f(r['ratio'], 2)} | {f(r['ttft_p50'], 2)} / {f(r['sim_ttft_p50'], 2)} | "
             f"{f(r['tpot_p50'], 2)} / {f(r['sim_tpot_p50'], 2)} | {r['prefix_hit_rate']:.0%} / "
             f"{r['sim_prefix_hit_rate']:.0%} | {r['load_average']:.1f} | "
-            f"{f(r.get('mean_step_s'), 2)} | {f(self_ratio(r), 2)} |"
+            f"{f(r.get('mean_step_s'), 2)} | {f(self_ratio(r), 2)} | "
+            f"{f(r.get('probe_scale'), 2)} | {f(r.get('ratio_probe'), 2)} |"
         )
-    lines += ["", "| router | predicted / measured goodput, range over seeds |", "|---|---|"]
+    lines += [
+        "",
+        "| router | predicted / measured goodput, range over seeds | the same, cost model x "
+        "probe | measured goodput / round robin's |",
+        "|---|---|---|---|",
+    ]
+
+    def span(key: str, router: str) -> str:
+        v = [r[key] for r in rows if r["router"] == router and r.get(key) is not None]
+        return f"{min(v):.2f}-{max(v):.2f}" if v else "-"
+
+    rr = {r["seed"]: r["goodput_rps"] for r in rows if r["router"] == "round_robin"}
     for router in args.routers:
-        ratios = [r["ratio"] for r in rows if r["router"] == router and r["ratio"] is not None]
-        span = f"{min(ratios):.2f}-{max(ratios):.2f}" if ratios else "-"
-        lines.append(f"| {router} | {span} |")
+        gains = [
+            r["goodput_rps"] / rr[r["seed"]]
+            for r in rows
+            if r["router"] == router and rr.get(r["seed"])
+        ]
+        gain = f"{min(gains):.2f}-{max(gains):.2f}" if gains else "-"
+        lines.append(
+            f"| {router} | {span('ratio', router)} | {span('ratio_probe', router)} | {gain} |"
+        )
     lines += [
         "",
         f"Live fit: prefill {fit['prefill_coef']}, decode {fit['decode_coef']}, "

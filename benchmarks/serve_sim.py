@@ -29,7 +29,7 @@ import argparse
 import json
 import statistics
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -46,13 +46,7 @@ def load_cost_model(path: str | Path, scale: float = 1.0) -> FittedCostModel:
     """A fitted cost model; ``scale`` multiplies every step time (a diagnostic: the share of
     a core each replica really got while the profile ran alone)."""
     cm = FittedCostModel.from_json(Path(path).read_text(encoding="utf-8"))
-    if scale == 1.0:
-        return cm
-    return replace(
-        cm,
-        prefill_coef=tuple(scale * c for c in cm.prefill_coef),  # type: ignore[arg-type]
-        decode_coef=tuple(scale * c for c in cm.decode_coef),  # type: ignore[arg-type]
-    )
+    return cm if scale == 1.0 else cm.scaled(scale)
 
 
 def trace_to_json(trace: Trace) -> list[list[Any]]:

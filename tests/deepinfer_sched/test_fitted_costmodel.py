@@ -92,3 +92,24 @@ def test_calibrate_then_simulate_cli(tmp_path: Path, capsys: pytest.CaptureFixtu
     bad = ["calibrate", "--profile", str(out), "--out", str(tmp_path / "x.json")]
     assert main(bad) == 2
     assert "not a step profile" in capsys.readouterr().err
+
+
+def test_scaled_multiplies_every_step_time_and_keeps_the_rest() -> None:
+    cm = fit_profile(_profile())
+    slow = cm.scaled(1.7)
+    for n, c in ((16, 0), (512, 0), (300, 900)):
+        assert slow.prefill_time(n, c) == pytest.approx(1.7 * cm.prefill_time(n, c), rel=1e-12)
+    for b, t in ((1, 100), (8, 8000)):
+        assert slow.decode_step_time(b, t) == pytest.approx(
+            1.7 * cm.decode_step_time(b, t), rel=1e-12
+        )
+    assert slow.step_overhead_s == pytest.approx(1.7 * cm.step_overhead_s)
+    assert slow.kv_transfer_time(1000) == cm.kv_transfer_time(1000)
+    assert slow.kv_capacity_tokens() == cm.kv_capacity_tokens()
+    assert slow.fit_error == cm.fit_error
+    assert FittedCostModel.from_json(slow.to_json()) == slow
+    for bad in (0.0, -1.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="factor"):
+            cm.scaled(bad)
+    with pytest.raises(TypeError, match="factor"):
+        cm.scaled(True)

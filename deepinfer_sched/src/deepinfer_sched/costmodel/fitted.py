@@ -32,7 +32,7 @@ import json
 import math
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -79,6 +79,29 @@ class FittedCostModel:
         terms): the simulator charges it once for an iteration mixing prefill chunks and a
         decode step."""
         return min(self.prefill_coef[0], self.decode_coef[0])
+
+    def scaled(self, factor: float) -> FittedCostModel:
+        """This model with every step time multiplied by ``factor``: a calibration carried to
+        a machine running ``factor`` times slower, as a speed probe timed before a run measures
+        it against one timed before the calibration. KV transfer and SSD figures stay."""
+        if isinstance(factor, bool) or not isinstance(factor, (int, float)):
+            raise TypeError(f"factor must be a number, got {factor!r}")
+        if not (math.isfinite(factor) and factor > 0):
+            raise ValueError(f"factor must be finite and > 0, got {factor}")
+        return replace(
+            self,
+            prefill_coef=(
+                factor * self.prefill_coef[0],
+                factor * self.prefill_coef[1],
+                factor * self.prefill_coef[2],
+            ),
+            decode_coef=(
+                factor * self.decode_coef[0],
+                factor * self.decode_coef[1],
+                factor * self.decode_coef[2],
+            ),
+            source=f"{self.source} x {factor:.4g}",
+        )
 
     # ------------------------------------------------------------------ CostModel
     def prefill_parts(self, new_tokens: int, cached_tokens: int = 0) -> tuple[float, float]:
