@@ -175,8 +175,8 @@ def test_state_equals_a_fresh_prefill_of_the_accepted_text(tiny_model: TinyTarge
         live = decoder.request_state(rid)
         ref = fresh.request_state(rid)
         assert (live.anchor, live.length) == (ref.anchor, ref.length) == (text[-1], len(text) - 1)
-        a_feats, a_valid = decoder.ring.view(torch.tensor([live.slot]))
-        b_feats, b_valid = fresh.ring.view(torch.tensor([ref.slot]))
+        a_feats, a_valid = decoder.spec.context.view([rid])
+        b_feats, b_valid = fresh.spec.context.view([rid])
         assert torch.equal(a_valid, b_valid)
         torch.testing.assert_close(a_feats, b_feats, rtol=1e-4, atol=1e-5)
 

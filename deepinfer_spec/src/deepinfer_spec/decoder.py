@@ -1,7 +1,8 @@
 """Speculative decoding with a DSpark drafter: propose -> schedule -> verify -> update.
 
-One :meth:`SpecDecoder.step` for a batch of requests (the DSpark step of ``deepinfer_spec.step``,
-which the engine's speculator runs too):
+One :meth:`SpecDecoder.step` for a batch of requests is one step of
+:class:`~deepinfer_spec.batch_step.BatchSpeculator`, the class the engine's speculator runs too;
+the decoder only adds the target's calls (``extend`` and ``truncate``):
 
 1. the drafter proposes ``gamma`` tokens per request from its ring-buffer state, and the
    confidences are calibrated with the STS temperatures when given;
@@ -26,10 +27,10 @@ from dataclasses import dataclass
 import torch
 
 from deepinfer_spec.adapter import TargetAdapter, check_target_output
+from deepinfer_spec.batch_step import BatchSpeculator, StepRow
 from deepinfer_spec.drafter import DSparkDrafter
 from deepinfer_spec.scheduling import VerifyScheduler
 from deepinfer_spec.state import ContextRing
-from deepinfer_spec.step import draft_block, verify_block
 
 
 @dataclass(frozen=True)
@@ -105,17 +106,24 @@ class SpecDecoder:
         self.temperature = float(temperature)
         self.generator = generator
         self.layer_ids = list(drafter.config.target_layer_ids)
-        device = drafter.context_proj.weight.device
-        self.device = device
-        self.ring = ContextRing(
-            max_requests,
-            drafter.config.window,
-            drafter.hidden_size,
-            dtype=drafter.context_proj.weight.dtype,
-            device=device,
+        self.device = drafter.context_proj.weight.device
+        self.max_requests = max_requests
+        # The drafter's context per request (its keys and values, projected lazily), drafting,
+        # scheduling, verification: the same object an engine steps.
+        self.spec = BatchSpeculator(
+            drafter,
+            scheduler,
+            max_seqs=max_requests,
+            sts_greedy=sts_greedy,
+            sts_sampling=sts_sampling,
         )
         self._requests: dict[Hashable, RequestState] = {}
-        self._free = list(range(max_requests - 1, -1, -1))
+
+    @property
+    def ring(self) -> ContextRing:
+        """The drafter's context ring (keys and values; a request's newest positions may still
+        be pending: ``self.spec.context.view`` projects them first)."""
+        return self.spec.context.ring
 
     @property
     def request_ids(self) -> list[Hashable]:
@@ -146,19 +154,24 @@ class SpecDecoder:
                 raise ValueError(f"prompts: request {rid!r} has an empty prompt")
             if any(not 0 <= int(t) < vocab for t in prompt):
                 raise ValueError(f"prompts: request {rid!r} has token ids outside [0, {vocab})")
-        if len(request_ids) > len(self._free):
+        free = self.max_requests - len(self._requests)
+        if len(request_ids) > free:
             raise ValueError(
-                f"request_ids: {len(request_ids)} new requests, only {len(self._free)} free slots"
+                f"request_ids: {len(request_ids)} new requests, only {free} free slots"
             )
         new = []
+        context = self.spec.context
         for rid, prompt in zip(request_ids, prompts):
-            req = RequestState(
-                slot=self._free.pop(), anchor=int(prompt[-1]), length=len(prompt) - 1
-            )
-            self._requests[rid] = req
-            self.ring.reset(torch.tensor([req.slot]))
-            if req.length:
-                new.append((rid, req, [int(t) for t in prompt[:-1]]))
+            length = len(prompt) - 1
+            # Only the last `window` positions of a prompt can ever be attended to: the older
+            # ones are never projected (a long prompt costs the drafter O(window)).
+            base = context.catch_up(rid, length)
+            assert base is not None  # capacity was checked above
+            slot = context.slot(rid)
+            assert slot is not None
+            self._requests[rid] = RequestState(slot=slot, anchor=int(prompt[-1]), length=length)
+            if length:
+                new.append((rid, base, [int(t) for t in prompt[:-1]]))
         if not new:
             return
         width = max(len(p) for _, _, p in new)
@@ -168,20 +181,12 @@ class SpecDecoder:
         lens = torch.tensor([len(p) for _, _, p in new], dtype=torch.int64, device=self.device)
         out = self.target.extend([rid for rid, _, _ in new], ids, lens, self.layer_ids)
         check_target_output(out, len(new), width, vocab, self.drafter.feature_dim)
-        slots = torch.tensor([req.slot for _, req, _ in new], device=self.device)
-        # Only the last `window` positions of a prompt can ever be attended to: project just
-        # those (a long prompt costs the drafter O(window), not O(prompt)).
-        keep = min(width, self.drafter.config.window)
-        idx = (lens - keep).clamp(min=0)[:, None] + torch.arange(keep, device=self.device)
-        rows = torch.arange(len(new), device=self.device)[:, None]
-        projected = self.drafter.project_context(out.features[rows, idx])
-        feats = projected.new_zeros(len(new), width, projected.shape[-1])
-        feats[rows, idx] = projected
-        self.ring.append(slots, feats, lens)
+        for b, (rid, base, p) in enumerate(new):
+            context.push(rid, out.features[b, base : len(p)])
 
     def release(self, request_id: Hashable) -> None:
-        req = self._requests.pop(request_id)
-        self._free.append(req.slot)
+        self._requests.pop(request_id)
+        self.spec.release(request_id)
         self.target.release([request_id])
 
     @torch.no_grad()
@@ -196,39 +201,39 @@ class SpecDecoder:
         reqs = [self._requests[r] for r in rids]
         dev, gamma, vocab = self.device, self.drafter.config.gamma, self.drafter.vocab_size
         batch = len(rids)
-        slots = torch.tensor([r.slot for r in reqs], dtype=torch.int64, device=dev)
+        rows = [
+            StepRow(rid, r.length, r.length + 1, r.anchor, gamma, self.temperature)
+            for rid, r in zip(rids, reqs)
+        ]
+        plan = self.spec.plan(rows)
+        self.spec.draft(plan, generator=self.generator)
+        block = plan.block
+        assert block is not None and plan.drafting == list(range(batch))  # every row drafts
         anchors = torch.tensor([r.anchor for r in reqs], dtype=torch.int64, device=dev)
-        context, valid = self.ring.view(slots)
-        temps = [self.temperature] * batch
-        block = draft_block(
-            self.drafter,
-            anchors,
-            context,
-            valid,
-            temps,
-            self.scheduler,
-            sts_greedy=self.sts_greedy,
-            sts_sampling=self.sts_sampling,
-            generator=self.generator,
-        )
         n = block.num_draft_tokens.to(dev)
         width = block.width
-        inputs = torch.cat((anchors[:, None], block.token_ids[:, : width - 1]), dim=1)
+        inputs = torch.cat((anchors[:, None], block.token_ids[:, : width - 1].to(dev)), dim=1)
         cols = torch.arange(width, device=dev)[None, :]
         inputs = torch.where(cols <= n[:, None], inputs, torch.zeros_like(inputs))
         out = self.target.extend(rids, inputs, n + 1, self.layer_ids)
         check_target_output(out, batch, width, vocab, self.drafter.feature_dim)
-        res = verify_block(block, out.logits, temps, generator=self.generator)
-        num_acc, num_emit = res.num_accepted.to(dev), res.num_emitted.to(dev)
+        # Verification, then only the anchor and the accepted drafts become context: rejected
+        # tokens never enter it.
+        results = self.spec.accept(
+            plan, list(out.features), out.logits, generator=self.generator, check_values=True
+        )
         output_ids = torch.full((batch, gamma + 1), -1, dtype=torch.int64, device=dev)
-        output_ids[:, :width] = res.output_ids.to(dev)
-        new_lens = torch.tensor([r.length for r in reqs], device=dev) + num_acc + 1
+        num_acc = torch.zeros(batch, dtype=torch.int64, device=dev)
+        for b, result in enumerate(results):
+            assert result is not None
+            output_ids[b, : len(result.tokens)] = torch.tensor(result.tokens, dtype=torch.int64)
+            num_acc[b] = result.num_accepted
+        num_emit = num_acc + 1
+        new_lens = torch.tensor([r.length for r in reqs], device=dev) + num_emit
         self.target.truncate(rids, new_lens)
-        # Only the anchor and the accepted drafts become context: rejected tokens never enter.
-        self.ring.append(slots, self.drafter.project_context(out.features), num_acc + 1)
-        last = output_ids[torch.arange(batch, device=dev), num_emit - 1]
-        for req, length, tok in zip(reqs, new_lens.tolist(), last.tolist()):
-            req.length, req.anchor = int(length), int(tok)
+        for req, length, result in zip(reqs, new_lens.tolist(), results):
+            assert result is not None
+            req.length, req.anchor = int(length), int(result.tokens[-1])
         return StepOutput(
             request_ids=rids,
             output_ids=output_ids,
