@@ -1,11 +1,11 @@
 """DeepInfer vs Hugging Face transformers on the embedded SmolLM2-135M-Instruct, same process.
 
-Not quite the same weights (since deepinfer 0.9): DeepInfer runs ``load_model()``, the embedded
-GGUF's own Q4_1 blocks dequantised exactly in fp32; transformers loads the bf16 safetensors
-directory ``deepinfer.models.convert_gguf`` writes (those values rounded to bf16) in fp32. The
-brief asks for the peer to load the shipped file itself (transformers' ``gguf_file=``), which
-``benchmarks/gguf_exactness.py`` does for the exactness check; this speed comparison does not
-yet. Same machine, torch threads pinned. Measures:
+Both sides run the shipped GGUF (Q4_1): DeepInfer through ``load_model()``, its own blocks
+dequantised exactly in fp32 by the block-format decoder layer; transformers through
+``AutoModelForCausalLM.from_pretrained(dir, gguf_file=...)`` (the ``gguf`` package dequantises
+the same blocks to the same fp32 values), run in fp32. Up to deepinfer 0.11.0 the transformers
+side loaded the bf16 copy ``deepinfer.models.convert_gguf`` writes, so the two did not run
+exactly the same weights. Same machine, torch threads pinned. Measures:
 
 1. greedy outputs token-identical to transformers' greedy over 20 prompts;
 2. batch-1 greedy tokens/s without speculation vs transformers' ``generate``;
@@ -38,7 +38,7 @@ import numpy as np
 import torch
 
 from deepinfer import LLM, EngineConfig, SamplingParams
-from deepinfer.models import load_model
+from deepinfer.models import default_model_path, load_model
 
 CODE_PROMPT = """Rename the function `compute_total` to `sum_prices` and update every call.
 
@@ -124,15 +124,20 @@ def main() -> None:
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    from transformers import LlamaForCausalLM
+    from transformers import AutoModelForCausalLM
 
-    loaded = load_model()
+    gguf = default_model_path()
+    loaded = load_model(gguf)
     tok = loaded.tokenizer
-    hf = LlamaForCausalLM.from_pretrained(loaded.path, dtype=torch.float32)
+    # transformers reads the shipped GGUF itself (dequantised by the gguf package, run in fp32):
+    # both sides run exactly the same weight values.
+    hf = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name,
+                                              dtype=torch.float32)  # fmt: skip
     hf.eval()  # type: ignore[no-untyped-call]
-    assistant = LlamaForCausalLM.from_pretrained(
-        loaded.path, dtype=torch.float32, num_hidden_layers=args.assistant_layers
-    )
+    assistant = AutoModelForCausalLM.from_pretrained(
+        str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32,
+        num_hidden_layers=args.assistant_layers,
+    )  # fmt: skip
     assistant.eval()  # type: ignore[no-untyped-call]
     cfg = EngineConfig(num_blocks=1024, max_num_seqs=max(32, args.batch))
     plain = LLM(loaded, engine_config=cfg, enable_prefix_caching=False)
