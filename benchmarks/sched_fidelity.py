@@ -198,6 +198,20 @@ def figures(work: list[tuple[float, int, int]], ttft: list[float], end: float) -
     return [out_tokens / (end - work[0][0]), float(np.mean(ttft)), float(np.median(ttft))]
 
 
+def sensitivity(args: argparse.Namespace) -> None:
+    """The figures the simulator predicts for ``--seed``'s workload with a saved cost model
+    whose step times are off by 0-20%: which uniform step-time error a TTFT gap amounts to."""
+    cm = FittedCostModel.from_json(args.sensitivity.read_text(encoding="utf-8"))
+    cfg = EngineConfig()
+    work = workload(args.requests, args.rate, args.seed)
+    print("| step times | throughput (output tokens/s) | mean TTFT (s) | p50 TTFT (s) |")
+    print("|---|---|---|---|")
+    for factor in (1.0, 1.05, 1.1, 1.15, 1.2):
+        p = simulate(work, cfg, cm.kv_capacity, cm.scaled(factor))
+        f = figures(work, p[:-1], p[-1])
+        print(f"| x{factor:.2f} | {f[0]:.3f} | {f[1]:.3f} | {f[2]:.3f} |")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default=None, help="GGUF/HF model (default: the embedded one)")
@@ -212,7 +226,18 @@ def main() -> None:
     ap.add_argument(
         "--dump", type=Path, default=None, help="JSON: the engine's step trace, per-request times"
     )
+    ap.add_argument(
+        "--sensitivity",
+        type=Path,
+        default=None,
+        metavar="COSTMODEL_JSON",
+        help="no engine: simulate the workload with this saved cost model, its step times "
+        "scaled x1.00..x1.20, with the default engine's batch limits, and print the figures",
+    )
     args = ap.parse_args()
+    if args.sensitivity:
+        sensitivity(args)
+        return
     if args.calib_seed == args.seed:
         ap.error("--calib-seed must differ from --seed (never fit on the run predicted)")
     load0 = os.getloadavg()[0]
@@ -263,6 +288,11 @@ def main() -> None:
     for label, model in models.items():
         p = simulate(work, cfg, kv, model)
         preds[label] = (figures(work, p[:-1], p[-1]), p[:-1])
+    # How much a uniform step-time error moves each figure here (queueing amplifies it in
+    # TTFT; throughput of an arrival-bound run hardly moves): reads an error as a speed gap.
+    base = preds["live calibration fit"][0]
+    slow_p = simulate(work, cfg, kv, live.scaled(1.1))
+    slow = figures(work, slow_p[:-1], slow_p[-1])
     load1 = os.getloadavg()[0]
     names = ["throughput (output tokens/s)", "mean TTFT (s)", "p50 TTFT (s)"]
     lines = [
@@ -302,7 +332,9 @@ def main() -> None:
     lines += [
         "",
         f"Engine busy {busy:.1f} s in steps; {gaps:.1f} s between steps (idle waits for "
-        "arrivals included).",
+        "arrivals included). Sensitivity: the live fit's step times x1.10 move the predicted "
+        f"throughput {(slow[0] - base[0]) / base[0]:+.1%}, mean TTFT "
+        f"{(slow[1] - base[1]) / base[1]:+.1%}, p50 TTFT {(slow[2] - base[2]) / base[2]:+.1%}.",
         "",
         f"Reproduce: `.venv/bin/python benchmarks/sched_fidelity.py --requests {args.requests} "
         f"--rate {args.rate} --seed {args.seed} --calib-seed {args.calib_seed}"
