@@ -61,17 +61,24 @@ def main() -> None:
             variants[f"{size} tokens"] = base.drafter.restrict_vocab(order[:size])
         for name, drafter in variants.items():
             gamma = drafter.config.gamma
-            eng.speculator = DSparkSpeculator(
-                drafter, FixedGammaScheduler(gamma), max_seqs=8, sts_greedy=None
+            # Through the composition root: a speculator assigned to a built engine afterwards
+            # is never consulted (the batch policy grants it no look-ahead slots).
+            spec = DSparkSpeculator(drafter, FixedGammaScheduler(gamma), max_seqs=8)
+            drafting = LLM(
+                loaded,
+                engine_config=EngineConfig(num_blocks=512, max_num_seqs=8),
+                enable_prefix_caching=False,
+                speculative=spec,
             )
             taus = []
             for prompt_name, ids in prompts.items():
-                stats = eng.speculator.stats
+                stats = spec.stats
                 rows0, emit0 = stats.num_rows, stats.num_emitted
-                llm.generate([ids], params)
+                drafting.generate([ids], params)
                 taus.append(
                     f"{prompt_name} {(stats.num_emitted - emit0) / max(1, stats.num_rows - rows0):.2f}"
                 )
+            drafting.close()
             ms = 1e3 * time_draft(drafter, repeats=10)
             print(
                 f"{directory} ({name}): tau {', '.join(taus)}; drafter forward {ms:.1f} ms",

@@ -34,11 +34,10 @@ from deepinfer_spec import (
     PrefixScheduler,
     SPSCurve,
     VerifyScheduler,
-    draft_bound,
     fastest_linear,
     module_linear,
+    priced_gate,
     profile_sps,
-    time_draft,
 )
 from deepinfer_spec.training import load_drafter, load_sts
 
@@ -150,17 +149,8 @@ def build_speculator(
         room = pool.num_free_blocks * pool.block_size - 2
         if curve is None and room >= 1:
             curve = profile_target_sps(model, pool, (1, 2), context=min(64, room))
-        if curve is None:  # no free block to time the target with: the unpriced gate
-            gate = DraftGate()
-        else:
-            plain = 1.0 / curve.at(1)
-            # Priced on the proposal a step really draws: a lone row's bounded positions.
-            drawn = max(1, draft_bound(scheduler, 1, drafter.config.gamma))
-            gate = DraftGate.break_even(
-                time_draft(drafter, num_tokens=drawn),
-                plain,
-                verify_extra_s=max(0.0, 1.0 / curve.at(2) - plain),
-            )
+        # No free block to time the target with: the unpriced gate.
+        gate = DraftGate() if curve is None else priced_gate(drafter, scheduler, curve)
     return DSparkSpeculator(
         drafter,
         scheduler,

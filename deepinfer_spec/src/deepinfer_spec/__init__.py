@@ -49,7 +49,7 @@ from deepinfer_spec.scheduling import (
 )
 from deepinfer_spec.state import ContextRing
 from deepinfer_spec.step import DraftBlock, Verdict, draft_block, verify_block
-from deepinfer_spec.timing import fastest_linear, time_draft
+from deepinfer_spec.timing import fastest_linear, priced_gate, time_draft
 
 __version__ = "0.7.0"
 
@@ -82,6 +82,7 @@ __all__ = [
     "fastest_linear",
     "module_linear",
     "propose",
+    "priced_gate",
     "time_draft",
     "verify_block",
     # calibration and verification scheduling (spec-B)

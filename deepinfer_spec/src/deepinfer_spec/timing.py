@@ -18,6 +18,7 @@ import torch
 from deepinfer_spec.drafter import DSparkDrafter
 from deepinfer_spec.linear import LinearFn
 from deepinfer_spec.propose import propose
+from deepinfer_spec.scheduling import DraftGate, SPSCurve, VerifyScheduler, draft_bound
 
 
 @torch.no_grad()
@@ -82,3 +83,16 @@ def fastest_linear(
     finally:
         drafter.use_linear(previous)
     return candidates[min(range(len(candidates)), key=best.__getitem__)]
+
+
+def priced_gate(drafter: DSparkDrafter, scheduler: VerifyScheduler, curve: SPSCurve) -> DraftGate:
+    """:meth:`DraftGate.break_even` priced on this machine: the proposal a lone row really
+    draws (:func:`time_draft` over the scheduler's bound) against the target's 1-token step and
+    what reading a second token adds, from ``curve`` (steps per second at batch 1 and 2)."""
+    plain = 1.0 / curve.at(1)
+    drawn = max(1, draft_bound(scheduler, 1, drafter.config.gamma))
+    return DraftGate.break_even(
+        time_draft(drafter, num_tokens=drawn),
+        plain,
+        verify_extra_s=max(0.0, 1.0 / curve.at(2) - plain),
+    )
