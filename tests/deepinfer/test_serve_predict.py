@@ -1,14 +1,18 @@
-"""`benchmarks/serve_sim.py`'s held-out prediction: closed-loop turns and the front's overhead."""
+"""`benchmarks/serve_sim.py`'s held-out prediction (closed-loop turns, the front's overhead) and
+`serve_load.speed_probe`."""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import importlib.util
+import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
+import httpx
 import pytest
 
 from deepinfer_sched.costmodel import FittedCostModel
@@ -88,3 +92,47 @@ def test_front_overhead_matches_client_records_to_replica_rows(serve_sim: Module
     assert oh.think_s == pytest.approx(0.05)
     with pytest.raises(ValueError, match="no client request matched"):
         serve_sim.front_overhead(records, t0 + 50, [{"requests": rows}])
+
+
+@pytest.fixture(scope="module")
+def serve_load() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("serve_load", ROOT / "benchmarks/serve_load.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["serve_load"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_speed_probe_sends_the_same_fixed_requests_every_run(serve_load: ModuleType) -> None:
+    # The probe's ratio between two runs is a speed ratio only if both runs send the same
+    # work: same prompts and lengths, none a prefix of another (no cache hit inside a probe).
+    seen: list[dict[str, object]] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(json.loads(request.content))
+        return httpx.Response(200, json={"choices": [{"text": "x"}]})
+
+    async def probe() -> list[float]:
+        async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
+            return list(await serve_load.speed_probe(client, "http://probe"))
+
+    first = asyncio.run(probe())
+    second = asyncio.run(probe())
+    n = serve_load.PROBE_REQUESTS
+    assert len(first) == len(second) == n and all(t > 0 for t in first + second)
+    assert seen[:n] == seen[n:]
+    prompts = [str(r["prompt"]) for r in seen[:n]]
+    assert len(set(prompts)) == n
+    assert not any(a != b and b.startswith(a[:40]) for a in prompts for b in prompts)
+    assert all(r["max_tokens"] == serve_load.PROBE_TOKENS and r["ignore_eos"] for r in seen)
+
+    def failing(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(500, json={"error": "down"})
+
+    async def broken() -> None:
+        async with httpx.AsyncClient(transport=httpx.MockTransport(failing)) as client:
+            await serve_load.speed_probe(client, "http://probe")
+
+    with pytest.raises(httpx.HTTPStatusError):
+        asyncio.run(broken())
