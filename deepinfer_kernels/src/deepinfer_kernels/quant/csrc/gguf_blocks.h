@@ -16,13 +16,13 @@
  * (L1) and dotted with the x rows, four at a time. The sums run in another order than a BLAS
  * product, so they agree with it to fp32 rounding, not bitwise.
  *
- * The batch-1 decode is bound by instructions, not memory: ~0.1 ns per Q4_1 weight on one
- * core with the weights in cache, about as fast as from DRAM (benchmarks/gguf_decode_paths.py).
- * So the Q4 path counts instructions: per block one conversion of d and m, two widening loads
- * of the code bytes, the nibbles split in 256-bit lanes, then per 8 weights one int->float
- * conversion, one FMA for fl(d q + m) and one FMA into the sum (the fewest for exact fp32
- * weights: llama.cpp's integer dot products need int8 activations, which the exactness rule of
- * #24 excludes).
+ * The batch-1 decode is bound by instructions about as much as by memory: ~0.1 ns per Q4_1
+ * weight on one core with the weights in cache, about as fast as from DRAM (docs/kernels.md).
+ * So the Q4 path counts instructions: per block a broadcast load and conversion per fp16 scale,
+ * two widening loads of the code bytes, the nibbles split in 256-bit lanes, then per 8 weights
+ * one int->float conversion, one FMA for fl(d q + m) and one FMA into the sum (the fewest for
+ * exact fp32 weights: llama.cpp's integer dot products need int8 activations, which the
+ * exactness rule of #24 excludes).
  */
 #ifndef DEEPINFER_GGUF_BLOCKS_H
 #define DEEPINFER_GGUF_BLOCKS_H
