@@ -17,6 +17,7 @@ ones it was bound to.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -142,12 +143,12 @@ class BoundStep:
 
 
 class BoundSteps:
-    """A model's :class:`BoundStep` per batch size (at most :data:`MAX_BOUND_STEPS`, oldest
-    dropped), each reused while the kernel, its weights tuple, the norms and the pool are the
-    ones it was bound to."""
+    """A model's :class:`BoundStep` per batch size and thread (at most
+    :data:`MAX_BOUND_STEPS`, oldest dropped), each reused while the kernel, its weights tuple,
+    the norms and the pool are the ones it was bound to."""
 
     def __init__(self) -> None:
-        self._steps: dict[int, BoundStep] = {}
+        self._steps: dict[tuple[int, int], BoundStep] = {}
 
     def get(
         self,
@@ -160,7 +161,7 @@ class BoundSteps:
         """The step bound for ``rows`` rows, if it is bound to ``kernel``, ``panels``, the
         current norms and a pool of ``num_layers`` layers whose layer 0 is ``first_caches``
         (a pool's layers are views of one storage the step holds)."""
-        step = self._steps.get(rows)
+        step = self._steps.get((rows, threading.get_ident()))
         if (
             step is not None
             and step.kernel is kernel
@@ -172,10 +173,13 @@ class BoundSteps:
         return None
 
     def put(self, step: BoundStep) -> BoundStep:
-        self._steps.pop(step.rows, None)
+        """Keep ``step`` for its batch size and the calling thread (two threads running one
+        model at once must not share step buffers)."""
+        key = (step.rows, threading.get_ident())
+        self._steps.pop(key, None)
         if len(self._steps) >= MAX_BOUND_STEPS:
             del self._steps[next(iter(self._steps))]
-        self._steps[step.rows] = step
+        self._steps[key] = step
         return step
 
     def clear(self) -> None:

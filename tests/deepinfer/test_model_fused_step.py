@@ -5,6 +5,7 @@ changes (another KV pool, a replaced norm weight)."""
 from __future__ import annotations
 
 import dataclasses
+import threading
 from pathlib import Path
 
 import pytest
@@ -36,9 +37,9 @@ def _per_op(model: LlamaModel) -> LlamaModel:
 class Decoder:
     """Greedy one-row decoding of one prompt on its own pool."""
 
-    def __init__(self, model: LlamaModel, prompt: list[int]) -> None:
+    def __init__(self, model: LlamaModel, prompt: list[int], pool: KVPool | None = None) -> None:
         self.model, self.feed, self.done = model, list(prompt), 0
-        self.pool = KVPool.for_model(model.config, 4, 16)
+        self.pool = KVPool.for_model(model.config, 4, 16) if pool is None else pool
         self.table = self.pool.allocate(4)
 
     def step(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -79,3 +80,33 @@ def test_a_replaced_norm_weight_is_bound_again(path: Path) -> None:
         norm.weight = torch.nn.Parameter(torch.linspace(0.5, 1.5, norm.weight.numel()))
     for _ in range(2):
         torch.testing.assert_close(a.step()[1], b.step()[1], atol=1e-4, rtol=0)
+
+
+def test_two_threads_on_one_model_do_not_share_step_buffers(path: Path) -> None:
+    """Two threads decode on one model and one pool at once (their own blocks): each gets
+    the logits it gets alone."""
+    fused, ref = load_gguf_model(path), _per_op(load_gguf_model(path))
+    prompts = ([5, 9, 13], [2, 7, 11])
+    want = []
+    for p in prompts:
+        alone = Decoder(ref, p)
+        want.append([alone.step()[1] for _ in range(12)])
+    got: list[list[torch.Tensor]] = [[], []]
+    barrier = threading.Barrier(2)
+
+    shared = KVPool.for_model(fused.config, 8, 16)
+
+    def run(i: int) -> None:
+        dec = Decoder(fused, prompts[i], shared)
+        barrier.wait()
+        got[i] = [dec.step()[1] for _ in range(12)]
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    for g, w in zip(got, want):
+        assert len(g) == len(w)
+        for a, b in zip(g, w):
+            torch.testing.assert_close(a, b, atol=1e-4, rtol=0)
