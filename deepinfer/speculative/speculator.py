@@ -118,7 +118,8 @@ class DSparkSpeculator:
             # so it does not propose tokens verification can only reject.
             mask = DraftMask(seqs, self.drafter.vocab_size, self.drafter.draft_vocab_ids)
             try:
-                self.spec.draft(plan, mask if mask.active else None)
+                # The engine's generator, so a seeded engine drafts the same tokens every run.
+                self.spec.draft(plan, mask if mask.active else None, generator=batch.generator)
             finally:
                 mask.close()
         return DSparkDrafts(bases=plan.bases, tokens=plan.drafts, plan=plan, seqs=seqs)

@@ -217,6 +217,24 @@ def test_sampling_respects_max_tokens_and_stop(model, greedy_reference) -> None:
     assert engine.speculator.stats.num_verified > 0
 
 
+def test_sampled_drafts_come_from_the_engines_seeded_generator(model) -> None:
+    """Two engines with the same seed give the same sampled output whatever torch's global
+    generator holds: the drafter draws from the engine's generator, not the global one."""
+    cfg = model.config
+    target = LlamaTargetAdapter(model, KVPool.for_model(cfg, num_blocks=4, block_size=4))
+    torch.manual_seed(1)
+    # An untrained drafter's distributions are wide, so its sampled drafts depend on the draws.
+    drafter = DSparkDrafter(DSparkConfig(target_layer_ids=(1,), gamma=3, window=WINDOW), target)
+    reqs = [(p, SamplingParams(temperature=1.0, max_tokens=16)) for p in prompts()[:4]]
+    runs = []
+    for global_seed in (1, 2):
+        torch.manual_seed(global_seed)
+        engine = spec_engine(model, drafter.eval(), FixedGammaScheduler(3))
+        runs.append([o.token_ids for o in run(engine, reqs)])
+        assert engine.speculator.stats.num_verified > 0
+    assert runs[0] == runs[1]
+
+
 class _CopyCache:
     """A toy prefix cache keeping copies of whole KV blocks (enough to create ring gaps)."""
 
