@@ -8,9 +8,10 @@
 3. Replay the measured workload (``--seed``) in real time and measure throughput and TTFT.
 4. Simulate the measured workload on one instance with the engine's batch limits and each
    fit; report predicted against measured (target: within 15%). A short fixed probe of step
-   shapes runs right before each replay; their ratio rescales the live fit to the machine's
-   speed during the measured run ("x probe"). The measured run's own steps are fitted only
-   for a diagnostic column (self-fit), never for a prediction.
+   shapes runs before, between and after the replays; the ratio of the pairs around each
+   replay rescales the live fit to the machine's speed during the measured run ("x probe").
+   The measured run's own steps are fitted only for a diagnostic column (self-fit), never
+   for a prediction.
 
     .venv/bin/python benchmarks/sched_fidelity.py --requests 40 --rate 0.5 --seed 0 \\
         --calib-seed 1 --out benchmarks/results/sched_fidelity.md
@@ -151,9 +152,10 @@ def step_check(cm: FittedCostModel, steps: list[dict[str, Any]]) -> dict[str, li
 
 def probe(engine: LLMEngine) -> float:
     """Seconds of a short fixed set of steps (a lone 128- and 256-token prefill, three
-    batch-4 decode steps at 256 tokens each). Timed right before the calibration replay and
-    right before the measured one, their ratio is how the machine's speed moved between the
-    two (other processes' load); it never sees a step of the measured run."""
+    batch-4 decode steps at 256 tokens each). Timed before the calibration replay, between
+    the replays and after the measured one, the mean of the two around each replay over the
+    other is how the machine's speed moved between them (other processes' load); it never
+    sees a replayed step."""
     rows = profile_engine(
         engine,
         prefill_lens=PROBE_PREFILL,
@@ -268,11 +270,14 @@ def main() -> None:
     calib_s = time.perf_counter() - t
     live = live_fit(prof, calib_steps)
     probe_run = probe(engine)
-    speed = probe_run / probe_calib
     work = workload(args.requests, args.rate, args.seed)
     t = time.perf_counter()
     measured, steps = replay(engine, work, args.seed)
     replay_s = time.perf_counter() - t
+    # One probe is a point sample that a passing load peak can triple; each replay is
+    # bracketed by the probes before and after it (none sees a replayed step).
+    probe_end = probe(engine)
+    speed = (probe_run + probe_end) / (probe_calib + probe_run)
     m_ttft = [measured[i][1] - measured[i][0] for i in range(len(work))]
     meas = figures(work, m_ttft, max(f for _, _, f in measured.values()))
     # Diagnostic only, never a figure: the measured replay's own steps fitted and simulated.
@@ -304,8 +309,9 @@ def main() -> None:
         f"prompts lognormal (median 160), outputs median 24. Profile {profile_s:.0f} s, "
         f"calibration replay {calib_s:.0f} s, measured replay {replay_s:.0f} s. Load average "
         f"{load0:.1f} -> {load1:.1f} on {os.cpu_count()} CPUs. Profile fit: {cm.fit_error}; "
-        f"live fit: {live.fit_error}. Probe: {probe_calib:.2f} s before the calibration "
-        f"replay, {probe_run:.2f} s before the measured one (x{speed:.3f}).",
+        f"live fit: {live.fit_error}. Probes: {probe_calib:.2f} s before the calibration "
+        f"replay, {probe_run:.2f} s between the replays, {probe_end:.2f} s after the measured "
+        f"one (speed ratio x{speed:.3f}).",
         "",
         "| figure | measured | " + " | ".join(f"{k} | error" for k in models) + " |",
         "|---|---|" + "---|---|" * len(models),
@@ -353,7 +359,8 @@ def main() -> None:
         args.out.with_suffix(".live_costmodel.json").write_text(live.to_json())
         (args.out.with_suffix(".json")).write_text(
             json.dumps(
-                {**rows, "probe_s": [probe_calib, probe_run], "load": [load0, load1]}, indent=2
+                {**rows, "probe_s": [probe_calib, probe_run, probe_end], "load": [load0, load1]},
+                indent=2,
             )
         )
     if args.dump:
@@ -366,7 +373,7 @@ def main() -> None:
                     "steps": steps,
                     "calibration_steps": calib_steps,
                     "cost_models": {k: json.loads(v.to_json()) for k, v in models.items()},
-                    "probe_s": [probe_calib, probe_run],
+                    "probe_s": [probe_calib, probe_run, probe_end],
                 }
             )
         )
