@@ -53,7 +53,7 @@ from .tiers import (
     torch_scatter,
 )
 
-__version__ = "0.4.0"
+__version__ = "0.5.0"
 
 __all__ = [
     "DEFAULT_KEY_HASH",
