@@ -19,7 +19,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 EXCLUDED_DIRS = ("deepinfer/models/", "deepinfer/pd/", "deepinfer/serve/")
-EXCLUDED_FILES = ("cli.py", "cli_errors.py", "demo.py")
+EXCLUDED_FILES = ("cli.py", "cli_errors.py", "cli_options.py", "demo.py")
 _SKIP = {tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT}
 
 

@@ -12,6 +12,7 @@ from dataclasses import replace
 from typing import NoReturn
 
 from deepinfer.cli_errors import error_line, package_version
+from deepinfer.cli_options import add_prefix_cache_args
 
 EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 1, 2, 130
 
@@ -63,22 +64,7 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None, help="GGUF file or HF directory (default: embedded)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--device", default="cpu")
-    p.add_argument("--no-prefix-cache", action="store_true", help="disable the prefix cache")
-    p.add_argument("--cache-dir", default=None, help="prefix cache directory (disk tier)")
-    p.add_argument(
-        "--cache-disk-format",
-        default="segments",
-        choices=["segments", "files"],
-        help="disk tier format: 'segments' (default; a 'files' directory is converted in "
-        "place) or 'files' (one file per block, the older format)",
-    )
-    p.add_argument(
-        "--cache-key-hash",
-        default="xxh3_128",
-        choices=["xxh3_128", "blake2b"],
-        help="prefix cache block-key scheme: 'xxh3_128' (default, fast) or 'blake2b' "
-        "(cryptographic, for untrusted users sharing a namespace)",
-    )
+    add_prefix_cache_args(p)
     p.add_argument("--speculative", default=None, help="'dspark' or a drafter checkpoint dir")
     p.add_argument("--num-blocks", type=int, default=None, help="KV pool size in blocks")
     p.add_argument(

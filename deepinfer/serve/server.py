@@ -14,6 +14,7 @@ import signal
 from types import FrameType
 from typing import Any
 
+from deepinfer.cli_options import add_prefix_cache_args
 from deepinfer.engine.cache_setup import PrefixCacheConfig
 from deepinfer.engine.config import EngineConfig, SpeculativeConfig
 from deepinfer.serve.config import ServeConfig
@@ -56,22 +57,7 @@ def add_serve_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--max-num-seqs", type=int, default=32)
     p.add_argument("--max-model-len", type=int, default=None)
     p.add_argument("--threads", type=int, default=1, help="torch threads per replica")
-    p.add_argument("--no-prefix-cache", action="store_true")
-    p.add_argument("--cache-dir", default=None, help="prefix cache disk directory")
-    p.add_argument(
-        "--cache-disk-format",
-        default="segments",
-        choices=["segments", "files"],
-        help="disk tier format: 'segments' (default; a 'files' directory is converted in "
-        "place) or 'files' (one file per block)",
-    )
-    p.add_argument(
-        "--cache-key-hash",
-        default="xxh3_128",
-        choices=["xxh3_128", "blake2b"],
-        help="prefix cache block-key scheme: 'xxh3_128' (default, fast) or 'blake2b' "
-        "(cryptographic, for untrusted users sharing a namespace)",
-    )
+    add_prefix_cache_args(p)
     p.add_argument("--ttft-slo", type=float, default=None, help="429 above this predicted TTFT")
     p.add_argument("--max-waiting", type=int, default=None, help="429 above this queue length")
     p.add_argument("--drain-timeout", type=float, default=30.0)
