@@ -79,10 +79,10 @@ class _Collecting(DSparkSpeculator):
         super().__init__(*args, **kwargs)
         self.drafted: list[int] = []
 
-    def _propose(self, drafting):  # type: ignore[no-untyped-def]
-        out = super()._propose(drafting)
-        self.drafted.extend(t for w in drafting for t in w.drafts)
-        return out
+    def propose(self, batch):  # type: ignore[no-untyped-def]
+        drafts = super().propose(batch)
+        self.drafted.extend(t for row in drafts.tokens for t in row)
+        return drafts
 
 
 def test_hard_constraints_mask_the_drafter_too(model: LlamaModel) -> None:
