@@ -104,43 +104,31 @@ def compare(
         for c, ts in saved["turns"].items()
     }
     starts = {int(c): float(t) for c, t in saved["starts"].items()}
-    pred = serve_sim.predict_closed_loop(
-        turns,
-        starts,
-        cost_model,
-        saved["router"],
-        args.replicas,
-        wargs,
-        overhead,
-        cache_publish=args.cache_publish,
-    )
-    if probe_ref and saved.get("probe_s"):
-        pred["probe_scale"] = saved["probe_s"] / probe_ref
-        pred["sim_goodput_rps_probe"] = serve_sim.predict_closed_loop(
+
+    def predict(model: Any) -> dict[str, Any]:
+        return serve_sim.predict_closed_loop(
             turns,
             starts,
-            cost_model.scaled(pred["probe_scale"]),
+            model,
             saved["router"],
             args.replicas,
             wargs,
             overhead,
             cache_publish=args.cache_publish,
-        )["sim_goodput_rps"]
+        )
+
+    pred = predict(cost_model)
+    if probe_ref and saved.get("probe_s"):
+        pred["probe_scale"] = saved["probe_s"] / probe_ref
+        pred["sim_goodput_rps_probe"] = predict(cost_model.scaled(pred["probe_scale"]))[
+            "sim_goodput_rps"
+        ]
     if saved.get("live_profile"):
         # Diagnostic only, never the figure: the same prediction with a model fitted to this
         # run's own steps. Close to measured here but not with the calibration fit means the
         # machine's speed moved between runs; far here too means the model misses something.
         own = fit_profile(saved["live_profile"])
-        pred["self_fit_goodput_rps"] = serve_sim.predict_closed_loop(
-            turns,
-            starts,
-            own,
-            saved["router"],
-            args.replicas,
-            wargs,
-            overhead,
-            cache_publish=args.cache_publish,
-        )["sim_goodput_rps"]
+        pred["self_fit_goodput_rps"] = predict(own)["sim_goodput_rps"]
         pred["mean_step_s"] = sum(x["seconds"] for x in saved["live_profile"]["steps"]) / len(
             saved["live_profile"]["steps"]
         )
