@@ -18,15 +18,23 @@ from deepinfer_sched.costmodel import (
     merge_profiles,
 )
 
-TRUE = {"o": 0.012, "p1": 40e-6, "p2": 2e-9, "d1": 300e-6, "d2": 1e-6}
+# o: per step; e: per prefill chunk; k: per token already cached when a chunk runs.
+TRUE = {"o": 0.012, "p1": 40e-6, "p2": 2e-9, "d1": 300e-6, "d2": 1e-6, "e": 0.02, "k": 5e-6}
 
 
-def _step_time(prefill: list[list[int]], b: int, t: int) -> float:
-    pre = sum(TRUE["p1"] * n + TRUE["p2"] * n * (c + (n + 1) / 2) for n, c in prefill)
-    return TRUE["o"] + pre + TRUE["d1"] * b + TRUE["d2"] * t
+def _step_time(
+    prefill: list[list[int]], b: int, t: int, true: dict[str, float] | None = None
+) -> float:
+    v = TRUE if true is None else true
+    pre = sum(
+        v["e"] + v["p1"] * n + v["p2"] * n * (c + (n + 1) / 2) + v["k"] * c for n, c in prefill
+    )
+    return v["o"] + pre + v["d1"] * b + v["d2"] * t
 
 
-def _live(num: int = 400, noise: float = 0.0, seed: int = 0) -> dict[str, Any]:
+def _live(
+    num: int = 400, noise: float = 0.0, seed: int = 0, true: dict[str, float] | None = None
+) -> dict[str, Any]:
     rng = random.Random(seed)
     steps = []
     for _ in range(num):
@@ -36,7 +44,7 @@ def _live(num: int = 400, noise: float = 0.0, seed: int = 0) -> dict[str, Any]:
         ]
         b = rng.randint(0 if prefill else 1, 12)
         t = b * rng.randint(30, 1500)
-        secs = _step_time(prefill, b, t) * (1.0 + rng.uniform(-noise, noise))
+        secs = _step_time(prefill, b, t, true) * (1.0 + rng.uniform(-noise, noise))
         steps.append({"prefill": prefill, "batch_size": b, "context_tokens": t, "seconds": secs})
     return {
         "format": PROFILE_FORMAT,
@@ -50,15 +58,38 @@ def _live(num: int = 400, noise: float = 0.0, seed: int = 0) -> dict[str, Any]:
 
 def test_joint_fit_recovers_the_step_model_exactly_and_under_noise() -> None:
     cm = fit_profile(_live())
-    assert cm.prefill_coef == pytest.approx((TRUE["o"], TRUE["p1"], TRUE["p2"]), rel=1e-6)
+    prefill = (TRUE["o"] + TRUE["e"], TRUE["p1"], TRUE["p2"])
+    assert cm.prefill_coef == pytest.approx(prefill, rel=1e-6)
     assert cm.decode_coef == pytest.approx((TRUE["o"], TRUE["d1"], TRUE["d2"]), rel=1e-6)
+    assert cm.cached_coef == pytest.approx(TRUE["k"], rel=1e-6)
+    assert cm.step_overhead_s == pytest.approx(TRUE["o"], rel=1e-6)
     assert cm.fit_error["steps_rel_rms"] < 1e-9
     noisy = fit_profile(_live(2000, noise=0.3, seed=1))
     assert noisy.prefill_coef[1] == pytest.approx(TRUE["p1"], rel=0.1)
     assert noisy.decode_coef[1] == pytest.approx(TRUE["d1"], rel=0.15)
     assert noisy.step_overhead_s == pytest.approx(TRUE["o"], rel=0.15)
+    assert noisy.prefill_coef[0] - noisy.step_overhead_s == pytest.approx(TRUE["e"], rel=0.15)
+    assert noisy.cached_coef == pytest.approx(TRUE["k"], rel=0.15)
     assert 0.05 < noisy.fit_error["steps_rel_rms"] < 0.3
     assert noisy.fit_error["steps_total_rel"] < 0.01
+
+
+def test_an_engine_without_chunk_or_cache_costs_fits_them_as_zero() -> None:
+    """The two extra terms stay at zero when the steps do not need them (the plain model is
+    recovered, not bent to use the new columns)."""
+    plain = {**TRUE, "e": 0.0, "k": 0.0}
+    cm = fit_profile(_live(true=plain))
+    assert cm.prefill_coef == pytest.approx((TRUE["o"], TRUE["p1"], TRUE["p2"]), rel=1e-6)
+    assert cm.cached_coef == pytest.approx(0.0, abs=1e-12)
+
+
+def test_a_lone_decode_step_and_a_prefill_after_a_hit_cost_what_they_measured() -> None:
+    """Session 12's live fit (one shared per-step term, no cached-token term) charged a lone
+    decode step ~1.5x and a prefill after a prefix hit ~0.8x their measured times. With the
+    per-chunk and per-cached-token terms the simulator charges both as measured."""
+    cm = fit_profile(_live())
+    assert cm.decode_step_time(1, 130) == pytest.approx(_step_time([], 1, 130), rel=1e-6)
+    assert cm.prefill_time(53, 400) == pytest.approx(_step_time([[53, 400]], 0, 0), rel=1e-6)
 
 
 def test_a_mixed_iteration_costs_what_the_fit_says() -> None:

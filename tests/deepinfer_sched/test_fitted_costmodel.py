@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -104,6 +105,11 @@ def test_scaled_multiplies_every_step_time_and_keeps_the_rest() -> None:
             1.7 * cm.decode_step_time(b, t), rel=1e-12
         )
     assert slow.step_overhead_s == pytest.approx(1.7 * cm.step_overhead_s)
+    hit = replace(cm, cached_coef=2e-6)
+    assert hit.scaled(1.7).cached_coef == pytest.approx(1.7 * 2e-6)
+    assert hit.scaled(1.7).prefill_time(300, 900) == pytest.approx(
+        1.7 * hit.prefill_time(300, 900), rel=1e-12
+    )
     assert slow.kv_transfer_time(1000) == cm.kv_transfer_time(1000)
     assert slow.kv_capacity_tokens() == cm.kv_capacity_tokens()
     assert slow.fit_error == cm.fit_error
@@ -113,3 +119,12 @@ def test_scaled_multiplies_every_step_time_and_keeps_the_rest() -> None:
             cm.scaled(bad)
     with pytest.raises(TypeError, match="factor"):
         cm.scaled(True)
+
+
+def test_a_model_saved_before_cached_coef_loads_with_it_at_zero() -> None:
+    doc = json.loads(fit_profile(_profile()).to_json())
+    del doc["cached_coef"]
+    old = FittedCostModel.from_json(json.dumps(doc))
+    assert old.cached_coef == 0.0
+    with pytest.raises(ValueError, match="cached_coef"):
+        replace(old, cached_coef=-1e-6)

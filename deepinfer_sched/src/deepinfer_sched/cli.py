@@ -201,8 +201,9 @@ def _calibrate(args: argparse.Namespace) -> int:
     if "steps" in profile:
         e = cm.fit_error
         print(
-            f"step = {p0 * 1e3:.3f} ms + sum over prefill chunks ({p1 * 1e6:.3f} us n + "
-            f"{p2 * 1e9:.4f} ns n (c + n/2)) + {d1 * 1e6:.3f} us B + {d2 * 1e9:.4f} ns T\n"
+            f"step = {d0 * 1e3:.3f} ms + sum over prefill chunks ({(p0 - d0) * 1e3:.3f} ms + "
+            f"{p1 * 1e6:.3f} us n + {p2 * 1e9:.4f} ns n (c + n/2) + "
+            f"{cm.cached_coef * 1e6:.3f} us c) + {d1 * 1e6:.3f} us B + {d2 * 1e9:.4f} ns T\n"
             f"{int(e['steps'])} live steps: relative RMS error per step "
             f"{e['steps_rel_rms']:.3f}, of the summed time {e['steps_total_rel']:.4f} -> {args.out}"
         )

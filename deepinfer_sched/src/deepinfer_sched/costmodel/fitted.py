@@ -15,12 +15,18 @@ one engine cannot measure them).
 
 A live profile (``deepinfer serve --profile-out``: every step serving replicas ran, under the
 load they ran under) lists ``steps`` instead, most of them mixing prefill chunks with a decode
-batch. Those are fitted jointly with ONE per-step term, the way the simulator charges a mixed
-iteration (every chunk's token terms, the decode terms, the fixed cost once)::
+batch. Those are fitted jointly, the way the simulator charges a mixed iteration (every
+chunk's time, the decode terms, the step's fixed cost ``o`` once)::
 
-    step = o + sum_chunks (p1 n + p2 n (c + (n + 1) / 2)) + d1 B + d2 T
+    step = o + sum_chunks (e + p1 n + p2 n (c + (n + 1) / 2) + k c) + d1 B + d2 T
 
-by ordinary (not relative) least squares, so the fit follows the mean step time, which is
+``e`` is what each prefill chunk costs beyond its tokens (its sequence's setup: block table,
+positions, sampling the first token) and ``k`` what each token already in the KV cache costs
+the chunk beyond attention (a prefix-cache hit's KV is read back through the paged pool):
+without them a live fit charged a lone decode step 1.5x its measured time and a prefill after a
+prefix hit 0.8x (the shared ``o`` soaked up the chunks' setup). The model keeps ``o + e`` as
+``prefill_coef[0]`` and ``o`` as ``decode_coef[0]``, so ``step_overhead_s`` (the smaller)
+is ``o``. The fit is ordinary (not relative) least squares, so the fit follows the mean step time, which is
 what sets throughput and queueing; ``fit_error`` then reports the relative RMS error per
 step and the relative error of the summed time. :func:`merge_profiles` joins the files of
 several replicas.
@@ -58,12 +64,24 @@ class FittedCostModel:
     ssd_latency_s: float = 100e-6
     source: str = ""
     fit_error: dict[str, float] = field(default_factory=dict)
+    # Seconds per token already in the KV cache when a prefill chunk runs, beyond attention
+    # (reading a prefix hit back through the paged pool); only a live fit sets it. Last, so
+    # positional construction and older JSON files (without it) stay valid.
+    cached_coef: float = 0.0
 
     def __post_init__(self) -> None:
         for name in ("prefill_coef", "decode_coef"):
             coef = getattr(self, name)
             if len(coef) != 3 or not all(math.isfinite(v) and v >= 0 for v in coef):
                 raise ValueError(f"FittedCostModel.{name} must be 3 finite numbers >= 0")
+        if isinstance(self.cached_coef, bool) or not (
+            isinstance(self.cached_coef, (int, float))
+            and math.isfinite(self.cached_coef)
+            and self.cached_coef >= 0
+        ):
+            raise ValueError(
+                f"FittedCostModel.cached_coef must be a finite number >= 0, got {self.cached_coef!r}"
+            )
         if self.kv_bytes_per_token < 1 or self.kv_capacity < 1:
             raise ValueError("FittedCostModel.kv_bytes_per_token and kv_capacity must be >= 1")
         for name in ("link_bandwidth", "ssd_bandwidth"):
@@ -100,6 +118,7 @@ class FittedCostModel:
                 factor * self.decode_coef[1],
                 factor * self.decode_coef[2],
             ),
+            cached_coef=factor * self.cached_coef,
             source=f"{self.source} x {factor:.4g}",
         )
 
@@ -111,7 +130,7 @@ class FittedCostModel:
             return 0.0, 0.0
         p0, p1, p2 = self.prefill_coef
         n, c = float(new_tokens), float(cached_tokens)
-        return p1 * n + p2 * n * (c + (n + 1.0) / 2.0), p0
+        return p1 * n + p2 * n * (c + (n + 1.0) / 2.0) + self.cached_coef * c, p0
 
     def decode_parts(self, batch_size: int, total_context_tokens: int) -> tuple[float, float]:
         if batch_size <= 0:
@@ -261,14 +280,26 @@ def merge_profiles(profiles: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
 
 
 def _fit_steps(steps: Sequence[Mapping[str, Any]]) -> tuple[np.ndarray, dict[str, float]]:
-    """Joint least squares of live steps: ``[o, p1, p2, d1, d2]`` and the fit's errors."""
+    """Joint least squares of live steps: ``[o, p1, p2, d1, d2, e, k]`` (module doc) and
+    the fit's errors."""
     rows = []
     for r in steps:
-        n_sum = attn = 0.0
+        n_sum = attn = cached = 0.0
         for n, c in r["prefill"]:
             n_sum += n
             attn += n * (c + (n + 1.0) / 2.0)
-        rows.append((1.0, n_sum, attn, float(r["batch_size"]), float(r["context_tokens"])))
+            cached += c
+        rows.append(
+            (
+                1.0,
+                n_sum,
+                attn,
+                float(r["batch_size"]),
+                float(r["context_tokens"]),
+                float(len(r["prefill"])),
+                cached,
+            )
+        )
     a = np.array(rows, dtype=np.float64)
     y = np.array([float(r["seconds"]) for r in steps])
     # Columns span 1..1e7: scale each to unit size so the solver sees a sane problem.
@@ -316,9 +347,9 @@ def fit_profile(
     (``steps``) is fitted jointly instead (module doc)."""
     if "steps" in profile:
         coef, err = _fit_steps(profile["steps"])
-        o, p1, p2, d1, d2 = (float(v) for v in coef)
+        o, p1, p2, d1, d2, e, k = (float(v) for v in coef)
         return FittedCostModel(
-            (o, p1, p2),
+            (o + e, p1, p2),
             (o, d1, d2),
             int(profile["kv_bytes_per_token"]),
             int(profile["kv_capacity_tokens"]),
@@ -328,6 +359,7 @@ def fit_profile(
             ssd_latency_s,
             str(profile.get("engine", {}).get("model", "")) + " (live steps)",
             err,
+            cached_coef=k,
         )
     pre = profile["prefill"]
     n = np.array([r["new_tokens"] for r in pre], dtype=np.float64)
