@@ -49,6 +49,8 @@ from typing import Any
 import numpy as np
 import xxhash
 
+from .native_hash import ChainHasher, chain_hasher
+
 BlockHash = bytes
 """A 16-byte block hash."""
 
@@ -241,7 +243,9 @@ def hash_chunks(
         if toks.size and toks.dtype.kind not in "iu":
             raise TypeError(f"tokens must be integers, got dtype {toks.dtype}")
         convert = _array_to_int32_buffer
-    return _chunks(toks, convert, block_size, parent, extras, key_hash == "xxh3_128", first_chunk)
+    use_xxh3 = key_hash == "xxh3_128"
+    native = chain_hasher() if use_xxh3 and extras is None else None
+    return _chunks(toks, convert, block_size, parent, extras, use_xxh3, first_chunk, native)
 
 
 # After the first chunk, tokens are converted up to this many hash chunks ahead: converting
@@ -258,6 +262,7 @@ def _chunks(
     extras: Mapping[int, bytes] | None,
     use_xxh3: bool,
     chunk: int,
+    native: ChainHasher | None = None,
 ) -> Iterator[list[BlockHash]]:
     step = 4 * block_size
     n_blocks = len(toks) // block_size
@@ -276,7 +281,10 @@ def _chunks(
         out: list[BlockHash] = []
         add = out.append
         base = (done - conv_lo) * step
-        if use_xxh3 and extras is None:  # the common case, kept to the bare calls
+        if native is not None:  # the whole chunk in one C call (same bytes, native_hash.py)
+            out = native(parent, view[base : base + (hi - done) * step], hi - done, step)
+            parent = out[-1]
+        elif use_xxh3 and extras is None:  # the common case, kept to the bare calls
             for off in range(base, base + (hi - done) * step, step):
                 parent = xxh3(parent + view[off : off + step])  # one 16 + 4 bs byte copy
                 add(parent)
