@@ -17,9 +17,10 @@
  *   column i (low half) and column 16 + i (high half), so (lane << 16) and
  *   (lane & 0xFFFF0000) are the fp32 weights of columns 0..15 and 16..31: two integer ops
  *   widen 32 weights.
- * - Each x[m, k] is broadcast and multiplied into two 16-column accumulators per row; up to 8
- *   rows share one pass over a panel (16 accumulators in registers), more rows take more
- *   passes over a panel that is by then in cache. No horizontal sums.
+ * - Each x[m, k] is broadcast and multiplied into the accumulators of 32 columns per row; up
+ *   to ROWS rows share one pass over a panel (as many as keep the accumulators in registers:
+ *   8 with AVX-512, 2 with AVX2), more rows take more passes over a panel that is by then in
+ *   cache. No horizontal sums.
  * - Each thread streams whole panels, contiguous in memory, prefetching 4 KB ahead: the
  *   hardware prefetcher alone reached about two thirds of the machine's read bandwidth.
  * - Panels are split between the OpenMP threads of the caller (the runtime torch uses).
@@ -29,50 +30,73 @@
  */
 #include <stdint.h>
 
-typedef float f32x16 __attribute__((vector_size(64)));
-typedef uint32_t u32x16 __attribute__((vector_size(64)));
+/* Vectors of the machine's width: 16 lanes with AVX-512, else 8 (one AVX2 register, two NEON
+ * ones). A 16-lane vector type on an AVX2 machine made GCC broadcast each x[m, k] through 16
+ * stack stores and keep the accumulators on the stack: ~10x slower than MKL's fp32 product. */
+#if defined(__AVX512F__)
+#define LANES 16
+#define ROWS 8          /* x rows per pass over a panel: 16 accumulators of 32 registers */
+#else
+#define LANES 8
+#define ROWS 2          /* 8 accumulators + 4 weight vectors + 1 broadcast of 16 registers */
+#endif
+#define SPLIT (16 / LANES) /* vectors per 16 columns */
+
+typedef float fvec __attribute__((vector_size(LANES * 4)));
+typedef uint32_t uvec __attribute__((vector_size(LANES * 4)));
 /* Panels are 64-byte lines when the tensor is 64-byte aligned (torch's CPU allocator); the
  * loads do not rely on it. */
-typedef uint32_t u32x16_any __attribute__((vector_size(64), aligned(2)));
+typedef uint32_t uvec_any __attribute__((vector_size(LANES * 4), aligned(2)));
 
 #define PANEL 32        /* output columns per panel */
-#define ROWS 8          /* x rows per pass over a panel */
 #define PREFETCH 4096   /* bytes ahead in the panel stream */
 
 #define DEFINE_PASS(G)                                                                        \
     static void pass_##G(const float *x, const uint16_t *panel, const float *bias, float *y,  \
                          int64_t m0, int64_t n0, int64_t N, int64_t K) {                      \
-        f32x16 lo[G], hi[G];                                                                  \
-        for (int i = 0; i < G; i++) lo[i] = hi[i] = (f32x16){0};                              \
+        fvec lo[G][SPLIT], hi[G][SPLIT];                                                      \
+        for (int i = 0; i < G; i++)                                                           \
+            for (int j = 0; j < SPLIT; j++) lo[i][j] = hi[i][j] = (fvec){0};                  \
         const char *stream = (const char *)panel;                                             \
         for (int64_t k = 0; k < K; k++) {                                                     \
             __builtin_prefetch(stream + k * 64 + PREFETCH, 0, 3);                             \
-            u32x16 lanes = *(const u32x16_any *)(panel + k * PANEL);                            \
-            f32x16 w_lo = (f32x16)(lanes << 16);                                              \
-            f32x16 w_hi = (f32x16)(lanes & 0xFFFF0000u);                                      \
+            fvec w_lo[SPLIT], w_hi[SPLIT];                                                    \
+            for (int j = 0; j < SPLIT; j++) {                                                 \
+                uvec lanes = *(const uvec_any *)(panel + k * PANEL + j * 2 * LANES);          \
+                w_lo[j] = (fvec)(lanes << 16);                                                \
+                w_hi[j] = (fvec)(lanes & 0xFFFF0000u);                                        \
+            }                                                                                 \
             for (int i = 0; i < G; i++) {                                                     \
                 float xv = x[(m0 + i) * K + k];                                               \
-                lo[i] += w_lo * xv;                                                           \
-                hi[i] += w_hi * xv;                                                           \
+                for (int j = 0; j < SPLIT; j++) {                                             \
+                    lo[i][j] += w_lo[j] * xv;                                                 \
+                    hi[i][j] += w_hi[j] * xv;                                                 \
+                }                                                                             \
             }                                                                                 \
         }                                                                                     \
         for (int i = 0; i < G; i++) {                                                         \
             float *row = y + (m0 + i) * N + n0;                                               \
             for (int c = 0; c < 16; c++) {                                                    \
-                if (n0 + c < N) row[c] = bias ? lo[i][c] + bias[n0 + c] : lo[i][c];           \
-                if (n0 + 16 + c < N)                                                          \
-                    row[16 + c] = bias ? hi[i][c] + bias[n0 + 16 + c] : hi[i][c];             \
+                float l = lo[i][c / LANES][c % LANES], h = hi[i][c / LANES][c % LANES];       \
+                if (n0 + c < N) row[c] = bias ? l + bias[n0 + c] : l;                         \
+                if (n0 + 16 + c < N) row[16 + c] = bias ? h + bias[n0 + 16 + c] : h;          \
             }                                                                                 \
         }                                                                                     \
     }
 
-DEFINE_PASS(1) DEFINE_PASS(2) DEFINE_PASS(3) DEFINE_PASS(4)
-DEFINE_PASS(5) DEFINE_PASS(6) DEFINE_PASS(7) DEFINE_PASS(8)
+DEFINE_PASS(1) DEFINE_PASS(2)
+#if ROWS == 8
+DEFINE_PASS(3) DEFINE_PASS(4) DEFINE_PASS(5) DEFINE_PASS(6) DEFINE_PASS(7) DEFINE_PASS(8)
+#endif
 
 typedef void pass_fn(const float *, const uint16_t *, const float *, float *, int64_t, int64_t,
                      int64_t, int64_t);
-static pass_fn *const PASSES[ROWS] = {pass_1, pass_2, pass_3, pass_4,
-                                      pass_5, pass_6, pass_7, pass_8};
+static pass_fn *const PASSES[ROWS] = {
+    pass_1, pass_2,
+#if ROWS == 8
+    pass_3, pass_4, pass_5, pass_6, pass_7, pass_8,
+#endif
+};
 
 void deepinfer_bf16_weight_linear(const float *x, const uint16_t *panels, const float *bias,
                                   float *y, int64_t M, int64_t N, int64_t K) {
