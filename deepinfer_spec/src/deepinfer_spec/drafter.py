@@ -219,10 +219,14 @@ class DSparkDrafter(nn.Module):
         anchor = self.target.embed(anchor_ids).to(dtype)[:, None, :]
         x = torch.cat((anchor, self.mask_embed[None].expand(batch, -1, -1)), dim=1)
         dev = x.device
-        keys_valid = torch.cat(
-            (context_valid, torch.ones(batch, gamma, dtype=torch.bool, device=dev)), 1
-        )
-        mask = keys_valid[:, None, None, :]
+        mask: torch.Tensor | None = None
+        # A full window (every step of a sequence past its first 128 tokens) needs no mask;
+        # without one the attention skips reading and applying it.
+        if not bool(context_valid.all()):
+            keys_valid = torch.cat(
+                (context_valid, torch.ones(batch, gamma, dtype=torch.bool, device=dev)), 1
+            )
+            mask = keys_valid[:, None, None, :]
         context = context.to(dtype)
         # Keys are positions -width .. gamma-1 (the tables' last rows); queries the last gamma.
         k_cos, k_sin = self.rope_cos[-(width + gamma) :], self.rope_sin[-(width + gamma) :]
