@@ -100,10 +100,11 @@ def test_mlp_matches_the_reference(layer: QuantDecoderLayerKernel, q: QuantLayer
     _check_mlp(q, *_run_mlp(layer, q))
 
 
-# The fused register path takes 1 or 2 rows of Q4_0/Q4_1/Q8_0/F32/F16/BF16; the K-quants, and
-# every type at more rows, dequantise a row into a buffer first: every type on both paths.
+# The fused register path takes 1 to 4 rows of Q4_0/Q4_1/Q8_0/F32/F16/BF16 (four accumulators
+# per row at 1-2 rows, two at 3-4); the K-quants dequantise a row into a buffer first at 1-2
+# rows and take the panels at 3-4: every type on every path.
 @pytest.mark.parametrize("qtype", BLOCK_TYPES + FLOAT_TYPES, ids=lambda t: t.name)
-@pytest.mark.parametrize("rows", [1, 2, 3])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4])
 def test_every_type_on_both_product_paths(
     layer: QuantDecoderLayerKernel, qtype: QuantType, rows: int
 ) -> None:
@@ -136,7 +137,8 @@ def test_values_are_the_formats_exactly(layer: QuantDecoderLayerKernel, qtype: Q
     want = m.dequantized()
     one_hot = torch.zeros(len(ks), cols)
     one_hot[range(len(ks)), ks] = 1.0
-    for lo, hi in ((0, 1), (1, 3), (0, len(ks))):  # fused 1 and 2 rows, buffered 5
+    # Fused 1, 2, 3 and 4 rows (buffered or panels for the K-quants), panels at 5.
+    for lo, hi in ((0, 1), (1, 3), (2, 5), (1, 5), (0, len(ks))):
         got = _project(layer, m, one_hot[lo:hi])
         assert torch.equal(got, want[:, ks[lo:hi]].t()), (qtype.name, lo, hi)
 

@@ -34,7 +34,7 @@ def _check_close(y: torch.Tensor, x: torch.Tensor, w: QuantWeight, bias: torch.T
 @settings(max_examples=25, deadline=None)
 @given(
     w=quant_weights(),
-    rows=st.sampled_from([1, 2, 5, GEMV_MAX_ROWS, GEMV_MAX_ROWS + 3]),
+    rows=st.sampled_from([1, 2, 3, 4, 5, GEMV_MAX_ROWS, GEMV_MAX_ROWS + 3]),
     with_bias=st.booleans(),
     seed=st.integers(0, 2**16),
 )
@@ -46,13 +46,14 @@ def test_cpu_paths_match_reference(w: QuantWeight, rows: int, with_bias: bool, s
 
 
 @settings(max_examples=40, deadline=None)
-@given(w=quant_weights(max_rows=37), rows=st.sampled_from([1, 2]), data=st.data())
+@given(w=quant_weights(max_rows=37), rows=st.sampled_from([1, 2, 3, 4]), data=st.data())
 def test_decode_rows_on_one_hot_inputs_return_the_dequantised_weights(
     w: QuantWeight, rows: int, data: st.DataObject
 ) -> None:
-    """One or two x rows take the decode path (each block decoded in registers, a contiguous share
-    of the output rows per thread, so odd row counts split unevenly): x = e_k must give column k
-    of gguf's dequantised weight exactly, for every format and for a bias of zeros too."""
+    """One to four x rows take the decode path (each block decoded once in registers for every
+    row, a contiguous share of the output rows per thread, so odd row counts split unevenly;
+    the K-quants at 3-4 rows take the panels): x = e_k must give column k of gguf's
+    dequantised weight exactly, for every format and for a bias of zeros too."""
     if not default_cpu_kernel().available():
         pytest.skip("no C compiler")
     ks = data.draw(st.lists(st.integers(0, w.cols - 1), min_size=rows, max_size=rows))

@@ -30,7 +30,7 @@
 /* y[T, N] = x[T, K] W^T (+ bias) for the segmented block weight (w, seg) of N rows. */
 static void block_linear(const float *x, const uint8_t *w, const int64_t *seg, const float *bias,
                          float *y, int64_t T, int64_t N, int64_t K) {
-    if (T > 2) { /* dequantised panels and a register-blocked micro-kernel (gguf_panel.h) */
+    if (!few_row_product(seg, T)) { /* dequantised panels, register-blocked (gguf_panel.h) */
         panel_linear(x, K, w, seg, bias, y, T, N, K);
         return;
     }

@@ -8,11 +8,12 @@
  * contraction: d * q + m rounds once either way because d * q is exact.
  *
  * project_row() computes one output column of y = x W^T for every row of x, project_rows() a
- * run of them: the weight row is read once per call whatever the number of x rows. For one or
- * two x rows of Q4_0, Q4_1, Q8_0, F32, F16 and BF16 weights (AVX2 + FMA) each 32-weight block
- * is decoded into registers and multiplied straight away (no store and reload of the fp32
- * values: at batch 1 that halves the instructions per weight), with the row loop inside the
- * code specialised for the format; otherwise the row is dequantised once into a K-float buffer
+ * run of them: the weight row is read once per call whatever the number of x rows. For one to
+ * four x rows of Q4_0, Q4_1, Q8_0, F32, F16 and BF16 weights (AVX2 + FMA) each 32-weight block
+ * is decoded into registers once and multiplied into every x row straight away (no store and
+ * reload of the fp32 values: at batch 1 that halves the instructions per weight, and a 2-4 row
+ * verify step shares the decode), with the row loop inside the code specialised for the
+ * format; otherwise the row is dequantised once into a K-float buffer
  * (L1) and dotted with the x rows, four at a time. The sums run in another order than a BLAS
  * product, so they agree with it to fp32 rounding, not bitwise.
  *
@@ -35,6 +36,9 @@
 #endif
 
 #define QK_K 256
+
+/* The most x rows the fused block path (fused_dot) takes at once. */
+#define FUSED_MAX_ROWS 4
 
 enum { T_F32 = 0, T_F16 = 1, T_Q4_0 = 2, T_Q4_1 = 3, T_Q8_0 = 8,
        T_Q4_K = 12, T_Q5_K = 13, T_Q6_K = 14, T_BF16 = 30 };
@@ -321,14 +325,18 @@ static inline int fused_type(int qtype) {
     }
 }
 
-/* out[t] = sum_k W[k] x[t, k] for R (1 or 2) rows x[t] = x + t * xs, decoding each block once.
- * Four accumulators per row keep the FMA chains short. */
+/* out[t] = sum_k W[k] x[t, k] for R (1 to 4) rows x[t] = x + t * xs, decoding each block once
+ * for all R rows. One or two rows keep four accumulators per row (short FMA chains); three or
+ * four keep two per row (8 chains already, and 4 x 4 accumulators plus the block would not fit
+ * in the 16 vector registers), so their sums run in another order than one row's: equal to
+ * fp32 rounding, not bitwise. */
 static inline __attribute__((always_inline)) void fused_dot(const uint8_t *row, int qtype,
                                                             int64_t K, const float *x, int64_t xs,
                                                             const int R, float *out) {
-    __m256 acc[2][4];
+    const int A = R <= 2 ? 4 : 2; /* accumulators per row */
+    __m256 acc[4][4];
     for (int t = 0; t < R; t++)
-        for (int i = 0; i < 4; i++) acc[t][i] = _mm256_setzero_ps();
+        for (int i = 0; i < A; i++) acc[t][i] = _mm256_setzero_ps();
     int64_t blocks = K / 32;
     for (int64_t b = 0; b < blocks; b++) {
         __m256 w[4];
@@ -336,12 +344,13 @@ static inline __attribute__((always_inline)) void fused_dot(const uint8_t *row, 
         for (int t = 0; t < R; t++) {
             const float *xt = x + t * xs + 32 * b;
             for (int i = 0; i < 4; i++)
-                acc[t][i] = _mm256_fmadd_ps(w[i], _mm256_loadu_ps(xt + 8 * i), acc[t][i]);
+                acc[t][i % A] = _mm256_fmadd_ps(w[i], _mm256_loadu_ps(xt + 8 * i), acc[t][i % A]);
         }
     }
     for (int t = 0; t < R; t++) {
-        __m256 s = _mm256_add_ps(_mm256_add_ps(acc[t][0], acc[t][1]),
-                                 _mm256_add_ps(acc[t][2], acc[t][3]));
+        __m256 s = A == 4 ? _mm256_add_ps(_mm256_add_ps(acc[t][0], acc[t][1]),
+                                          _mm256_add_ps(acc[t][2], acc[t][3]))
+                          : _mm256_add_ps(acc[t][0], acc[t][1]);
         float r = hsum256(s);
         for (int64_t k = 32 * blocks; k < K; k++) r += weight_at(row, qtype, k) * x[t * xs + k];
         out[t] = r;
@@ -349,7 +358,7 @@ static inline __attribute__((always_inline)) void fused_dot(const uint8_t *row, 
 }
 
 /* y[t * N + n] = W[n] . x[t] (+ bias[n - n0]) for the count rows n = n0 .. n0 + count - 1,
- * stored row_bytes apart from rows (bias: count floats or NULL), and R (1 or 2) x rows. The
+ * stored row_bytes apart from rows (bias: count floats or NULL), and R (1 to 4) x rows. The
  * row loop sits inside the code made for one type and row count, so the per-row cost is the
  * dot product alone (dispatching each row through a call cost ~10% at K = 576). */
 static inline __attribute__((always_inline)) void fused_rows(const uint8_t *rows,
@@ -359,7 +368,7 @@ static inline __attribute__((always_inline)) void fused_rows(const uint8_t *rows
                                                              int64_t N, int64_t n0,
                                                              const float *bias) {
     for (int64_t r = 0; r < count; r++) {
-        float out[2];
+        float out[4];
         fused_dot(rows + r * row_bytes, qtype, K, x, xs, R, out);
         float b = bias ? bias[r] : 0.0f;
         for (int t = 0; t < R; t++) y[t * N + n0 + r] = out[t] + b;
@@ -368,8 +377,12 @@ static inline __attribute__((always_inline)) void fused_rows(const uint8_t *rows
 
 #define FUSED_CASE(Q)                                                                          \
     case Q:                                                                                    \
-        if (R == 1) fused_rows(rows, row_bytes, count, Q, K, x, xs, 1, y, N, n0, bias);        \
-        else fused_rows(rows, row_bytes, count, Q, K, x, xs, 2, y, N, n0, bias);               \
+        switch (R) {                                                                           \
+        case 1: fused_rows(rows, row_bytes, count, Q, K, x, xs, 1, y, N, n0, bias); break;     \
+        case 2: fused_rows(rows, row_bytes, count, Q, K, x, xs, 2, y, N, n0, bias); break;     \
+        case 3: fused_rows(rows, row_bytes, count, Q, K, x, xs, 3, y, N, n0, bias); break;     \
+        default: fused_rows(rows, row_bytes, count, Q, K, x, xs, 4, y, N, n0, bias); break;    \
+        }                                                                                      \
         return;
 
 /* fused_rows with the type and row count as constants (each case is its own loop). */
@@ -413,7 +426,7 @@ static void dot_rows4(const float *restrict w, const float *restrict x, int64_t 
 static void project_row(const uint8_t *row, int qtype, int64_t K, const float *x, int64_t T,
                         int64_t xs, float *buf, float *y, int64_t N, int64_t n, float b) {
 #if defined(__AVX2__) && defined(__FMA__)
-    if (T <= 2 && fused_type(qtype)) {
+    if (T <= FUSED_MAX_ROWS && fused_type(qtype)) {
         fused_rows_dispatch(row, 0, 1, qtype, K, x, xs, (int)T, y, N, n, &b);
         return;
     }
@@ -436,7 +449,7 @@ static void project_rows(const uint8_t *rows, int64_t row_bytes, int64_t count, 
                          int64_t K, const float *x, int64_t T, int64_t xs, float *buf, float *y,
                          int64_t N, int64_t n0, const float *bias) {
 #if defined(__AVX2__) && defined(__FMA__)
-    if (T <= 2 && fused_type(qtype)) {
+    if (T <= FUSED_MAX_ROWS && fused_type(qtype)) {
         fused_rows_dispatch(rows, row_bytes, count, qtype, K, x, xs, (int)T, y, N, n0,
                             bias ? bias + n0 : NULL);
         return;
@@ -445,6 +458,22 @@ static void project_rows(const uint8_t *rows, int64_t row_bytes, int64_t count, 
     for (int64_t r = 0; r < count; r++)
         project_row(rows + r * row_bytes, qtype, K, x, T, xs, buf, y, N, n0 + r,
                     bias ? bias[n0 + r] : 0.0f);
+}
+
+/* Whether a product of T x rows with the segmented weight seg (int64 count, then (qtype, rows,
+ * row_bytes) per segment) runs on the row paths (project_rows): one or two rows always, up to
+ * FUSED_MAX_ROWS when every segment's format decodes in registers; more go to the panels of
+ * gguf_panel.h (dequantised once per 12 rows into a tile, then a register-blocked kernel). */
+static inline int few_row_product(const int64_t *seg, int64_t T) {
+    if (T <= 2) return 1;
+#if defined(__AVX2__) && defined(__FMA__)
+    if (T > FUSED_MAX_ROWS) return 0;
+    for (int64_t s = 0; s < seg[0]; s++)
+        if (!fused_type((int)seg[1 + 3 * s])) return 0;
+    return 1;
+#else
+    return 0;
+#endif
 }
 
 /* This thread's share [*lo, *hi) of n rows in an OpenMP parallel region (all of them outside

@@ -22,8 +22,8 @@ int deepinfer_quant_linear(const float *x, int64_t M, int64_t x_stride, const ui
                            int64_t N, int64_t K, int64_t row_bytes, int64_t qtype,
                            const float *bias, float *y) {
     if (!known_type(qtype)) return -1;
-    if (M > 2) { /* dequantised panels and a register-blocked micro-kernel (gguf_panel.h) */
-        const int64_t seg[4] = {1, qtype, N, row_bytes};
+    const int64_t seg[4] = {1, qtype, N, row_bytes};
+    if (!few_row_product(seg, M)) { /* dequantised panels, register-blocked (gguf_panel.h) */
         panel_linear(x, x_stride, w, seg, bias, y, M, N, K);
         return 0;
     }
