@@ -12,7 +12,8 @@ Conversations arrive as a Poisson process; within one, each turn is sent when th
 answer has streamed in. Each request streams over HTTP (chat completions, ``include_usage``):
 TTFT is the time to the first content chunk, ITL the gaps between chunks, TPOT
 ``(e2e - ttft) / (completion_tokens - 1)``. Goodput counts requests meeting both SLOs per second
-of the run; the prefix hit rate is ``cached_tokens / prompt_tokens`` from ``usage``.
+of the run, from the workload's time zero to the last request's end
+(`deepinfer_sched.report.run_goodput`, which the simulator's side uses too); the prefix hit rate is ``cached_tokens / prompt_tokens`` from ``usage``.
 
 With ``--cost-model costmodel.json`` (``deepinfer bench --profile`` then ``deepinfer-sched
 calibrate``) each run is also replayed through the simulator with that fitted cost model, the
@@ -41,6 +42,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+
+from deepinfer_sched.report import SLO, run_goodput
 
 WORDS = [
     "file",
@@ -259,20 +262,20 @@ def summarize(
     router: str, records: list[Record], wall: float, args: argparse.Namespace
 ) -> dict[str, Any]:
     ok = [r for r in records if r.error is None and r.e2e is not None and r.ttft is not None]
-
-    def tpot(r: Record) -> float:
-        assert r.e2e is not None and r.ttft is not None
-        return (r.e2e - r.ttft) / max(1, r.completion_tokens - 1)
-
-    good = [r for r in ok if r.ttft <= args.ttft_slo and tpot(r) <= args.tpot_slo]  # type: ignore[operator]
+    good = run_goodput(
+        ((r.start, r.ttft, r.e2e, max(1, r.completion_tokens)) for r in ok),  # type: ignore[misc]
+        SLO(args.ttft_slo, args.tpot_slo),
+        total=len(records),
+    )
     prompt = sum(r.prompt_tokens for r in ok)
     return {
         "router": router,
         "requests": len(records),
         "errors": len(records) - len(ok),
         "wall_s": wall,
-        "goodput_rps": len(good) / wall,
-        "slo_attainment": len(good) / max(1, len(records)),
+        "window_s": good.window_s,
+        "goodput_rps": good.goodput_rps,
+        "slo_attainment": good.attainment,
         "output_tokens_per_s": sum(r.completion_tokens for r in ok) / wall,
         "ttft_p50": pct([r.ttft for r in ok], 0.5),  # type: ignore[misc]
         "ttft_p90": pct([r.ttft for r in ok], 0.9),  # type: ignore[misc]
@@ -294,11 +297,13 @@ async def replay(
     prompts: dict[tuple[int, int], list[dict[str, str]]],
     clock: list[float] | None = None,
     probe: list[float] | None = None,
+    probe_after: list[float] | None = None,
 ) -> tuple[list[Record], float]:
     """Run the workload; ``clock`` (if given) receives the run's start on the
     ``time.perf_counter()`` clock, which the replicas' live profiles share. ``probe`` (if
     given) receives the seconds of each request of a fixed probe sent before the run (see
-    :func:`speed_probe`)."""
+    :func:`speed_probe`), ``probe_after`` those of one sent after it on other prompts (the
+    first probe's would be prefix-cache hits by then)."""
     records: list[Record] = []
     limits = httpx.Limits(max_connections=256, max_keepalive_connections=256)
     async with httpx.AsyncClient(timeout=600, limits=limits) as client:
@@ -318,6 +323,8 @@ async def replay(
             )
         )
         wall = time.perf_counter() - t0
+        if probe_after is not None:
+            probe_after.extend(await speed_probe(client, base, first=PROBE_REQUESTS))
     return records, wall
 
 
@@ -326,13 +333,16 @@ PROBE_WORDS = 120
 PROBE_TOKENS = 8
 
 
-async def speed_probe(client: httpx.AsyncClient, base: str) -> list[float]:
+async def speed_probe(client: httpx.AsyncClient, base: str, first: int = 0) -> list[float]:
     """Seconds of each of a fixed few completions sent one after another to an idle server:
     the same prompts (seeded, none a prefix of another or of the workload's) and lengths in
-    every run, so the ratio between two runs' probes is the machine's speed between them."""
-    rng = random.Random(20260)
+    every run, so the ratio between two runs' probes is the machine's speed between them.
+    ``first`` numbers the prompts: a probe with another ``first`` sends prompts of the same
+    length that share no prefix block with these (one after a run, whose server has cached
+    the probe before it)."""
+    rng = random.Random(20260 + first)
     out = []
-    for k in range(PROBE_REQUESTS):
+    for k in range(first, first + PROBE_REQUESTS):
         prompt = f"Probe {k}: " + " ".join(rng.choice(WORDS) for _ in range(PROBE_WORDS))
         t = time.perf_counter()
         r = await client.post(

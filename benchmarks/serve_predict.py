@@ -15,10 +15,19 @@ The protocol (nothing measured on a predicted run feeds its prediction):
    (`serve_sim.predict_closed_loop`: a conversation's next turn arrives when its simulated
    previous turn ended) with the calibrated cost model, the same router, replica count,
    batch limits and SLO; it sees the workload's conversation start times, prompt tokens and
-   block hashes, and completion lengths - no measured time of that run.
+   block hashes, and completion lengths - no measured time of that run. The predicted
+   goodput is the mean over step times x ``1 +- --speed-spread`` (`serve_sim.predict_band`:
+   near the SLO a closed loop is chaotic, and one speed is one draw of it).
+
+Both sides count goodput through `deepinfer_sched.report.run_goodput`: requests within both
+SLOs per second from the workload's time zero to the last request's end. A fixed speed probe
+runs before and after every run (other prompts after: the first ones are cached by then).
 
 Prints and writes ``<out>/serve_predict.md`` / ``.json``: measured and predicted goodput per
-router and seed, the ratio, and its range per router.
+router and seed, the ratio, its range over seeds, and the pooled ratio per router (mean
+predicted over mean measured goodput across the held-out seeds: the headline figure).
+``--from FILE --refit`` predicts a saved run again with today's fit of its saved calibration
+steps.
 """
 
 from __future__ import annotations
@@ -50,13 +59,14 @@ def run(
     prompts: dict[tuple[int, int], list[dict[str, str]]] = {}
     clock: list[float] = []
     probe: list[float] = []
+    after: list[float] = []
     profile = os.path.join(profile_dir, f"{router}-s{seed}.json") if profile_dir else None
     with (
         tempfile.TemporaryDirectory() as cache,
         serve_load.server(wargs, router, args.replicas, cache, profile) as base,
     ):
         records, wall = asyncio.run(
-            serve_load.replay(base, convs, args.max_tokens, prompts, clock, probe)
+            serve_load.replay(base, convs, args.max_tokens, prompts, clock, probe, after)
         )
     files = []
     if profile:
@@ -73,7 +83,17 @@ def run(
         "profiles": files,
         "load_average": os.getloadavg()[0],
         "probe_s": sorted(probe)[len(probe) // 2],
+        "probe_after_s": sorted(after)[len(after) // 2],
     }
+
+
+def run_speed(run: dict[str, Any]) -> float | None:
+    """A run's probe seconds: the mean of the probes before and after it (one probe is a
+    point sample that a load peak can move), or the one before for runs saved without."""
+    before, after = run.get("probe_s"), run.get("probe_after_s")
+    if before and after:
+        return float(before + after) / 2.0
+    return float(before) if before else None
 
 
 def _tpots(records: list[Any]) -> list[float]:
@@ -106,7 +126,7 @@ def compare(
     starts = {int(c): float(t) for c, t in saved["starts"].items()}
 
     def predict(model: Any) -> dict[str, Any]:
-        return serve_sim.predict_closed_loop(
+        return serve_sim.predict_band(
             turns,
             starts,
             model,
@@ -114,12 +134,15 @@ def compare(
             args.replicas,
             wargs,
             overhead,
+            spread=args.speed_spread,
+            points=args.speed_points,
             cache_publish=args.cache_publish,
         )
 
     pred = predict(cost_model)
-    if probe_ref and saved.get("probe_s"):
-        pred["probe_scale"] = saved["probe_s"] / probe_ref
+    speed = run_speed(saved)
+    if probe_ref and speed:
+        pred["probe_scale"] = speed / probe_ref
         pred["sim_goodput_rps_probe"] = predict(cost_model.scaled(pred["probe_scale"]))[
             "sim_goodput_rps"
         ]
@@ -144,6 +167,7 @@ def compare(
         "prefix_hit_rate": m["prefix_hit_rate"],
         "errors": m["errors"],
         "load_average": saved["load_average"],
+        "window_s": m["window_s"],
         **{k: v for k, v in pred.items() if k != "sim_requests"},
         "ratio": pred["sim_goodput_rps"] / g if g else None,
         "ratio_probe": pred["sim_goodput_rps_probe"] / g
@@ -191,10 +215,23 @@ def main() -> None:
         "when its prefill completes",
     )
     ap.add_argument(
+        "--speed-spread",
+        type=float,
+        default=0.1,
+        help="the prediction is the mean over step times x 1 +- this (serve_sim.predict_band)",
+    )
+    ap.add_argument("--speed-points", type=int, default=5, help="speeds in that band")
+    ap.add_argument(
         "--from",
         dest="saved",
         default=None,
         help="predict the held-out runs saved in this serve_predict.json again (no live runs)",
+    )
+    ap.add_argument(
+        "--refit",
+        action="store_true",
+        help="with --from: fit the cost model again to the saved calibration steps (today's "
+        "fit) instead of using the saved model",
     )
     ap.add_argument("--out", default="out/serve_predict")
     args = ap.parse_args()
@@ -209,6 +246,9 @@ def main() -> None:
         steps = doc["live_profile"]["steps"]
         doc.setdefault("calibration_mean_step_s", sum(x["seconds"] for x in steps) / len(steps))
         cm = FittedCostModel.from_json(doc["cost_model"])
+        if args.refit:
+            cm = fit_profile(doc["live_profile"])
+            doc["cost_model"] = cm.to_json()
         oh = serve_sim.FrontOverhead(**doc["front_overhead"])
         ref = doc.get("calibration_probe_s")
         rows = [compare(saved, cm, oh, args, ref) for saved in doc["held_out"]]
@@ -239,6 +279,7 @@ def main() -> None:
                     "steps": sum(len(p["steps"]) for p in mine),
                     "load_average": r["load_average"],
                     "probe_s": r["probe_s"],
+                    "probe_after_s": r["probe_after_s"],
                 }
             )
             print(f"calibration run: {calib[-1]}", flush=True)
@@ -254,7 +295,7 @@ def main() -> None:
     args.tpot_slo = args.tpot_slo or round(base["tpot_p90"], 2)
     print(f"cost model: {cost_model.prefill_coef} {cost_model.decode_coef} {cost_model.fit_error}")
     print(f"front overhead: {overhead}; SLO TTFT {args.ttft_slo} s, TPOT {args.tpot_slo} s")
-    probes = sorted(c["probe_s"] for c in calib)
+    probes = sorted(s for s in map(run_speed, calib) if s)
     probe_ref = probes[len(probes) // 2]
 
     # 2-3. held-out runs and their predictions
@@ -272,6 +313,7 @@ def main() -> None:
                 "wall": r["wall"],
                 "load_average": r["load_average"],
                 "probe_s": r["probe_s"],
+                "probe_after_s": r["probe_after_s"],
                 "records": [asdict(x) for x in r["records"]],
                 "turns": {
                     c: [[t.input_len, t.output_len, list(t.block_hashes), t.tenant] for t in ts]
@@ -315,9 +357,11 @@ def write(
     lines = [
         f"Held-out protocol, {args.replicas} replicas, SLO TTFT <= {args.ttft_slo} s and "
         f"TPOT <= {args.tpot_slo} s; calibrated on seed {args.calib_seed}, predicted seeds "
-        f"{args.seeds}; simulated cache publish: {args.cache_publish}; {wall:.0f} s end to end.",
+        f"{args.seeds}; simulated cache publish: {args.cache_publish}; predicted = mean over "
+        f"step times x {', '.join(f'{x:.3g}' for x in serve_sim.speed_factors(args.speed_spread, args.speed_points))}"
+        f" (band: their range); {wall:.0f} s end to end.",
         "",
-        "| router | seed | measured goodput req/s | predicted | predicted / measured | "
+        "| router | seed | measured goodput req/s | predicted (band) | predicted / measured | "
         "TTFT p50 measured / predicted s | TPOT p50 measured / predicted s | "
         "prefix hit measured / predicted | load avg | mean step s (calibration: "
         f"{doc.get('calibration_mean_step_s', 0):.2f}) | self-fit / measured (diagnostic) | "
@@ -325,8 +369,10 @@ def write(
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
+        band = r.get("sim_goodput_band")
+        pred = f(r["sim_goodput_rps"]) + (f" ({band[0]:.2f}-{band[1]:.2f})" if band else "")
         lines.append(
-            f"| {r['router']} | {r['seed']} | {f(r['goodput_rps'])} | {f(r['sim_goodput_rps'])} | "
+            f"| {r['router']} | {r['seed']} | {f(r['goodput_rps'])} | {pred} | "
             f"{f(r['ratio'], 2)} | {f(r['ttft_p50'], 2)} / {f(r['sim_ttft_p50'], 2)} | "
             f"{f(r['tpot_p50'], 2)} / {f(r['sim_tpot_p50'], 2)} | {r['prefix_hit_rate']:.0%} / "
             f"{r['sim_prefix_hit_rate']:.0%} | {r['load_average']:.1f} | "
@@ -335,14 +381,19 @@ def write(
         )
     lines += [
         "",
-        "| router | predicted / measured goodput, range over seeds | the same, cost model x "
-        "probe | measured goodput / round robin's |",
-        "|---|---|---|---|",
+        "| router | pooled predicted / measured (mean over seeds) | range over seeds | "
+        "pooled, cost model x probe | range x probe | measured goodput / round robin's |",
+        "|---|---|---|---|---|---|",
     ]
 
     def span(key: str, router: str) -> str:
         v = [r[key] for r in rows if r["router"] == router and r.get(key) is not None]
         return f"{min(v):.2f}-{max(v):.2f}" if v else "-"
+
+    def pooled(key: str, router: str) -> str:
+        mine = [r for r in rows if r["router"] == router and r.get(key) is not None]
+        measured = sum(r["goodput_rps"] for r in mine)
+        return f"{sum(r[key] for r in mine) / measured:.2f}" if mine and measured else "-"
 
     rr = {r["seed"]: r["goodput_rps"] for r in rows if r["router"] == "round_robin"}
     for router in args.routers:
@@ -353,7 +404,8 @@ def write(
         ]
         gain = f"{min(gains):.2f}-{max(gains):.2f}" if gains else "-"
         lines.append(
-            f"| {router} | {span('ratio', router)} | {span('ratio_probe', router)} | {gain} |"
+            f"| {router} | {pooled('sim_goodput_rps', router)} | {span('ratio', router)} | "
+            f"{pooled('sim_goodput_rps_probe', router)} | {span('ratio_probe', router)} | {gain} |"
         )
     lines += [
         "",

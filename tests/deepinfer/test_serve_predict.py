@@ -11,6 +11,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import httpx
 import pytest
@@ -136,3 +137,119 @@ def test_speed_probe_sends_the_same_fixed_requests_every_run(serve_load: ModuleT
 
     with pytest.raises(httpx.HTTPStatusError):
         asyncio.run(broken())
+
+
+def test_the_probe_after_a_run_sends_other_prompts_of_the_same_size(
+    serve_load: ModuleType,
+) -> None:
+    # After a run the server has cached the first probe's prompts: repeating them would time
+    # prefix-cache hits. The second probe's prompts share no prefix with the first's.
+    seen: list[dict[str, object]] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(json.loads(request.content))
+        return httpx.Response(200, json={"choices": [{"text": "x"}]})
+
+    async def probes() -> None:
+        async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
+            await serve_load.speed_probe(client, "http://probe")
+            await serve_load.speed_probe(client, "http://probe", first=serve_load.PROBE_REQUESTS)
+
+    asyncio.run(probes())
+    n = serve_load.PROBE_REQUESTS
+    before = [str(r["prompt"]) for r in seen[:n]]
+    after = [str(r["prompt"]) for r in seen[n:]]
+    assert len(after) == n and not set(before) & set(after)
+    assert not any(b[:12] == a[:12] for a in after for b in before)
+    assert sorted(len(p.split()) for p in before) == sorted(len(p.split()) for p in after)
+
+
+def _saved_run() -> dict[str, object]:
+    path = ROOT / "benchmarks/results/serve_predict.quiet3.json"
+    doc: dict[str, object] = json.loads(path.read_text(encoding="utf-8"))
+    return doc
+
+
+def _closed_loop_inputs(serve_sim: ModuleType, saved: dict[str, Any]) -> tuple[Any, Any]:
+    turns = {
+        int(c): [serve_sim.Turn(n, o, tuple(h), t) for n, o, h, t in ts]
+        for c, ts in saved["turns"].items()
+    }
+    return turns, {int(c): float(t) for c, t in saved["starts"].items()}
+
+
+def test_a_saved_run_replays_to_the_same_simulated_makespan(serve_sim: ModuleType) -> None:
+    """The saved quiet round robin run (session 12) predicted again from its saved workload
+    and cost model: the same simulated makespan, attainment and goodput as recorded then
+    (the goodput accounting moved to `run_goodput` without changing what it counts)."""
+    doc: dict[str, Any] = _saved_run()
+    saved, row = doc["held_out"][0], doc["rows"][0]
+    assert saved["router"] == row["router"] == "round_robin"
+    args = argparse.Namespace(**{**doc["args"], "seed": saved["seed"]})
+    turns, starts = _closed_loop_inputs(serve_sim, saved)
+    pred = serve_sim.predict_closed_loop(
+        turns,
+        starts,
+        FittedCostModel.from_json(doc["cost_model"]),
+        "round_robin",
+        args.replicas,
+        args,
+        serve_sim.FrontOverhead(**doc["front_overhead"]),
+    )
+    assert pred["sim_wall_s"] == pytest.approx(row["sim_wall_s"], rel=1e-9)
+    assert pred["sim_slo_attainment"] == pytest.approx(row["sim_slo_attainment"])
+    assert pred["sim_goodput_rps"] == pytest.approx(row["sim_goodput_rps"], rel=1e-9)
+
+
+def test_measured_accounting_of_the_simulated_requests_gives_the_simulated_goodput(
+    serve_sim: ModuleType, serve_load: ModuleType
+) -> None:
+    """Both sides measure the same thing: the simulated requests, written as the client's
+    records and summarised by the measured side's code, give the simulated goodput, window
+    and attainment."""
+    cm = FittedCostModel((0.03, 2e-4, 0.0), (0.01, 2e-3, 1e-6), 1024, 8192)
+    turns = {c: [serve_sim.Turn(60 + 40 * j, 6, (), "t") for j in range(3)] for c in range(4)}
+    starts = {0: 0.4, 1: 0.42, 2: 0.45, 3: 1.6}
+    overhead = serve_sim.FrontOverhead(inbound_s=0.01, first_s=0.005, last_s=0.004, think_s=0.02)
+    args = _args(ttft_slo=0.07, tpot_slo=0.04)
+    pred = serve_sim.predict_closed_loop(turns, starts, cm, "round_robin", 2, args, overhead)
+    assert 0.0 < pred["sim_slo_attainment"] < 1.0  # the SLO cuts through this run
+    records = [
+        serve_load.Record(c, j, sent, ttft=ttft, e2e=e2e, completion_tokens=6)
+        for c, j, sent, ttft, e2e in pred["sim_requests"]
+    ]
+    last_end = max(r.start + r.e2e for r in records)
+    # The harness stops its clock a little after the last chunk: not part of the window.
+    measured = serve_load.summarize("round_robin", records, last_end + 0.5, args)
+    assert measured["window_s"] == pytest.approx(pred["sim_wall_s"], rel=1e-12)
+    assert measured["goodput_rps"] == pytest.approx(pred["sim_goodput_rps"], rel=1e-12)
+    assert measured["slo_attainment"] == pytest.approx(pred["sim_slo_attainment"], rel=1e-12)
+
+
+def test_the_prediction_band_is_the_mean_over_the_machine_s_speeds(serve_sim: ModuleType) -> None:
+    doc: dict[str, Any] = _saved_run()
+    saved = doc["held_out"][0]
+    args = argparse.Namespace(**{**doc["args"], "seed": saved["seed"]})
+    turns, starts = _closed_loop_inputs(serve_sim, saved)
+    cm = FittedCostModel.from_json(doc["cost_model"])
+    oh = serve_sim.FrontOverhead(**doc["front_overhead"])
+    factors = serve_sim.speed_factors(0.1, 3)
+    assert factors == pytest.approx([0.9, 1.0, 1.1])
+    band = serve_sim.predict_band(turns, starts, cm, "round_robin", 2, args, oh, 0.1, 3)
+    each = [
+        serve_sim.predict_closed_loop(
+            turns, starts, cm if f == 1.0 else cm.scaled(f), "round_robin", 2, args, oh
+        )["sim_goodput_rps"]
+        for f in factors
+    ]
+    assert band["sim_goodput_rps"] == pytest.approx(sum(each) / 3)
+    assert band["sim_goodput_band"] == pytest.approx([min(each), max(each)])
+    assert band["sim_goodput_at_fit"] == pytest.approx(each[1])
+    # This run is one of the chaotic ones: +-10% step time moves its goodput by far more
+    # than 10% (what the band is for).
+    assert max(each) / min(each) > 1.3
+    one = serve_sim.predict_band(turns, starts, cm, "round_robin", 2, args, oh, 0.1, 1)
+    assert one["sim_goodput_rps"] == pytest.approx(each[1])
+    for spread, points in ((-0.1, 3), (1.0, 3), (0.1, 0)):
+        with pytest.raises(ValueError, match="spread"):
+            serve_sim.speed_factors(spread, points)

@@ -18,6 +18,7 @@ from deepinfer_sched.report.plots import (
     plot_latency_cdf,
 )
 from deepinfer_sched.report.records import SLO, RequestRecord
+from deepinfer_sched.report.run_goodput import RunGoodput, run_goodput
 from deepinfer_sched.report.timeline import Timeline
 
 __all__ = [
@@ -26,10 +27,12 @@ __all__ = [
     "LatencySummary",
     "Report",
     "RequestRecord",
+    "RunGoodput",
     "TenantSummary",
     "Timeline",
     "build_report",
     "latency_cdf",
     "plot_goodput_vs_load",
     "plot_latency_cdf",
+    "run_goodput",
 ]
