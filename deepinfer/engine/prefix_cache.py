@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    from deepinfer.engine.sequence import Sequence as Sequence_
 
 
 class PrefixCache(Protocol):
@@ -42,3 +45,24 @@ class SharesDeviceBlocks(Protocol):
     def share(
         self, tokens: Sequence[int], namespace: bytes, max_blocks: int
     ) -> tuple[list[int], Callable[[], None]]: ...
+
+
+@runtime_checkable
+class KeepsBlockHashes(Protocol):
+    """A prefix cache that lets the engine keep each sequence's chained block hashes
+    (`deepinfer_cache.KVCacheAdapter.hash_chain`): the engine holds one chain per sequence and
+    passes it as ``block_hashes=`` to every call, so each block is hashed once over the
+    sequence's life instead of on every lookup, load, share and save (vLLM keeps
+    ``Request.block_hashes`` for the same reason)."""
+
+    def hash_chain(self, namespace: bytes = b"") -> Any: ...
+
+
+def block_hashes(cache: PrefixCache, seq: Sequence_) -> dict[str, Any]:
+    """The keyword arguments that hand ``seq``'s block-hash chain to ``cache`` (made on first
+    use and kept on the sequence); none for a cache that does not keep chains."""
+    if not isinstance(cache, KeepsBlockHashes):
+        return {}
+    if seq.block_hashes is None:
+        seq.block_hashes = cache.hash_chain(seq.namespace)
+    return {"block_hashes": seq.block_hashes}

@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 from deepinfer.engine.chunk import Chunk
 from deepinfer.engine.config import EngineConfig
-from deepinfer.engine.prefix_cache import PrefixCache, SharesDeviceBlocks
+from deepinfer.engine.prefix_cache import PrefixCache, SharesDeviceBlocks, block_hashes
 from deepinfer.engine.sequence import SeqStatus, Sequence
 from deepinfer.models.kv_pool import KVPool
 from deepinfer_sched.policies.batch import BatchConfig, ContinuousBatchPolicy, SeqState
@@ -116,6 +116,7 @@ class Scheduler:
                 seq.namespace,
                 seq.block_ids,
                 seq.params.retention,
+                **block_hashes(self.prefix_cache, seq),
             )
         self._drop_kv(seq)
         if seq in self.running:
@@ -149,12 +150,13 @@ class Scheduler:
         if cache is not None and seq.params.prompt_logprobs is None:
             # At least one token must be computed so the forward yields the next token's logits.
             usable = (seq.prefill_target - 1) // bs * bs
-            cached = min(cache.num_cached_tokens(seq.all_ids, seq.namespace), usable)
+            hashes = block_hashes(cache, seq)  # kept on the sequence: no block hashed twice
+            cached = min(cache.num_cached_tokens(seq.all_ids, seq.namespace, **hashes), usable)
             if cached and self._share(seq, cache, cached):
                 pass
             elif cached:
                 blocks = self.pool.allocate(min(cached // bs, self.pool.num_free_blocks))
-                loaded = cache.load(seq.all_ids[:cached], seq.namespace, blocks)
+                loaded = cache.load(seq.all_ids[:cached], seq.namespace, blocks, **hashes)
                 keep = loaded // bs
                 self.pool.free(blocks[keep:])
                 seq.block_ids = blocks[:keep]
@@ -170,7 +172,9 @@ class Scheduler:
         if not isinstance(cache, SharesDeviceBlocks):
             return False
         bs = self.config.block_size
-        blocks, release = cache.share(seq.all_ids[:cached], seq.namespace, cached // bs)
+        blocks, release = cache.share(
+            seq.all_ids[:cached], seq.namespace, cached // bs, **block_hashes(cache, seq)
+        )
         if len(blocks) < cached // bs:
             release()
             return False

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -49,6 +49,9 @@ class Sequence:
     # Sampling and output state (detokenizer, stop strings, grammar, logprobs): built by
     # OutputProcessor.track when the request is added.
     state: RequestState | None = None
+    # The prefix cache's chained hashes of this sequence's full blocks, extended as tokens
+    # arrive so no block is hashed twice (made by the cache; see prefix_cache.block_hashes).
+    block_hashes: Any = None
 
     def __post_init__(self) -> None:
         self.prefill_target = len(self.prompt_ids)

@@ -15,6 +15,7 @@ Example::
 """
 
 from .adapter import KVCacheAdapter
+from .block_hash_chain import BlockHashChain
 from .clock import Clock, FakeClock, SystemClock
 from .disk_format import CorruptBlockError
 from .events import (
@@ -62,6 +63,7 @@ __all__ = [
     "REFERENCE_MODELS",
     "AllBlocksCleared",
     "BlockHash",
+    "BlockHashChain",
     "BlockMeta",
     "BlockRemoved",
     "BlockStored",

@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from .block_hash_chain import BlockHashChain
 from .store import TieredKVStore
 from .tiers.base import GatherFn, ScatterFn, torch_gather, torch_scatter
 from .tiers.device import DeviceTier
@@ -80,12 +81,28 @@ class KVCacheAdapter:
         self._gather: GatherFn = gather_fn if gather_fn is not None else torch_gather
         self._scatter: ScatterFn = scatter_fn if scatter_fn is not None else torch_scatter
 
-    def num_cached_tokens(self, tokens: Sequence[int] | Any, namespace: bytes = b"") -> int:
+    def hash_chain(self, namespace: bytes = b"") -> BlockHashChain:
+        """A block-hash chain for one growing sequence (``store.hash_chain``): pass it as
+        ``block_hashes=`` to the calls below and each block is hashed once, not once a call."""
+        return self.store.hash_chain(namespace)
+
+    def num_cached_tokens(
+        self,
+        tokens: Sequence[int] | Any,
+        namespace: bytes = b"",
+        *,
+        block_hashes: BlockHashChain | None = None,
+    ) -> int:
         """Cached prompt tokens (full blocks only, any tier); counted in the hit-rate stats."""
-        return self.store.lookup(tokens, namespace).num_tokens
+        return self.store.lookup(tokens, namespace, block_hashes=block_hashes).num_tokens
 
     def load(
-        self, tokens: Sequence[int] | Any, namespace: bytes, device_block_ids: Sequence[int]
+        self,
+        tokens: Sequence[int] | Any,
+        namespace: bytes,
+        device_block_ids: Sequence[int],
+        *,
+        block_hashes: BlockHashChain | None = None,
     ) -> int:
         """Copy the KV of the leading cached blocks into engine blocks ``device_block_ids``
         (block j of the prompt -> ``device_block_ids[j]``). Returns tokens loaded, a multiple
@@ -94,7 +111,12 @@ class KVCacheAdapter:
         if not ids:
             return 0
         res = self.store.fetch(
-            tokens, namespace, max_blocks=len(ids), promote=self.promote, device=self.pool.device
+            tokens,
+            namespace,
+            max_blocks=len(ids),
+            promote=self.promote,
+            device=self.pool.device,
+            block_hashes=block_hashes,
         ).result()
         for start in range(0, res.num_blocks, _CHUNK):
             chunk = res.pages[start : start + _CHUNK]
@@ -104,7 +126,12 @@ class KVCacheAdapter:
         return res.num_tokens
 
     def share(
-        self, tokens: Sequence[int] | Any, namespace: bytes, max_blocks: int
+        self,
+        tokens: Sequence[int] | Any,
+        namespace: bytes,
+        max_blocks: int,
+        *,
+        block_hashes: BlockHashChain | None = None,
     ) -> tuple[list[int], Callable[[], None]]:
         """The engine blocks that already hold the leading cached blocks of ``tokens``: the
         store's device tier over this very pool keeps them, so the engine can read them in
@@ -115,7 +142,9 @@ class KVCacheAdapter:
             return [], _noop
         if first.block_dim != self.block_dim:
             return [], _noop
-        ids, hashes = self.store.lease_device(tokens, namespace, max_blocks=max_blocks)
+        ids, hashes = self.store.lease_device(
+            tokens, namespace, max_blocks=max_blocks, block_hashes=block_hashes
+        )
         released = False
 
         def release() -> None:
@@ -132,6 +161,8 @@ class KVCacheAdapter:
         namespace: bytes,
         device_block_ids: Sequence[int],
         retention: str = "chat",
+        *,
+        block_hashes: BlockHashChain | None = None,
     ) -> int:
         """Store the KV of the full blocks of ``tokens`` held in engine blocks
         ``device_block_ids``; only blocks the store lacks are copied. Returns blocks newly
@@ -146,7 +177,7 @@ class KVCacheAdapter:
             sel = torch.tensor([ids[i] for i in block_indices], dtype=torch.long)
             return self._gather(self.pool, sel, block_dim=self.block_dim).movedim(self.block_dim, 0)
 
-        return self.store.store(prefix, pages, retention, namespace)
+        return self.store.store(prefix, pages, retention, namespace, block_hashes=block_hashes)
 
     def _check_ids(self, device_block_ids: Sequence[int]) -> list[int]:
         n = self.pool.shape[self.block_dim]

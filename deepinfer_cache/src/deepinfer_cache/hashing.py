@@ -214,6 +214,26 @@ def iter_block_hashes(
     )
 
 
+def _check_block_size(block_size: Any) -> None:
+    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size <= 0:
+        raise ValueError(f"block_size must be a positive int, got {block_size!r}")
+
+
+def _token_source(tokens: Any) -> tuple[Any, Callable[[Any], memoryview]]:
+    """``tokens`` as a sliceable sequence and the function that converts a slice of it to
+    checked int32 bytes."""
+    toks = as_token_sequence(tokens)
+    if isinstance(toks, list | tuple):
+        return toks, _list_to_int32_buffer
+    if not isinstance(toks, np.ndarray):  # a torch tensor
+        toks = toks.detach().cpu().numpy()
+    if toks.ndim != 1:
+        raise ValueError(f"tokens must be 1-D, got shape {toks.shape}")
+    if toks.size and toks.dtype.kind not in "iu":
+        raise TypeError(f"tokens must be integers, got dtype {toks.dtype}")
+    return toks, _array_to_int32_buffer
+
+
 def hash_chunks(
     tokens: Any,
     block_size: int,
@@ -227,22 +247,10 @@ def hash_chunks(
     """The hash chain in lists of ``first_chunk`` blocks, then twice as many each time (the
     tokens are converted chunk by chunk): a caller that stops early has paid at most twice
     what it used, and the per-block work is a tight loop without a generator step."""
-    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size <= 0:
-        raise ValueError(f"block_size must be a positive int, got {block_size!r}")
+    _check_block_size(block_size)
     parent = namespace_root(namespace, model=model, extra=extra, key_hash=key_hash)
     extras = _check_block_extras(block_extras)
-    toks = as_token_sequence(tokens)
-    convert: Callable[[Any], memoryview]
-    if isinstance(toks, list | tuple):
-        convert = _list_to_int32_buffer
-    else:
-        if not isinstance(toks, np.ndarray):  # a torch tensor
-            toks = toks.detach().cpu().numpy()
-        if toks.ndim != 1:
-            raise ValueError(f"tokens must be 1-D, got shape {toks.shape}")
-        if toks.size and toks.dtype.kind not in "iu":
-            raise TypeError(f"tokens must be integers, got dtype {toks.dtype}")
-        convert = _array_to_int32_buffer
+    toks, convert = _token_source(tokens)
     use_xxh3 = key_hash == "xxh3_128"
     native = chain_hasher() if use_xxh3 and extras is None else None
     return _chunks(toks, convert, block_size, parent, extras, use_xxh3, first_chunk, native)
@@ -302,6 +310,23 @@ def _chunks(
         yield out
         done = hi
         chunk *= 2
+
+
+def hash_blocks_from(
+    parent: BlockHash, tokens: Any, block_size: int, key_hash: str = DEFAULT_KEY_HASH
+) -> list[BlockHash]:
+    """Continue a chain: the hashes of the full blocks of ``tokens`` chained from ``parent``
+    (the hash of the block before them, or a ``namespace_root``). No per-block key material."""
+    if not isinstance(parent, bytes) or len(parent) != HASH_SIZE:
+        raise ValueError(f"parent must be a {HASH_SIZE}-byte block hash")
+    _check_block_size(block_size)
+    toks, convert = _token_source(tokens)
+    n_blocks = len(toks) // block_size
+    if n_blocks == 0:
+        return []
+    use_xxh3 = check_key_hash(key_hash) == "xxh3_128"
+    native = chain_hasher() if use_xxh3 else None
+    return next(_chunks(toks, convert, block_size, parent, None, use_xxh3, n_blocks, native))
 
 
 def hash_token_blocks(

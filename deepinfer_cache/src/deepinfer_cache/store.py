@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from .block_hash_chain import BlockHashChain, chain_hashes, present_prefix
 from .clock import Clock
 from .events import AllBlocksCleared, BlockStored, EventSubscription
 from .hashing import (
@@ -100,8 +101,11 @@ class TieredKVStore(StoreCore):
         *,
         extra: bytes = b"",
         block_extras: Mapping[int, bytes] | None = None,
+        block_hashes: BlockHashChain | None = None,
     ) -> list[BlockHash]:
         """The block hashes this store uses for ``tokens`` (its ``model`` folded in)."""
+        if block_hashes is not None:
+            return chain_hashes(self, tokens, namespace, extra, block_extras, block_hashes)
         return hash_token_blocks(
             tokens,
             self.block_size,
@@ -112,6 +116,14 @@ class TieredKVStore(StoreCore):
             key_hash=self.key_hash,
         )
 
+    def hash_chain(self, namespace: bytes = b"", *, extra: bytes = b"") -> BlockHashChain:
+        """A :class:`BlockHashChain` under this store's key scheme, model and block size: keep
+        one per growing sequence and pass it as ``block_hashes=`` so that each block is hashed
+        once over the sequence's life."""
+        return BlockHashChain(
+            self.block_size, namespace, model=self.model, extra=extra, key_hash=self.key_hash
+        )
+
     def lookup(
         self,
         tokens: Any,
@@ -120,6 +132,7 @@ class TieredKVStore(StoreCore):
         record: bool = True,
         extra: bytes = b"",
         block_extras: Mapping[int, bytes] | None = None,
+        block_hashes: BlockHashChain | None = None,
     ) -> LookupResult:
         """How many leading full blocks of ``tokens`` are cached, and in which tiers.
 
@@ -130,9 +143,23 @@ class TieredKVStore(StoreCore):
         """
         toks = as_token_sequence(tokens)
         computed: list[BlockHash] = []
-        chunks = hash_chunks(
-            toks, self.block_size, namespace, self.model, extra, block_extras, self.key_hash, 1
-        )
+        if block_hashes is not None:  # hashed already: probe up to the first miss only
+            have = self.hashes(
+                toks, namespace, extra=extra, block_extras=block_extras, block_hashes=block_hashes
+            )
+            probe = have[: present_prefix(self.index._ids, have) + 1]
+            chunks: Any = iter([probe] if probe else [])
+        else:
+            chunks = hash_chunks(
+                toks,
+                self.block_size,
+                namespace,
+                self.model,
+                extra,
+                block_extras,
+                self.key_hash,
+                1,
+            )
         # Hash outside the store lock, in chunks of 1, 2, 4... blocks, stopping after the
         # first block the index lacks (dict membership tests are atomic under the GIL). The
         # index never holds a block without its parent, so a chunk whose last block is known
@@ -174,12 +201,15 @@ class TieredKVStore(StoreCore):
         *,
         extra: bytes = b"",
         block_extras: Mapping[int, bytes] | None = None,
+        block_hashes: BlockHashChain | None = None,
     ) -> int:
         """Store the full blocks of ``tokens``. ``pages`` is ``[n_full_blocks, *page_shape]``,
         a list of such pages, or a callable returning the pages of the given block indices
         (only new blocks are asked for). Returns how many blocks were newly stored; stops at the
         first block no tier can take (counted as skipped)."""
-        hashes = self.hashes(tokens, namespace, extra=extra, block_extras=block_extras)
+        hashes = self.hashes(
+            tokens, namespace, extra=extra, block_extras=block_extras, block_hashes=block_hashes
+        )
         self.index.retention.ttl(retention)  # validates the class name early
         source = self._check_pages(pages, len(hashes))
         with self._lock:
@@ -236,6 +266,7 @@ class TieredKVStore(StoreCore):
         device: torch.device | str | None = None,
         extra: bytes = b"",
         block_extras: Mapping[int, bytes] | None = None,
+        block_hashes: BlockHashChain | None = None,
     ) -> Future[FetchResult]:
         """Read the leading cached blocks (promoting host/disk ones to the fastest tier) on an
         I/O thread. A corrupt block ends the result early and is quarantined, never served.
@@ -244,7 +275,9 @@ class TieredKVStore(StoreCore):
             isinstance(max_blocks, bool) or not isinstance(max_blocks, int) or max_blocks < 0
         ):
             raise ValueError(f"max_blocks must be None or an int >= 0, got {max_blocks!r}")
-        hashes = self.hashes(tokens, namespace, extra=extra, block_extras=block_extras)
+        hashes = self.hashes(
+            tokens, namespace, extra=extra, block_extras=block_extras, block_hashes=block_hashes
+        )
         hashes = hashes[:max_blocks]
         with self._lock:
             self._check_open()
@@ -270,6 +303,7 @@ class TieredKVStore(StoreCore):
         max_blocks: int | None = None,
         extra: bytes = b"",
         block_extras: Mapping[int, bytes] | None = None,
+        block_hashes: BlockHashChain | None = None,
     ) -> tuple[list[int], list[BlockHash]]:
         """Pin the leading cached blocks of ``tokens`` that the first tier, a ``DeviceTier``,
         holds, and return their pool block ids (an engine reads them in place instead of
@@ -279,7 +313,9 @@ class TieredKVStore(StoreCore):
         slot_of = getattr(first, "slot_of", None)
         if slot_of is None:
             return [], []
-        hashes = self.hashes(tokens, namespace, extra=extra, block_extras=block_extras)
+        hashes = self.hashes(
+            tokens, namespace, extra=extra, block_extras=block_extras, block_hashes=block_hashes
+        )
         hashes = hashes[:max_blocks]
         ids: list[int] = []
         with self._lock:
