@@ -409,7 +409,8 @@ def write(
         )
     lines += [
         "",
-        f"Live fit: prefill {fit['prefill_coef']}, decode {fit['decode_coef']}, "
+        f"Live fit: prefill {fit['prefill_coef']}, decode {fit['decode_coef']}, per cached "
+        f"token {fit.get('cached_coef', 0.0)}, "
         f"{json.dumps(fit['fit_error'])}; front overhead (s): "
         f"{json.dumps(doc['front_overhead'])}; calibration runs: "
         f"{json.dumps(doc['calibration_runs'])}",
