@@ -56,6 +56,12 @@ PAGED_ATTENTION_TILES = CSource(
         CSignature("deepinfer_paged_attention_tiles", "pipippppppiiiiiiiiff", "i"),
     ),
 )
+VEC_MATH = CSource(
+    CSRC / "vec_math.c",
+    1,
+    # x, y, n  (vec_math.h's expf over a buffer: tests, and callers wanting a vectorised exp)
+    (CSignature("deepinfer_vec_expf", "ppi"),),
+)
 
 ALL_SOURCES: tuple[CSource, ...] = (
     ADD_RMS_NORM,
@@ -63,4 +69,5 @@ ALL_SOURCES: tuple[CSource, ...] = (
     DECODER_LAYER,
     QUANT_DECODER_LAYER,
     PAGED_ATTENTION_TILES,
+    VEC_MATH,
 )
