@@ -4,7 +4,8 @@ The corpus is offline and on every machine: the Python standard library's source
 documentation shipped with it (``pydoc_data``, module docstrings). The target is frozen; the
 drafter is trained with ``deepinfer_spec.training.train_drafter`` for a bounded wall-clock time
 and resumes from ``--work-dir`` when run again. ``--export`` writes the weights in bf16 (the
-embedding and LM head are shared with the target and never saved) into ``deepinfer/data/``.
+embedding and LM head are shared with the target and never saved) into ``deepinfer/data/``
+(``--export-dir`` elsewhere). ``--init-from DIR`` starts from a checkpoint, e.g. the shipped one.
 
     TRITON_INTERPRET=1 nohup .venv/bin/python recipes/dspark_smollm2/train_drafter.py --minutes 20 \
         --work-dir /tmp/dspark-smollm2 --export > /tmp/train_drafter.log 2>&1 &
@@ -286,7 +287,15 @@ def main() -> None:
     p.add_argument("--eval-prompts", type=int, default=4)
     p.add_argument("--eval-tokens", type=int, default=32)
     p.add_argument("--eval-only", action="store_true")
-    p.add_argument("--export", action="store_true", help=f"write bf16 weights to {EXPORT_DIR}")
+    p.add_argument(
+        "--export", action="store_true", help="write bf16 weights to --export-dir after training"
+    )
+    p.add_argument(
+        "--export-dir",
+        type=Path,
+        default=EXPORT_DIR,
+        help=f"where --export / --export-only write the checkpoint (default: {EXPORT_DIR})",
+    )
     p.add_argument("--export-only", action="store_true", help="export --work-dir and exit")
     p.add_argument(
         "--draft-vocab",
@@ -298,7 +307,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     if args.export_only:
-        export(load_model(), args.work_dir, EXPORT_DIR, args.draft_vocab)
+        export(load_model(), args.work_dir, args.export_dir, args.draft_vocab)
         return
 
     loaded = load_model()
@@ -399,7 +408,7 @@ def main() -> None:
         json.dumps({"step": result.step, "eval": metrics}, indent=1)
     )
     if args.export:
-        export(loaded, args.work_dir, EXPORT_DIR, args.draft_vocab)
+        export(loaded, args.work_dir, args.export_dir, args.draft_vocab)
 
 
 if __name__ == "__main__":
