@@ -96,6 +96,50 @@ def run_speed(run: dict[str, Any]) -> float | None:
     return float(before) if before else None
 
 
+STEP_KINDS = ("lone decode", "batched decode", "prefill", "prefill after a hit", "mixed")
+
+
+def step_kind(step: dict[str, Any]) -> str:
+    if not step["prefill"]:
+        return STEP_KINDS[0] if step["batch_size"] == 1 else STEP_KINDS[1]
+    if step["batch_size"]:
+        return STEP_KINDS[4]
+    return STEP_KINDS[3] if any(c for _, c in step["prefill"]) else STEP_KINDS[2]
+
+
+def step_charge(cm: FittedCostModel, step: dict[str, Any]) -> float:
+    """What the simulator charges for one live-profile step (`Instance.plan_iteration`: each
+    chunk's and the decode step's time, the per-step cost once)."""
+    terms = [cm.prefill_time(n, c) for n, c in step["prefill"]]
+    if step["batch_size"]:
+        terms.append(cm.decode_step_time(step["batch_size"], step["context_tokens"]))
+    return sum(terms) - (len(terms) - 1) * cm.step_overhead_s
+
+
+def kind_table(cm: FittedCostModel, groups: list[tuple[str, list[dict[str, Any]]]]) -> list[str]:
+    """Charged over measured seconds per kind of step, for each group of live steps (the
+    calibration runs', each held-out run's): where the fit is off, by kind."""
+    lines = [
+        "| steps of | all: charged / measured (s measured) | " + " | ".join(STEP_KINDS) + " |",
+        "|---|---|" + "---|" * len(STEP_KINDS),
+    ]
+    for name, steps in groups:
+        sums: dict[str, list[float]] = {k: [0, 0.0, 0.0] for k in STEP_KINDS}
+        for st in steps:
+            row = sums[step_kind(st)]
+            row[0] += 1
+            row[1] += st["seconds"]
+            row[2] += step_charge(cm, st)
+        measured = sum(v[1] for v in sums.values())
+        charged = sum(v[2] for v in sums.values())
+        cells = [
+            f"x{v[2] / v[1]:.2f} ({v[0]:.0f})" if v[0] and v[1] > 0 else "-" for v in sums.values()
+        ]
+        total = f"x{charged / measured:.2f} ({measured:.1f})" if measured > 0 else "-"
+        lines.append(f"| {name} | {total} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def _tpots(records: list[Any]) -> list[float]:
     ok = [x for x in records if x.error is None and x.e2e is not None and x.ttft is not None]
     return sorted((x.e2e - x.ttft) / max(1, x.completion_tokens - 1) for x in ok)
@@ -407,6 +451,13 @@ def write(
             f"| {router} | {pooled('sim_goodput_rps', router)} | {span('ratio', router)} | "
             f"{pooled('sim_goodput_rps_probe', router)} | {span('ratio_probe', router)} | {gain} |"
         )
+    groups = [("calibration runs", doc["live_profile"]["steps"])] + [
+        (f"{h['router']} seed {h['seed']}", h["live_profile"]["steps"])
+        for h in doc.get("held_out", ())
+        if h.get("live_profile")
+    ]
+    lines += ["", "Steps charged by the calibrated fit over their measured time, per kind (count):"]
+    lines += ["", *kind_table(FittedCostModel.from_json(doc["cost_model"]), groups)]
     lines += [
         "",
         f"Live fit: prefill {fit['prefill_coef']}, decode {fit['decode_coef']}, per cached "

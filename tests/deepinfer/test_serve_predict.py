@@ -253,3 +253,51 @@ def test_the_prediction_band_is_the_mean_over_the_machine_s_speeds(serve_sim: Mo
     for spread, points in ((-0.1, 3), (1.0, 3), (0.1, 0)):
         with pytest.raises(ValueError, match="spread"):
             serve_sim.speed_factors(spread, points)
+
+
+@pytest.fixture(scope="module")
+def serve_predict(serve_sim: ModuleType, serve_load: ModuleType) -> ModuleType:
+    path = ROOT / "benchmarks/serve_predict.py"
+    spec = importlib.util.spec_from_file_location("serve_predict", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)  # imports serve_load / serve_sim: the fixtures' modules
+    return module
+
+
+def test_the_per_kind_step_table_charges_what_the_simulator_charges(
+    serve_predict: ModuleType,
+) -> None:
+    """A fit exact on its steps charges every kind x1.00; a model whose lone decode step is
+    1.5x too slow shows x1.50 there and nowhere else."""
+    o, e, p1, d1, d2, k = 0.01, 0.02, 1e-4, 1e-3, 1e-6, 5e-5
+    steps = []
+    for i in range(60):
+        pre = [[50 + i, 0]] if i % 3 == 0 else [[20, 100 + i]] if i % 3 == 1 else []
+        b = 1 if i % 5 == 0 else (0 if pre and i % 2 else 1 + i % 4)
+        if not pre and b == 0:
+            b = 2
+        t = b * (200 + 7 * i)
+        secs = o + sum(e + p1 * n + k * c for n, c in pre) + d1 * b + d2 * t
+        steps.append({"prefill": pre, "batch_size": b, "context_tokens": t, "seconds": secs})
+    cm = FittedCostModel((o + e, p1, 0.0), (o, d1, d2), 1024, 8192, cached_coef=k)
+    for st in steps:
+        assert serve_predict.step_charge(cm, st) == pytest.approx(st["seconds"], rel=1e-12)
+    table = serve_predict.kind_table(cm, [("exact", steps)])
+    row = table[2].split(" | ")
+    assert row[0] == "| exact" and row[1].startswith("x1.00")
+    assert all(c.startswith("x1.00") for c in row[2:] if c.strip(" |") != "-")
+    slow = [
+        {**st, "seconds": st["seconds"] / 1.5}
+        if serve_predict.step_kind(st) == "lone decode"
+        else st
+        for st in steps
+    ]
+    cells = dict(
+        zip(
+            serve_predict.STEP_KINDS,
+            serve_predict.kind_table(cm, [("s", slow)])[2].split(" | ")[2:],
+        )
+    )
+    assert cells.pop("lone decode").startswith("x1.50")
+    assert all(c.startswith("x1.00") for c in cells.values() if c.strip(" |") != "-")
