@@ -33,7 +33,10 @@ from dataclasses import dataclass
 from itertools import compress
 from typing import cast
 
+import numpy as np
+
 from .clock import Clock, SystemClock
+from .index_walk import gather, leading_chain_ids
 from .retention import RetentionPolicy
 
 _NONE = -1
@@ -176,20 +179,40 @@ class PrefixIndex:
         ``hashes`` may be a lazy iterator: it is consumed only up to the first miss."""
         now = self.clock.now()
         if isinstance(hashes, list | tuple):
-            matched = self._leading_ids(hashes, now)
-        else:
-            ids = self._ids
-            expires = self._expires
-            matched = []
-            for h in hashes:
-                i = ids.get(h)
-                if i is None or expires[i] <= now:
-                    break
-                matched.append(i)
+            matched, masks = self._leading(hashes, now)
+            if touch and matched:
+                self._touch(matched, masks)
+            return MatchResult(len(matched), masks)
+        ids = self._ids
+        expires = self._expires
+        matched = []
+        for h in hashes:
+            i = ids.get(h)
+            if i is None or expires[i] <= now:
+                break
+            matched.append(i)
         masks = tuple(map(self._tiers.__getitem__, matched))
         if touch and matched:
             self._touch(matched, masks)
         return MatchResult(len(matched), masks)
+
+    def _leading(self, hashes: Sequence[bytes], now: float) -> tuple[list[int], tuple[int, ...]]:
+        """Ids and tier masks of the leading present, unexpired ``hashes``: found by a binary
+        search and the parent links when ``hashes`` is one chain (``index_walk.py``), read
+        with vectorised gathers; else by probing each block."""
+        walked = leading_chain_ids(self._ids, self._keys, self._parent, hashes)
+        if walked is None:
+            found = self._leading_ids(hashes, now)
+            return found, tuple(map(self._tiers.__getitem__, found))
+        found, at = walked
+        if not found:
+            return [], ()
+        expired = np.flatnonzero(gather(self._expires, at, np.float64) <= now)
+        if expired.size:
+            k = int(expired[0])
+            del found[k:]
+            at = at[:k]
+        return found, tuple(gather(self._tiers, at, np.uint8).tobytes())
 
     def _leading_ids(self, hashes: Sequence[bytes], now: float) -> list[int]:
         """Ids of the leading present, unexpired ``hashes``. The probes and the expiry reads

@@ -13,7 +13,6 @@ threads, and ``flush`` waits for the disk with the lock released.
 from __future__ import annotations
 
 import time
-from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from itertools import filterfalse
@@ -137,7 +136,9 @@ class TieredKVStore(StoreCore):
         """How many leading full blocks of ``tokens`` are cached, and in which tiers.
 
         Hashes are computed lazily, outside the store lock: a miss on the first block costs
-        one block hash, a miss on block k at most 2 k + 1. The count is an upper bound of what
+        one block hash, a miss on block k at most 8 k + 1 with the C chain (~30 ns a block)
+        and 2 k + 1 without it. With ``block_hashes`` (a :class:`BlockHashChain` kept by the
+        caller) only blocks the chain has not seen are hashed. The count is an upper bound of what
         ``fetch`` returns: a block whose payload turns out corrupt when read is a miss then (and
         removed); ``scrub()`` verifies every disk block ahead of time.
         """
@@ -160,8 +161,8 @@ class TieredKVStore(StoreCore):
                 self.key_hash,
                 1,
             )
-        # Hash outside the store lock, in chunks of 1, 2, 4... blocks, stopping after the
-        # first block the index lacks (dict membership tests are atomic under the GIL). The
+        # Hash outside the store lock, in growing chunks (1, 8, 64... blocks in C; 1, 2, 4...
+        # in Python), stopping after the first block the index lacks (dict membership tests are atomic under the GIL). The
         # index never holds a block without its parent, so a chunk whose last block is known
         # is known whole: one probe per chunk. The locked match below re-checks every block.
         known = self.index._ids
@@ -177,7 +178,8 @@ class TieredKVStore(StoreCore):
             self._drain_failures()
             m = self.index.match(computed)
             per_tier = [0] * len(self.tiers)
-            for mask, n in Counter(m.tiers).items():  # a few distinct masks, counted in C
+            for mask in set(m.tiers):  # a few distinct masks, each counted in C
+                n = m.tiers.count(mask)
                 per_tier[(mask & -mask).bit_length() - 1] += n
             if record:
                 self._c["lookups"] += 1
