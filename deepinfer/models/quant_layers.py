@@ -74,8 +74,29 @@ class QuantLinear(Linear):
             start += size
         return out
 
+    def runs(self) -> list[QuantWeight]:
+        """:meth:`parts` with neighbours of one format joined into one view (no copy): a Q4_1
+        QKV is one product of 960 rows, not three products and a concatenation of their
+        outputs (a 2048-token prefill: one MKL call of N=960 instead of 576/192/192, and no
+        copy of the 2048 x 960 result)."""
+        out, start = [], 0
+        flat = self.weight.detach()
+        layout: list[tuple[QuantType, int]] = []
+        for qtype, rows in self.layout:
+            if layout and layout[-1][0] == qtype:
+                layout[-1] = (qtype, layout[-1][1] + rows)
+            else:
+                layout.append((qtype, rows))
+        for qtype, rows in layout:
+            size = rows * row_bytes(qtype, self.in_features)
+            out.append(
+                QuantWeight(flat[start : start + size].view(rows, -1), qtype, self.in_features)
+            )
+            start += size
+        return out
+
     def forward(self, x: torch.Tensor, contiguous: bool = True) -> torch.Tensor:
-        parts = self.parts()
+        parts = self.runs()
         bias = self.bias
         if len(parts) == 1:
             return quant_linear(x, parts[0], bias)

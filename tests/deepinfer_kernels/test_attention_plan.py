@@ -288,3 +288,34 @@ def test_windowed_or_short_chunks_keep_the_additive_mask() -> None:
     after = materialize(PagedLayout((600,), (900,), 16, 60, (tuple(range(57)),), 4, 2, 16), seed=5)
     (tb,) = after.plan(use_triton=False)._batches
     assert tb.causal_from is None and tb.bias is not None
+
+
+@pytest.mark.parametrize("prefix", [0, 300])
+def test_causal_prefill_past_the_score_budget_is_one_tile(
+    prefix: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The causal mode materialises no scores, so a long prefill chunk runs as one causal tile
+    whatever the score budget (cut into budget-sized chunks, the later ones ran an additive mask
+    over every earlier key); with a soft cap the manual path materialises them and the budget
+    still cuts the chunk. Both equal the reference."""
+    from deepinfer_kernels.attention import torch_path
+
+    monkeypatch.setattr(torch_path, "_SCORE_BUDGET", 1 << 16)  # 4 heads x 1324 keys: chunks of 12
+    q_len = 1024
+    pages = -(-(prefix + q_len) // 16)
+    layout = PagedLayout(
+        (q_len,), (prefix + q_len,), 16, pages + 2, (tuple(range(pages)),), 4, 2, 16
+    )
+    case = materialize(layout, seed=7)
+    plan = case.plan(use_triton=False)
+    (tb,) = plan._batches
+    assert tb.causal_from == prefix and tb.num_rows == q_len and tb.bias is None
+    ref = paged_attention_reference(*case.tensors(), **case.options())
+    assert_attention_close(plan.run(case.q, case.k_cache, case.v_cache), ref)
+
+    capped = replace(case, soft_cap=5.0)
+    plan = capped.plan(use_triton=False)
+    assert plan.num_tile_batches > 1
+    assert all(tb.causal_from is None for tb in plan._batches)
+    ref = paged_attention_reference(*capped.tensors(), **capped.options())
+    assert_attention_close(plan.run(capped.q, capped.k_cache, capped.v_cache), ref)

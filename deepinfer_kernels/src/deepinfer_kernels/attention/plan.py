@@ -434,6 +434,7 @@ def plan_paged_attention(
             num_kv_heads=num_kv_heads,
             causal=causal,
             window=window,
+            soft_cap=cap,
         )
     )
     return PagedAttentionPlan(

@@ -96,6 +96,17 @@ class TileBatch:
         return self.num_tiles * self.max_q
 
 
+def _flash_causal_whole(m: int, n: int, causal: bool, window: int, soft_cap: float) -> bool:
+    """Whether a sequence's ``m`` queries over ``n`` keys run as one tile in the flash kernel's
+    causal mode (see ``TileBatch.causal_from``). That mode materialises no scores, so the score
+    budget does not apply: cutting a 2048-token prefill into budget-sized chunks made the later
+    chunks run with an additive mask over every earlier key, the masked half included (one
+    SmolLM2 layer, one core: 0.17-0.19 s against 0.10-0.13 s as one causal tile)."""
+    if not causal or window > 0 or soft_cap > 0 or _FUSED is None:
+        return False
+    return m >= (_CAUSAL_MIN_Q if n == m else _CAUSAL_PREFIX_MIN_Q)
+
+
 def _make_tiles(
     seq_lens: list[int],
     cu: list[int],
@@ -104,6 +115,7 @@ def _make_tiles(
     block_size: int,
     group: int,
     num_kv_heads: int,
+    soft_cap: float = 0.0,
 ) -> list[_Tile]:
     tiles = []
     for b, n in enumerate(seq_lens):
@@ -111,7 +123,7 @@ def _make_tiles(
         if m == 0:
             continue
         chunk = m
-        if m > _SHORT_TILE:
+        if m > _SHORT_TILE and not _flash_causal_whole(m, n, causal, window, soft_cap):
             per_query = max(1, group * num_kv_heads * n)
             chunk = max(_SHORT_TILE, min(m, _SCORE_BUDGET // per_query))
         for s in range(0, m, chunk):
@@ -245,10 +257,15 @@ def plan_tile_batches(
     num_kv_heads: int,
     causal: bool,
     window: int,
+    soft_cap: float = 0.0,
 ) -> list[TileBatch]:
-    """Cut a validated batch into tile batches and precompute their indices and masks."""
+    """Cut a validated batch into tile batches and precompute their indices and masks.
+    ``soft_cap > 0`` (scores materialised by the manual path) keeps every tile in the score
+    budget."""
     group = num_q_heads // num_kv_heads
-    tiles = _make_tiles(seq_lens, cu_seqlens_q, causal, window, block_size, group, num_kv_heads)
+    tiles = _make_tiles(
+        seq_lens, cu_seqlens_q, causal, window, block_size, group, num_kv_heads, soft_cap
+    )
     return [
         _plan_batch(g, block_table, seq_lens, block_size, group, causal, window)
         for g in _group_tiles(tiles, num_q_heads)
@@ -474,6 +491,7 @@ def paged_attention_torch(
         num_kv_heads=k_cache.shape[2],
         causal=causal,
         window=window,
+        soft_cap=soft_cap,
     )
     out, lse = run_tile_batches(batches, q, k_cache, v_cache, scale, soft_cap, want_lse=True)
     assert lse is not None
