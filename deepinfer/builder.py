@@ -1,15 +1,17 @@
 """The composition root: :func:`build_engine` assembles an engine, and nothing else does.
 
 Loading the weights, sizing the KV pool, putting the prefix cache's tiers over it, loading and
-profiling a drafter all happen here; `LLM` (``deepinfer.llm``), the PD worker processes
-(through :func:`build_worker_engine`) and the HTTP server's replicas all call
-:func:`build_engine`.
+profiling a drafter all happen here; `LLM` (``deepinfer.llm``) calls :func:`build_engine`, the
+PD worker processes (through :func:`build_worker_engine`) and the HTTP server's replicas call
+:func:`build_engine_from_settings`, which turns their JSON settings into its arguments.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -21,7 +23,14 @@ from deepinfer.pd.worker import WorkerSettings
 from deepinfer.speculative import SpeculativeSpec, build_speculator
 from deepinfer_cache import TieredKVStore
 
-__all__ = ["DTYPES", "BuiltEngine", "build_engine", "build_worker_engine", "torch_dtype"]
+__all__ = [
+    "DTYPES",
+    "BuiltEngine",
+    "build_engine",
+    "build_engine_from_settings",
+    "build_worker_engine",
+    "torch_dtype",
+]
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -110,22 +119,55 @@ def build_engine(
     return BuiltEngine(engine, loaded, store)
 
 
+def build_engine_from_settings(
+    model: str | None,
+    *,
+    dtype: str = "float32",
+    device: str = "cpu",
+    engine: Mapping[str, Any] | None = None,
+    cache: Mapping[str, Any] | None = None,
+    speculative: str | Mapping[str, Any] | None = None,
+    cache_dir: str | None = None,
+) -> BuiltEngine:
+    """:func:`build_engine` from the JSON-able settings a worker or replica process is started
+    with (a process boundary carries no config objects, see `WorkerSettings`).
+
+    ``engine``: `EngineConfig` fields; ``cache``: `PrefixCacheConfig` fields plus an optional
+    ``"directory_suffix"`` (that engine's own disk directory), ``None`` for no prefix cache;
+    ``speculative``: `SpeculativeConfig` fields, or a drafter name / directory as
+    :func:`build_engine` takes it (empty or ``None``: off); ``cache_dir``: empty or ``None``
+    for the default.
+    """
+    prefix_cache, suffix = None, ""
+    if cache is not None:
+        fields = dict(cache)
+        suffix = str(fields.pop("directory_suffix", ""))
+        prefix_cache = PrefixCacheConfig(**fields)
+    spec: SpeculativeSpec = (
+        SpeculativeConfig(**speculative) if isinstance(speculative, Mapping) else speculative
+    )
+    return build_engine(
+        model,
+        dtype=dtype,
+        device=device,
+        engine_config=EngineConfig(**(engine or {})),
+        speculative=spec or None,
+        prefix_cache=prefix_cache,
+        cache_dir=cache_dir or None,
+        directory_suffix=suffix,
+    )
+
+
 def build_worker_engine(settings: WorkerSettings) -> tuple[LLMEngine, TieredKVStore | None]:
     """A PD worker's engine from its :class:`WorkerSettings` (the coordinator hands this
     function to every worker process it spawns)."""
-    cache, suffix = None, ""
-    if settings.cache is not None:
-        fields = dict(settings.cache)
-        suffix = fields.pop("directory_suffix")
-        cache = PrefixCacheConfig(**fields)
-    built = build_engine(
+    built = build_engine_from_settings(
         settings.model_dir,
         dtype=settings.dtype,
         device=settings.device,
-        engine_config=EngineConfig(**settings.engine),
-        speculative=SpeculativeConfig(**settings.speculative) if settings.speculative else None,
-        prefix_cache=cache,
-        cache_dir=settings.cache_dir or None,
-        directory_suffix=suffix,
+        engine=settings.engine,
+        cache=settings.cache,
+        speculative=settings.speculative,
+        cache_dir=settings.cache_dir,
     )
     return built.engine, built.store

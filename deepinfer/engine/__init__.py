@@ -20,7 +20,7 @@ from deepinfer.engine.logits_processor import LogitsProcessor
 from deepinfer.engine.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
 from deepinfer.engine.prefix_cache import PrefixCache
 from deepinfer.engine.sampling_params import SamplingParams
-from deepinfer.engine.structured_params import StructuredOutputsParams
+from deepinfer_kernels.sampling import StructuredOutputsParams
 
 __all__ = [
     "CompletionOutput",

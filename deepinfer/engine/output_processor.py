@@ -22,9 +22,9 @@ from deepinfer.engine.request_state import RequestState
 from deepinfer.engine.sampler import raw_logprobs
 from deepinfer.engine.sequence import SeqStatus, Sequence
 from deepinfer.engine.stop_strings import StopStringMatcher
-from deepinfer.engine.structured_output import GrammarCompiler
 from deepinfer.models.tokenizer import Tokenizer
 from deepinfer_kernels import gather_logprobs
+from deepinfer_kernels.sampling import GrammarCompiler
 
 if TYPE_CHECKING:
     from deepinfer.engine.chunk import Chunk
@@ -62,7 +62,9 @@ class OutputProcessor:
         if p.structured_outputs is not None:
             assert tok is not None
             if self._grammars is None:
-                self._grammars = GrammarCompiler(tok, self._vocab_size)
+                self._grammars = GrammarCompiler(
+                    tok.backend.to_str(), tok.eos_token_ids, self._vocab_size
+                )
             grammar = self._grammars.matcher(p.structured_outputs)
         banned: tuple[int, ...] = ()
         if p.min_tokens > 0:

@@ -15,8 +15,8 @@ import torch
 from deepinfer.engine.outputs import PositionLogprobs
 from deepinfer.engine.sampling_params import SamplingParams
 from deepinfer.engine.stop_strings import StopStringMatcher
-from deepinfer.engine.structured_output import GrammarMatcher
 from deepinfer.models.tokenizer import IncrementalDetokenizer
+from deepinfer_kernels.sampling import GrammarMatcher
 
 
 @dataclass

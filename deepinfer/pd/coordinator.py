@@ -17,7 +17,6 @@ import json
 import multiprocessing as mp
 import time
 from collections.abc import Iterator
-from collections.abc import Sequence as Seq
 from dataclasses import replace
 from multiprocessing.connection import wait
 from typing import Any
@@ -65,7 +64,8 @@ class PDCoordinator:
 
         engine_config = EngineConfig(num_blocks=256)
         with PDCoordinator(model_dir, engine_config=engine_config, build=build_worker_engine) as pd:
-            outs = pd.generate([[1, 2, 3]], [SamplingParams(temperature=0, max_tokens=8)])
+            rid, _ = pd.submit([1, 2, 3], SamplingParams(temperature=0, max_tokens=8), b"")
+            final = [out for out in pd.run_until({rid}) if out.finished]
     """
 
     def __init__(
@@ -575,45 +575,4 @@ class PDCoordinator:
             for out in outs:
                 if out.finished:
                     pending.discard(out.request_id)
-                yield out
-
-    def generate(
-        self,
-        prompts: Seq[list[int] | Exception],
-        params: Seq[SamplingParams],
-        namespaces: Seq[bytes],
-    ) -> list[RequestOutput]:
-        """Outputs in prompt order; an ``Exception`` in ``prompts`` becomes that request's error."""
-        order: list[str] = []
-        done: dict[str, RequestOutput] = {}
-        for prompt, p, ns in zip(prompts, params, namespaces):
-            if isinstance(prompt, Exception):
-                rid = f"pd-rejected-{next(self._ids)}"
-                done[rid] = RequestOutput(
-                    rid,
-                    [],
-                    finished=True,
-                    finish_reason="error",
-                    error=str(prompt),
-                    metrics=RequestMetrics(arrival_time=0.0),
-                )
-            else:
-                rid, failed = self.submit(prompt, p, ns)
-                if failed is not None:
-                    done[rid] = failed
-            order.append(rid)
-        for out in self.run_until(set(order) - set(done)):
-            if out.finished:
-                done[out.request_id] = out
-        return [done[rid] for rid in order]
-
-    def stream(
-        self, prompt: list[int], params: SamplingParams, namespace: bytes = b""
-    ) -> Iterator[RequestOutput]:
-        rid, failed = self.submit(prompt, params, namespace)
-        if failed is not None:
-            yield failed
-            return
-        for out in self.run_until({rid}):
-            if out.request_id == rid:
                 yield out

@@ -32,8 +32,6 @@ from typing import Any
 
 import torch
 
-from deepinfer.engine.cache_setup import PrefixCacheConfig
-from deepinfer.engine.config import EngineConfig, SpeculativeConfig
 from deepinfer.engine.engine import LLMEngine
 from deepinfer.engine.fanout import fan_out
 from deepinfer.engine.outputs import RequestOutput
@@ -334,27 +332,17 @@ def _warm_up(engine: LLMEngine) -> None:
 
 
 def build_replica_engine(settings: ReplicaSettings) -> tuple[LLMEngine, Any]:
-    from deepinfer.llm import build_engine  # the composition root
+    # Imported here: the front imports this module for ReplicaSettings and never builds.
+    from deepinfer.builder import build_engine_from_settings
 
-    cache = None
-    suffix = ""
-    if settings.cache is not None:
-        fields = dict(settings.cache)
-        suffix = str(fields.pop("directory_suffix", ""))
-        cache = PrefixCacheConfig(**fields)
-    built = build_engine(
+    built = build_engine_from_settings(
         settings.model,
         dtype=settings.dtype,
         device=settings.device,
-        engine_config=EngineConfig(**settings.engine),
-        speculative=(
-            SpeculativeConfig(**settings.speculative)
-            if isinstance(settings.speculative, dict)
-            else settings.speculative or None
-        ),
-        prefix_cache=cache,
+        engine=settings.engine,
+        cache=settings.cache,
+        speculative=settings.speculative,
         cache_dir=settings.cache_dir,
-        directory_suffix=suffix,
     )
     return built.engine, built.store
 

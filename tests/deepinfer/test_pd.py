@@ -200,7 +200,9 @@ def test_dead_worker_is_started_again_instead_of_hanging(gguf_path: Path, tmp_pa
         pd.decode[0].process.kill()
         pd.decode[0].process.join(10)
         start = time.monotonic()
-        (out,) = pd.generate([[1, 2, 3]], [SamplingParams(temperature=0, max_tokens=4)], [b""])
+        rid, failed = pd.submit([1, 2, 3], SamplingParams(temperature=0, max_tokens=4))
+        assert failed is None
+        (out,) = [o for o in pd.run_until({rid}) if o.finished]
         assert out.error is None and len(out.token_ids) == 4
         assert pd.num_restarts == 1
         assert time.monotonic() - start < 120.0

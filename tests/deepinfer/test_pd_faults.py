@@ -51,6 +51,19 @@ def _drive(pd: PDCoordinator, rids: set[str], deadline_s: float) -> dict[str, Re
     return done
 
 
+def _generate(
+    pd: PDCoordinator, prompts: list[list[int]], params: list[SamplingParams]
+) -> list[RequestOutput]:
+    """Final outputs in prompt order, through the coordinator's client seam (submit, then
+    ``run_until``, as ``LLM.generate`` drives it)."""
+    order = [pd.submit(p, sp, b"") for p, sp in zip(prompts, params)]
+    done = {rid: failed for rid, failed in order if failed is not None}
+    for out in pd.run_until({rid for rid, _ in order} - set(done)):
+        if out.finished:
+            done[out.request_id] = out
+    return [done[rid] for rid, _ in order]
+
+
 def test_killed_workers_cost_only_their_own_requests(model_dir: str, tmp_path: Path) -> None:
     """One 1P:2D coordinator (worker start-up dominates the cost), in three phases: SIGKILL of
     a decode worker mid-decode, death of the prefill worker, a slot that cannot start again."""
@@ -65,7 +78,7 @@ def test_killed_workers_cost_only_their_own_requests(model_dir: str, tmp_path: P
 
 def _decode_worker_killed_mid_decode(pd: PDCoordinator) -> None:
     prompts = _prompts(6)
-    reference = pd.generate(prompts, [PARAMS] * 6, [b""] * 6)
+    reference = _generate(pd, prompts, [PARAMS] * 6)
     assert all(o.error is None for o in reference)
 
     rids = [pd.submit(p, PARAMS)[0] for p in prompts]
@@ -120,13 +133,13 @@ def _decode_worker_killed_mid_decode(pd: PDCoordinator) -> None:
 def _prefill_worker_killed_before_any_output(pd: PDCoordinator) -> None:
     params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
     prompts = _prompts(4, offset=3)
-    reference = pd.generate(prompts, [params] * 4, [b""] * 4)
+    reference = _generate(pd, prompts, [params] * 4)
     restarts = pd.num_restarts
     pd.prefill[0].process.kill()
     pd.prefill[0].process.join(10)
     # Submitted while the prefill worker is dead: nothing has streamed, so nothing fails (the
     # prompts are prefilled on a decode worker, or on the prefill worker once it is back).
-    outs = pd.generate(prompts, [params] * 4, [b""] * 4)
+    outs = _generate(pd, prompts, [params] * 4)
     assert [o.error for o in outs] == [None] * 4
     assert [o.token_ids for o in outs] == [o.token_ids for o in reference]
     assert pd.num_restarts == restarts + 1
@@ -142,8 +155,8 @@ def _decode_slots_that_cannot_start_retire_and_pd_stops(
         slot.process.join(10)
     start = time.monotonic()
     with pytest.raises(PDWorkerError, match="no decode worker"):
-        pd.generate([[1, 2, 3]], [SamplingParams(temperature=0, max_tokens=4)], [b""])
+        _generate(pd, [[1, 2, 3]], [SamplingParams(temperature=0, max_tokens=4)])
     assert time.monotonic() - start < 60
     assert all(slot.retired for slot in pd.decode)
     with pytest.raises(PDWorkerError, match="down"):
-        pd.generate([[1, 2, 3]], [SamplingParams(temperature=0, max_tokens=4)], [b""])
+        _generate(pd, [[1, 2, 3]], [SamplingParams(temperature=0, max_tokens=4)])

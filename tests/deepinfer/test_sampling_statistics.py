@@ -11,12 +11,12 @@ import pytest
 import torch
 from model_helpers import random_hf_state, tiny_config, write_tiny_gguf
 
+from deepinfer.engine import StructuredOutputsParams
 from deepinfer.engine.output_processor import OutputProcessor
 from deepinfer.engine.outputs import RequestMetrics
 from deepinfer.engine.sampler import prepare_verify_logits, sample_next_tokens
 from deepinfer.engine.sampling_params import SamplingParams
 from deepinfer.engine.sequence import Sequence
-from deepinfer.engine.structured_params import StructuredOutputsParams
 from deepinfer.models import Tokenizer
 from deepinfer.models.gguf_loader import open_gguf
 from deepinfer_kernels import sampling_probs, speculative_verify

@@ -2,12 +2,20 @@
 
 llguidance (Microsoft's low-level guidance library, also behind vLLM's and llama.cpp's
 ``guidance`` backends) was chosen because it installs as one self-contained wheel and runs on
-the model's own ``tokenizers`` tokenizer; xgrammar imports ``transformers`` (and declares
-``triton``) at import time. A ``GrammarCompiler`` turns a `StructuredOutputsParams` into a
+a HuggingFace ``tokenizers`` JSON; xgrammar imports ``transformers`` (and declares ``triton``)
+at import time. It is an optional dependency (``pip install 'deepinfer-kernels[grammar]'``),
+imported on first use. A ``GrammarCompiler`` turns a `StructuredOutputsParams` into a
 ``GrammarMatcher`` per request: the matcher yields the packed int32 token bitmask of the next
-position (applied by ``deepinfer_kernels.apply_token_bitmask``) and advances as tokens are
-emitted. For speculative verification it can advance tentatively through draft tokens and
-roll back (``masks_along``).
+position (the layout ``token_bitmask`` builds and ``apply_token_bitmask`` applies) and advances
+as tokens are emitted. For speculative verification it can advance tentatively through draft
+tokens and roll back (``masks_along``).
+
+Example::
+
+    compiler = GrammarCompiler(hf_tokenizer.to_str(), eos_token_ids=[2], vocab_size=49152)
+    matcher = compiler.matcher(StructuredOutputsParams(regex=r"(yes|no)"))
+    logits = apply_token_bitmask(logits, matcher.bitmask()[None])
+    matcher.advance(token)
 """
 
 from __future__ import annotations
@@ -18,8 +26,7 @@ from typing import Any
 
 import torch
 
-from deepinfer.engine.structured_params import StructuredOutputsParams
-from deepinfer.models.tokenizer import Tokenizer
+from deepinfer_kernels.sampling.structured import StructuredOutputsParams
 
 # JSON is generated in json.dumps' layout (", " and ": ", no other whitespace): with free
 # whitespace a model can spend its whole budget on blanks inside a valid document. A schema can
@@ -34,19 +41,35 @@ def _lark_literal(text: str) -> str:
 
 class GrammarCompiler:
     """Compiles constraints for one tokenizer (building llguidance's tokenizer view, about a
-    second for a 49k vocabulary, happens once, on first use)."""
+    second for a 49k vocabulary, happens once, on first use).
 
-    def __init__(self, tokenizer: Tokenizer, vocab_size: int | None = None) -> None:
-        self.tokenizer = tokenizer
+    ``tokenizer_json``: the HuggingFace ``tokenizers`` serialisation (``Tokenizer.to_str()``);
+    ``eos_token_ids``: the tokens a finished grammar allows; ``vocab_size``: the model's rows
+    of logits when they exceed the tokenizer's (``None``: the tokenizer's).
+    """
+
+    def __init__(
+        self,
+        tokenizer_json: str,
+        eos_token_ids: Sequence[int] = (),
+        vocab_size: int | None = None,
+    ) -> None:
+        if not isinstance(tokenizer_json, str) or not tokenizer_json:
+            raise TypeError("tokenizer_json: expected the tokenizer's JSON text (to_str())")
+        if vocab_size is not None and (not isinstance(vocab_size, int) or vocab_size < 1):
+            raise ValueError(f"vocab_size: expected None or an int >= 1, got {vocab_size!r}")
+        self.tokenizer_json = tokenizer_json
+        self.eos_token_ids = [int(t) for t in eos_token_ids]
         self.vocab_size = vocab_size
         self._ll_tokenizer: Any = None
 
     def _llg(self) -> Any:
         try:
             import llguidance
-        except ImportError:  # pragma: no cover - llguidance is a declared dependency
+        except ImportError:  # pragma: no cover - the optional "grammar" extra
             raise ValueError(
-                "structured_outputs needs the llguidance package (pip install llguidance)"
+                "structured_outputs needs the llguidance package "
+                "(pip install 'deepinfer-kernels[grammar]')"
             ) from None
         return llguidance
 
@@ -54,9 +77,9 @@ class GrammarCompiler:
         if self._ll_tokenizer is None:
             llg = self._llg()
             self._ll_tokenizer = llg.LLTokenizer(
-                self.tokenizer.backend.to_str(),
+                self.tokenizer_json,
                 n_vocab=self.vocab_size,
-                eos_token=list(self.tokenizer.eos_token_ids) or None,
+                eos_token=self.eos_token_ids or None,
             )
         return self._ll_tokenizer
 

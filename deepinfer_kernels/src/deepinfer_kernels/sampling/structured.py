@@ -2,8 +2,10 @@
 
 Exactly one constraint is given: a JSON schema (``json``), any JSON object (``json_object``), a
 regular expression (``regex``), one of a list of strings (``choice``), or a Lark grammar
-(``grammar``). The engine compiles it with llguidance (see ``structured_output``) into a token
-mask applied to the logits before sampling and before speculative verification.
+(``grammar``). :class:`~deepinfer_kernels.sampling.grammar.GrammarCompiler` compiles it with
+llguidance into a matcher whose packed token bitmask ``apply_token_bitmask`` applies to the logits
+(before sampling, and before speculative verification). ``deepinfer`` re-exports this class as
+the ``structured_outputs`` field of its ``SamplingParams``.
 """
 
 from __future__ import annotations
@@ -22,10 +24,10 @@ class StructuredOutputsParams:
 
     Example::
 
-        from deepinfer.engine import SamplingParams, StructuredOutputsParams
+        from deepinfer_kernels.sampling import StructuredOutputsParams
 
         schema = {"type": "object", "properties": {"name": {"type": "string"}}}
-        params = SamplingParams(structured_outputs=StructuredOutputsParams(json=schema))
+        constraint = StructuredOutputsParams(json=schema)
     """
 
     json: str | Mapping[str, Any] | None = None
