@@ -260,6 +260,9 @@ def hash_chunks(
 # costs a fixed ~10 us a call (slice, checks) on top of its per-token work, so a 77k-token
 # hit converts in 4 calls instead of 11, while a first-block miss still converts one block.
 _CONVERT_AHEAD = 8
+# A C call costs ~10 us of fixed overhead (buffers, ctypes) and a Python step ~0.4 us a block:
+# chunks smaller than this are hashed in Python (a first-block miss stays one block's hash).
+_NATIVE_MIN_BLOCKS = 16
 
 
 def _chunks(
@@ -292,7 +295,7 @@ def _chunks(
         out: list[BlockHash] = []
         add = out.append
         base = (done - conv_lo) * step
-        if native is not None:  # the whole chunk in one C call (same bytes, native_hash.py)
+        if native is not None and hi - done >= _NATIVE_MIN_BLOCKS:  # one C call, same bytes
             out = native(parent, view[base : base + (hi - done) * step], hi - done, step)
             parent = out[-1]
         elif use_xxh3 and extras is None:  # the common case, kept to the bare calls
