@@ -82,53 +82,147 @@ static inline void axpy(float *y, float a, const float *x, int64_t n) {
     for (; i < n; i++) y[i] += a * x[i];
 }
 
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define TILE_SIMD 1
+
+/* The 8 dot products q . k[i] (i < 8) of length d (a multiple of 8), as one vector: per key 8
+ * lanes accumulated, then the 8 vectors reduced together (7 adds and a shuffle for all 8,
+ * where reducing each alone took ~8 instructions per key). */
+static inline __m256 dots8(const float *q, const float *const k[8], int64_t d) {
+    __m256 acc[8];
+    for (int i = 0; i < 8; i++) acc[i] = _mm256_setzero_ps();
+    for (int64_t e = 0; e < d; e += 8) {
+        __m256 qv = _mm256_loadu_ps(q + e);
+        for (int i = 0; i < 8; i++) acc[i] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k[i] + e), acc[i]);
+    }
+    __m256 a01 = _mm256_hadd_ps(acc[0], acc[1]), a23 = _mm256_hadd_ps(acc[2], acc[3]);
+    __m256 a45 = _mm256_hadd_ps(acc[4], acc[5]), a67 = _mm256_hadd_ps(acc[6], acc[7]);
+    __m256 a0123 = _mm256_hadd_ps(a01, a23), a4567 = _mm256_hadd_ps(a45, a67);
+    /* a0123 = [k0 k1 k2 k3 | k0 k1 k2 k3] halves (low lanes, high lanes): add the halves. */
+    __m256 lo = _mm256_permute2f128_ps(a0123, a4567, 0x20);
+    __m256 hi = _mm256_permute2f128_ps(a0123, a4567, 0x31);
+    return _mm256_add_ps(lo, hi);
+}
+
+/* o[:d] += sum_i p[i] v[i][off:off + d] over n keys, o's 64-float chunks held in registers
+ * across the keys (one load and one FMA per 8 values, where an axpy per key also loaded and
+ * stored o). */
+static inline void weighted_sum(float *o, const float *p, const float *const *v, int64_t off,
+                                int64_t n, int64_t d) {
+    for (int64_t e0 = 0; e0 < d; e0 += 64) {
+        int chunks = (int)((d - e0 < 64 ? d - e0 : 64) / 8);
+        __m256 acc[8];
+        for (int c = 0; c < chunks; c++) acc[c] = _mm256_loadu_ps(o + e0 + 8 * c);
+        for (int64_t i = 0; i < n; i++) {
+            if (p[i] == 0.f) continue; /* masked keys (and exp underflow) add nothing */
+            __m256 pv = _mm256_set1_ps(p[i]);
+            const float *vi = v[i] + off + e0;
+            for (int c = 0; c < chunks; c++)
+                acc[c] = _mm256_fmadd_ps(pv, _mm256_loadu_ps(vi + 8 * c), acc[c]);
+        }
+        for (int c = 0; c < chunks; c++) _mm256_storeu_ps(o + e0 + 8 * c, acc[c]);
+    }
+}
+#else
+#define TILE_SIMD 0
+#endif
+
 /* One item: keys [j0, j1) of tile t for all its max_q * Hq query rows (rr = r * Hq + head).
  * Writes per row m[rr], l[rr] and the unnormalised o[rr][:]. Each key's K (then V) row of all
- * KV heads is one contiguous read. scores: rows * span floats. */
+ * KV heads is one contiguous read. scores: rows * span floats; keys: span pointers. With AVX2
+ * and D a multiple of 8 the scores of 8 keys are computed together and each row's value sum
+ * keeps its output in registers (the same sums, in another order). */
 static void attend_span(const float *q, int64_t q_stride, const int64_t *q_rows,
                         int64_t row_start, const float *k_cache, const float *v_cache,
                         const int64_t *pages, const uint8_t *keep, int64_t t, int64_t j0,
                         int64_t j1, int64_t max_q, int64_t key_len, int64_t block_size,
                         int64_t hq, int64_t hkv, int64_t d, float scale, float soft_cap,
-                        float *m, float *l, float *o, float *scores) {
+                        float *m, float *l, float *o, float *scores, const float **keys) {
     int64_t span = j1 - j0, rows = max_q * hq, group = hq / hkv, row_len = hkv * d;
     for (int64_t rr = 0; rr < rows; rr++) {
         m[rr] = -INFINITY;
         l[rr] = 0.f;
     }
     memset(o, 0, (size_t)(rows * d) * sizeof(float));
-    for (int64_t jj = 0; jj < span; jj++) {
+    int simd = TILE_SIMD && d % 8 == 0;
+    int64_t jj = 0;
+#if TILE_SIMD
+    if (simd) {
+        for (; jj + 8 <= span; jj += 8) {
+            const float *kk[8];
+            for (int i = 0; i < 8; i++) {
+                int64_t j = j0 + jj + i;
+                kk[i] = k_cache + (pages[j / block_size] * block_size + j % block_size) * row_len;
+            }
+            for (int64_t r = 0; r < max_q; r++) {
+                int64_t out_row = t * max_q + r;
+                int64_t q_row = q_rows ? q_rows[out_row] : row_start + out_row;
+                const float *qr = q + q_row * q_stride;
+                for (int64_t x = 0; x < hq; x++) {
+                    const float *kh[8];
+                    for (int i = 0; i < 8; i++) kh[i] = kk[i] + (x / group) * d;
+                    _mm256_storeu_ps(scores + (r * hq + x) * span + jj,
+                                     _mm256_mul_ps(_mm256_set1_ps(scale), dots8(qr + x * d, kh, d)));
+                }
+            }
+        }
+    }
+#endif
+    for (; jj < span; jj++) { /* the rest one key at a time */
         int64_t j = j0 + jj;
         const float *kj = k_cache + (pages[j / block_size] * block_size + j % block_size) * row_len;
         for (int64_t r = 0; r < max_q; r++) {
             int64_t out_row = t * max_q + r;
             int64_t q_row = q_rows ? q_rows[out_row] : row_start + out_row;
-            if (keep && !keep[out_row * key_len + j]) {
-                for (int64_t x = 0; x < hq; x++) scores[(r * hq + x) * span + jj] = -INFINITY;
-                continue;
-            }
             const float *qr = q + q_row * q_stride;
-            for (int64_t x = 0; x < hq; x++) {
-                float sc = scale * dot(qr + x * d, kj + (x / group) * d, d);
+            for (int64_t x = 0; x < hq; x++)
+                scores[(r * hq + x) * span + jj] = scale * dot(qr + x * d, kj + (x / group) * d, d);
+        }
+    }
+    /* Soft cap, masks and each row's maximum. */
+    for (int64_t r = 0; r < max_q; r++) {
+        int64_t out_row = t * max_q + r;
+        const uint8_t *kr = keep ? keep + out_row * key_len + j0 : NULL;
+        for (int64_t x = 0; x < hq; x++) {
+            float *sr = scores + (r * hq + x) * span, big = -INFINITY;
+            for (int64_t i = 0; i < span; i++) {
+                float sc = sr[i];
                 if (soft_cap > 0) sc = soft_cap * tanhf(sc / soft_cap);
-                scores[(r * hq + x) * span + jj] = sc;
-                if (sc > m[r * hq + x]) m[r * hq + x] = sc;
+                if (kr && !kr[i]) sc = -INFINITY;
+                sr[i] = sc;
+                if (sc > big) big = sc;
             }
+            m[r * hq + x] = big;
         }
     }
     for (int64_t rr = 0; rr < rows; rr++) {
         if (m[rr] == -INFINITY) continue; /* no key of the span is kept */
         float *sr = scores + rr * span, sum = 0.f;
-        for (int64_t jj = 0; jj < span; jj++) sr[jj] -= m[rr];
+        for (int64_t i = 0; i < span; i++) sr[i] -= m[rr];
         expf_inplace(sr, span); /* vec_math.h; exp(-inf) = 0 for masked keys */
-        for (int64_t jj = 0; jj < span; jj++) sum += sr[jj];
+        for (int64_t i = 0; i < span; i++) sum += sr[i];
         l[rr] = sum;
     }
-    for (int64_t jj = 0; jj < span; jj++) {
-        int64_t j = j0 + jj;
+#if TILE_SIMD
+    if (simd) {
+        for (int64_t i = 0; i < span; i++) {
+            int64_t j = j0 + i;
+            keys[i] = v_cache + (pages[j / block_size] * block_size + j % block_size) * row_len;
+        }
+        for (int64_t rr = 0; rr < rows; rr++) {
+            if (m[rr] == -INFINITY) continue;
+            weighted_sum(o + rr * d, scores + rr * span, keys, ((rr % hq) / group) * d, span, d);
+        }
+        return;
+    }
+#endif
+    (void)keys;
+    for (int64_t i = 0; i < span; i++) {
+        int64_t j = j0 + i;
         const float *vj = v_cache + (pages[j / block_size] * block_size + j % block_size) * row_len;
         for (int64_t rr = 0; rr < rows; rr++) {
-            float p = scores[rr * span + jj];
+            float p = scores[rr * span + i];
             if (p != 0.f) axpy(o + rr * d, p, vj + ((rr % hq) / group) * d, d);
         }
     }
@@ -164,22 +258,24 @@ int deepinfer_paged_attention_tiles(const float *q, int64_t q_stride, const int6
 #pragma omp parallel
     {
         float *scores = malloc((size_t)(rows * per_span) * sizeof(float));
-        if (!scores) {
+        const float **keys = malloc((size_t)per_span * sizeof(float *));
+        if (!scores || !keys) {
 #pragma omp atomic write
             failed = 1;
         }
 #pragma omp for schedule(static)
         for (int64_t it = 0; it < items; it++) {
-            if (!scores) continue;
+            if (!scores || !keys) continue;
             int64_t t = it / spans, s = it % spans;
             int64_t j0 = s * per_span, j1 = j0 + per_span < key_len ? j0 + per_span : key_len;
             if (j0 > j1) j0 = j1;
             attend_span(q, q_stride, q_rows, row_start, k_cache, v_cache,
                         page_ids + t * num_pages, keep, t, j0, j1, max_q, key_len, block_size,
                         hq, hkv, d, scale, soft_cap, pm + it * rows, pl + it * rows,
-                        po + it * rows * d, scores);
+                        po + it * rows * d, scores, keys);
         }
         free(scores);
+        free(keys);
     }
     if (failed) {
         free(part);
