@@ -222,29 +222,15 @@ class LLM:
     ) -> Iterator[RequestOutput]:
         """Yield an output each time the request advances (``new_text`` holds the increment).
 
-        Other requests already queued on this engine keep running alongside.
+        With ``n > 1`` each yield carries the completion that advanced (its ``index`` set); the
+        last one, once all are done, carries every completion. Other requests already queued
+        on this engine keep running alongside.
         """
         params = sampling_params or SamplingParams()
-        if isinstance(params, SamplingParams) and params.num_candidates > 1:
-            yield from self._stream_many(prompt, params, namespace)
-            return
-        (rid,), failed = self._submit(prompt, params, namespace)
-        if failed:
-            yield failed[rid]
-            return
-        for out in self.client.run_until({rid}):
-            if out.request_id == rid:
-                yield out
-
-    def _stream_many(
-        self, prompt: Prompt, params: SamplingParams, namespace: bytes
-    ) -> Iterator[RequestOutput]:
-        """``n > 1``: each yield carries the completion that advanced (its ``index`` set); the
-        last one, once all are done, carries every completion."""
-        if params.num_candidates > params.n:
+        if isinstance(params, SamplingParams) and params.num_candidates > params.n:
             raise ValueError("stream: best_of > n cannot stream (the best are known at the end)")
         rids, latest = self._submit(prompt, params, namespace)
-        if len(latest) == len(rids):
+        if len(latest) == len(rids):  # every completion was refused
             yield merge(params, [latest[r] for r in rids])
             return
         for out in self.client.run_until(set(rids) - set(latest)):
