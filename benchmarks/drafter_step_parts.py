@@ -9,7 +9,7 @@ over ``--repeats`` rounds; the figures are medians with the round-to-round range
 what a drafting step costs against a plain one, and the tokens per drafting step (tau) it needs
 to break even and to reach 1.3x, against the ceiling a free drafter would leave.
 
-    .venv/bin/python benchmarks/drafter_step_parts.py --repeats 7
+    .venv/bin/python benchmarks/drafter_step_parts.py --repeats 7 [--drafts 2]
 """
 
 from __future__ import annotations
@@ -24,7 +24,8 @@ import torch
 from deepinfer import LLM, EngineConfig, SpeculativeConfig
 from deepinfer.models import load_model
 from deepinfer.models.attention_metadata import AttentionMetadata
-from deepinfer_spec import propose
+from deepinfer_kernels.cpu import ModuleLinear
+from deepinfer_spec import LinearFn, module_linear, propose
 
 
 def cpu_ms(fn: Callable[[], object], calls: int) -> float:
@@ -82,6 +83,17 @@ def main() -> None:
     features = torch.randn(1 + k, drafter.feature_dim, generator=gen)
     hidden = drafter.backbone(anchor, context, valid, context_is_kv=True)
     code = drafter.sequential_step(anchor, None)[1]
+    # The backbone under each product the engine chooses between at start-up (a same-run A/B;
+    # the choice itself is a timing, which a loaded machine can get wrong).
+    chosen, panels = drafter.linear, ModuleLinear(model.cpu_kernels.linear)
+
+    def with_linear(fn: LinearFn) -> object:
+        drafter.use_linear(fn)
+        try:
+            return drafter.backbone(anchor, context, valid, context_is_kv=True)
+        finally:
+            drafter.use_linear(chosen)
+
     codes = code[:, None].expand(1, k, -1)
     parts: dict[str, Callable[[], object]] = {
         "plain step (target, 1 token)": target(1),
@@ -90,6 +102,8 @@ def main() -> None:
             drafter, anchor, context, valid, temperature=0.0, context_is_kv=True, num_tokens=k
         ),
         "  backbone": lambda: drafter.backbone(anchor, context, valid, context_is_kv=True),
+        "  backbone, bf16 panels": lambda: with_linear(panels),
+        "  backbone, modules (MKL)": lambda: with_linear(module_linear),
         f"  base logits ({k} rows of the head)": lambda: drafter.base_logits(hidden[:, :k]),
         "  sequential step (x1)": lambda: drafter.sequential_step(anchor, None),
         "  confidence": lambda: drafter.confidence_logit(hidden[:, :k], codes),

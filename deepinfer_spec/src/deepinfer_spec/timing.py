@@ -58,7 +58,7 @@ def time_draft(drafter: DSparkDrafter, repeats: int = 3, num_tokens: int | None 
 
 @torch.no_grad()
 def fastest_linear(
-    drafter: DSparkDrafter, candidates: Sequence[LinearFn], repeats: int = 3
+    drafter: DSparkDrafter, candidates: Sequence[LinearFn], repeats: int = 5
 ) -> LinearFn:
     """The candidate under which one greedy proposal (:func:`time_draft`) is fastest on this
     machine; the drafter's own product is left as it was.
@@ -67,7 +67,9 @@ def fastest_linear(
     a preempted round on a shared CPU only ever adds time. Why measure instead of assuming:
     the bf16-panel product was 1.5x faster than MKL for one-row products on the machine it was
     tuned on, and 4-15x slower for the drafter's 5-row products on a loaded 2-core box
-    (``benchmarks/results/engine_spec.md``, session 11).
+    (``benchmarks/results/engine_spec.md``, session 11: an AVX2 code-generation fault, fixed
+    in session 13, after which it was 2x faster). Five rounds, not three: under a load of ~10
+    on 2 cores, three rounds once kept the product that was 2x slower.
     """
     if not candidates:
         raise ValueError("candidates: expected at least one LinearFn")
