@@ -13,10 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import torch
-
 from deepinfer.engine.cache_setup import PrefixCacheConfig, build_engine_kv
-from deepinfer.engine.config import EngineConfig, SpeculativeConfig
+from deepinfer.engine.config import DTYPES, EngineConfig, SpeculativeConfig, torch_dtype
 from deepinfer.engine.engine import LLMEngine
 from deepinfer.models.loader import LoadedModel, load_model
 from deepinfer.pd.worker import WorkerSettings
@@ -31,15 +29,6 @@ __all__ = [
     "build_worker_engine",
     "torch_dtype",
 ]
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def torch_dtype(name: str) -> torch.dtype:
-    """The torch dtype a ``dtype`` argument names; ``ValueError`` lists the choices."""
-    if name not in DTYPES:
-        raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {name!r}")
-    return DTYPES[name]
 
 
 @dataclass

@@ -1,4 +1,5 @@
-"""`EngineConfig`: sizes and limits of one engine instance; `SpeculativeConfig`: how it drafts."""
+"""`EngineConfig`: sizes and limits of one engine instance; `SpeculativeConfig`: how it drafts;
+`torch_dtype`: the weight dtypes a ``dtype`` argument may name."""
 
 from __future__ import annotations
 
@@ -6,6 +7,17 @@ import dataclasses
 import os
 from dataclasses import dataclass
 from typing import Any
+
+import torch
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    """The torch dtype a ``dtype`` argument names; ``ValueError`` lists the choices."""
+    if name not in DTYPES:
+        raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {name!r}")
+    return DTYPES[name]
 
 
 @dataclass(frozen=True)

@@ -18,8 +18,6 @@ from deepinfer_kernels import gather_blocks, scatter_blocks
 
 BLOCK_DIM = 2  # the block dimension of `KVPool.tensor` [L, 2, blocks, block_size, Hkv, D]
 
-_DTYPES = {str(d): d for d in (torch.float32, torch.float16, torch.bfloat16)}
-
 
 def export_pages(pool: KVPool, block_ids: list[int]) -> dict[str, Any]:
     """Copy ``pool`` pages ``block_ids`` into a new shared-memory segment; return its handle.
@@ -47,9 +45,9 @@ def import_pages(pool: KVPool, handle: dict[str, Any], block_ids: list[int]) -> 
     the segment (also when the copy fails)."""
     shm = shared_memory.SharedMemory(name=str(handle["shm"]))
     try:
-        dtype = _DTYPES.get(str(handle["dtype"]))
+        dtype = pool.tensor.dtype  # the handle names it as str(dtype) does: compare those
         shape = [int(s) for s in handle["shape"]]
-        if dtype is None or dtype != pool.tensor.dtype:
+        if str(handle["dtype"]) != str(dtype):
             raise ValueError(
                 f"KV dtype {handle['dtype']} does not match the pool's {pool.tensor.dtype}"
             )

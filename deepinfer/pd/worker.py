@@ -18,14 +18,13 @@ from typing import Any
 
 import torch
 
+from deepinfer.engine.config import torch_dtype
 from deepinfer.engine.engine import LLMEngine
 from deepinfer.engine.outputs import RequestOutput
 from deepinfer.engine.sampling_params import SamplingParams
 from deepinfer.pd.messages import recv, send
 from deepinfer_cache import DEFAULT_KEY_HASH, TieredKVStore
 from deepinfer_kernels import gather_blocks
-
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 # While idle, wake up this often to notice a vanished coordinator (EOF on the pipe).
 IDLE_POLL_S = 1.0
@@ -52,8 +51,7 @@ class WorkerSettings:
     cache_dir: str = ""
 
     def __post_init__(self) -> None:
-        if self.dtype not in _DTYPES:
-            raise ValueError(f"dtype: expected one of {sorted(_DTYPES)}, got {self.dtype!r}")
+        torch_dtype(self.dtype)  # ValueError names the choices
         if not isinstance(self.threads, int) or self.threads < 1:
             raise ValueError(f"threads: expected a positive int, got {self.threads!r}")
         if self.cache is not None and "directory_suffix" not in self.cache:
