@@ -1,0 +1,173 @@
+"""Where ``SegmentDiskTier.get_many_into`` (reads into a reused staging buffer) spends its CPU,
+against raw reads of the same bytes, alternated in rounds in one process (#20 item 3).
+
+Each variant reads ``--blocks`` 2 MiB blocks, 16 at a time into one reused 16-block stage,
+from a cold page cache (``posix_fadvise(DONTNEED)`` first) unless it says "warm"; process CPU
+per GB (all threads) and wall GB/s, as ranges over the rounds:
+
+* ``raw``: one ``readinto`` per block of a plain file (``bench_cache_io.py``'s baseline);
+* ``raw 256K preads + xxh3``: the tier's I/O pattern without the tier (8 ``preadv`` of 256 KiB
+  per block, each piece hashed with streaming XXH3-64 right after its read);
+* ``into``: ``get_many_into`` as shipped; ``into, no WILLNEED``: without the read-ahead hint;
+  ``into, calling thread``: every run read in the calling thread (no reader threads);
+* ``raw warm`` / ``into warm``: the same reads from a page cache that holds every byte.
+
+    .venv/bin/python benchmarks/bench_cache_into.py [--blocks 256] [--rounds 3] [--dir PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import Any
+
+import torch
+import xxhash
+
+sys.path.insert(0, os.path.dirname(__file__))
+from bench_cache_io import MIB, PAGE, drop_cache, drop_dir, key
+
+from deepinfer_cache.meta import BlockMeta
+from deepinfer_cache.tiers.segment_disk import SegmentDiskTier
+
+BLOCK = 2 * MIB
+STAGE = 16
+
+
+class _Inline:
+    """Runs a submitted read at once in the calling thread (no reader threads)."""
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> Future[Any]:
+        fut: Future[Any] = Future()
+        fut.set_result(fn(*args))
+        return fut
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--blocks", type=int, default=256)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--dir", default=None, help="a directory on the disk to measure")
+    args = ap.parse_args()
+    n = args.blocks
+    root = tempfile.mkdtemp(prefix="bench_cache_into_", dir=args.dir)
+    try:
+        _run(root, n, args.rounds)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _run(root: str, n: int, rounds: int) -> None:
+    pages = [torch.randn(PAGE).to(torch.bfloat16) for _ in range(STAGE)]
+    raw = os.path.join(root, "raw.bin")
+    with open(raw, "wb") as f:
+        for i in range(n):
+            f.write(pages[i % STAGE].view(torch.uint8).numpy().tobytes())
+        os.fsync(f.fileno())
+    tier_dir = os.path.join(root, "seg")
+    tier = SegmentDiskTier(
+        tier_dir,
+        PAGE,
+        torch.bfloat16,
+        4 * n * BLOCK,
+        io_threads=2,
+        queue_depth=64,
+        max_read_bytes=8 * MIB,
+    )
+    meta = BlockMeta(None, "chat", 4e9)
+    for i in range(n):
+        assert tier.put(key(i), pages[i % STAGE], meta, block=True)
+    assert tier.flush()
+    stage = torch.zeros((STAGE, *PAGE), dtype=torch.bfloat16)
+    rows = [memoryview(stage[i].reshape(-1).view(torch.uint8).numpy()) for i in range(STAGE)]
+
+    def timed(fn: Callable[[], None]) -> tuple[float, float]:
+        t0, c0 = time.perf_counter(), time.process_time()
+        fn()
+        return time.perf_counter() - t0, time.process_time() - c0
+
+    def raw_read(cold: bool) -> tuple[float, float]:
+        if cold:
+            drop_cache(raw)
+
+        def go() -> None:
+            with open(raw, "rb", buffering=0) as f:
+                for i in range(n):
+                    f.readinto(rows[i % STAGE])
+
+        return timed(go)
+
+    def raw_pieces() -> tuple[float, float]:
+        drop_cache(raw)
+        piece = 256 << 10
+
+        def go() -> None:
+            fd = os.open(raw, os.O_RDONLY)
+            try:
+                for i in range(n):
+                    row, h = rows[i % STAGE], xxhash.xxh3_64()
+                    for p in range(0, BLOCK, piece):
+                        os.preadv(fd, [row[p : p + piece]], i * BLOCK + p)
+                        h.update(row[p : p + piece])
+            finally:
+                os.close(fd)
+
+        return timed(go)
+
+    def into(
+        cold: bool = True, hint: str = "willneed", inline: bool = False
+    ) -> tuple[float, float]:
+        if cold:
+            drop_dir(tier_dir)
+        readers = tier._readers
+        tier._read_hint = hint  # type: ignore[attr-defined]
+        if inline:
+            tier._readers = _Inline()  # type: ignore[assignment]
+
+        def go() -> None:
+            for lo in range(0, n, STAGE):
+                ks = [key(i) for i in range(lo, min(n, lo + STAGE))]
+                assert all(tier.get_many_into(ks, stage[: len(ks)]))
+
+        try:
+            return timed(go)
+        finally:
+            tier._readers = readers
+            tier._read_hint = "willneed"  # type: ignore[attr-defined]
+
+    variants: dict[str, Callable[[], tuple[float, float]]] = {
+        "raw": lambda: raw_read(True),
+        "raw 256K preads + xxh3": raw_pieces,
+        "into": into,
+        "into, no WILLNEED": lambda: into(hint="none"),
+        "into, calling thread": lambda: into(inline=True),
+        "raw warm": lambda: raw_read(False),
+        "into warm": lambda: into(cold=False),
+    }
+    got: dict[str, list[tuple[float, float]]] = {k: [] for k in variants}
+    for _ in range(rounds):
+        for name, fn in variants.items():
+            got[name].append(fn())
+    tier.close()
+    gb = n * BLOCK / 1e9
+    print(f"{n} blocks of 2 MiB, {rounds} alternated rounds; process CPU (all threads) per GB")
+    base = [c for _, c in got["raw"]]
+    for name, runs in got.items():
+        walls = [w for w, _ in runs]
+        cpus = [c for _, c in runs]
+        ratio = [c / b for c, b in zip(cpus, base)]
+        print(
+            f"  {name:24s} {gb / max(walls):5.2f}-{gb / min(walls):5.2f} GB/s wall, "
+            f"CPU {min(cpus) / gb:.2f}-{max(cpus) / gb:.2f} s/GB "
+            f"({min(ratio):.1f}-{max(ratio):.1f}x cold raw, same round)"
+        )
+
+
+if __name__ == "__main__":
+    main()
