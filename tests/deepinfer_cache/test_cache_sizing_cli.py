@@ -61,7 +61,17 @@ def test_cli(capsys) -> None:
 
 @pytest.mark.parametrize(
     "module",
-    ["hashing", "index", "retention", "store", "adapter", "sizing", "tiers.device", "tiers.host"],
+    [
+        "hashing",
+        "index",
+        "retention",
+        "store",
+        "adapter",
+        "sizing",
+        "tiers.device",
+        "tiers.host",
+        "block_hash_chain",
+    ],
 )
 def test_docstring_examples(module: str) -> None:
     mod = importlib.import_module(f"deepinfer_cache.{module}")

@@ -30,6 +30,7 @@ from .hashing import (
     KEY_HASHES,
     BlockHash,
     check_key_hash,
+    hash_blocks_from,
     hash_token_blocks,
     iter_block_hashes,
 )
@@ -95,6 +96,7 @@ __all__ = [
     "TieredKVStore",
     "__version__",
     "check_key_hash",
+    "hash_blocks_from",
     "hash_token_blocks",
     "iter_block_hashes",
     "ssd_capacity",
