@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import warnings
 from pathlib import Path
+from typing import Any
 
 import hypothesis.strategies as st
 import numpy as np
@@ -21,6 +22,7 @@ from deepinfer_cache import (
     hash_token_blocks,
     iter_block_hashes,
     native_hash,
+    native_tokens,
 )
 from deepinfer_cache import hashing as hashing_mod
 from deepinfer_cache.native_hash import (
@@ -185,3 +187,64 @@ def test_a_cached_build_is_reused(hasher: ChainHasher, tmp_path: Path) -> None:
     stamp = first.stat().st_mtime_ns
     assert build_library(tmp_path) == first and first.stat().st_mtime_ns == stamp
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".chain_hash-")]
+
+
+class _Id(int):
+    """An int subclass: not taken by the C loop, still accepted by the checked path."""
+
+
+_ITEMS = st.one_of(
+    st.integers(0, 2**31 - 1),
+    st.integers(2**29, 2**31 + 5),
+    st.integers(-3, 3),
+    st.booleans(),
+    st.builds(_Id, st.integers(0, 100)),
+    st.just(2**64),
+    st.just(1.0),
+)
+
+
+def _outcome(fn: Any, tokens: Any) -> Any:
+    try:
+        return bytes(fn(tokens))
+    except (TypeError, ValueError) as exc:
+        return type(exc)
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(_ITEMS, max_size=40), st.booleans())
+def test_list_conversion_accepts_and_refuses_as_before(items: list[Any], as_tuple: bool) -> None:
+    if native_tokens.list_converter() is None:
+        pytest.skip("no C list conversion here")
+    tokens = tuple(items) if as_tuple else items
+    fast = _outcome(hashing_mod._list_to_int32_buffer, tokens)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(hashing_mod, "list_converter", lambda: None)
+        slow = _outcome(hashing_mod._list_to_int32_buffer, tokens)
+    assert fast == slow
+    convert = native_tokens.list_converter()
+    assert convert is not None
+    got = convert(tokens)
+    plain = all(type(v) is int and 0 <= v <= 2**31 - 1 for v in items)
+    assert (got is not None) == plain
+    if got is not None:
+        assert got.tolist() == list(items)
+
+
+def test_list_conversion_builds_without_python_fallback_when_switched_off(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("DEEPINFER_CACHE_NATIVE", "0")
+    native_tokens.list_converter.cache_clear()
+    try:
+        assert native_tokens.list_converter() is None
+        assert bytes(hashing_mod._list_to_int32_buffer([1, 2])) == bytes(
+            np.array([1, 2], dtype="<i4").data
+        )
+    finally:
+        native_tokens.list_converter.cache_clear()
+
+
+def test_list_conversion_without_a_compiler_is_an_error_naming_it(tmp_path: Path) -> None:
+    with pytest.raises(NativeHashUnavailable, match="no C compiler"):
+        native_tokens.load_list_converter(tmp_path, cc="definitely-not-a-compiler-xyz")

@@ -50,6 +50,7 @@ import numpy as np
 import xxhash
 
 from .native_hash import ChainHasher, chain_hasher
+from .native_tokens import list_converter
 
 BlockHash = bytes
 """A 16-byte block hash."""
@@ -151,7 +152,14 @@ def _list_to_int32_buffer(tokens: Sequence[Any]) -> memoryview:
     ``array("I", list)`` is the cheapest exact conversion of Python ints measured here
     (~7 ns a token, against ~25 for ``np.array(list, dtype=np.int32)``, ~30 for
     ``np.fromiter`` and ~20 for ``struct.pack``): it reads each int in one C loop and refuses
-    negative ids itself; ids >= 2**31 are caught below with one vectorised max."""
+    negative ids itself; ids >= 2**31 are caught below with one vectorised max. A plain list
+    of exact ints takes the C loop of ``native_tokens.py`` first (~1.5 ns a token); anything it
+    does not accept comes back here, so what is accepted and refused is the same."""
+    fast = list_converter()
+    if fast is not None:
+        converted = fast(tokens)
+        if converted is not None:
+            return memoryview(converted.data).cast("B")
     try:
         packed = array(_U32, tokens)
     except OverflowError as exc:

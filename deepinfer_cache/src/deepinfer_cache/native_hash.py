@@ -51,19 +51,27 @@ def default_build_dir() -> Path:
     return (Path(env) if env else Path.home() / ".cache" / "deepinfer") / "cache_native"
 
 
-def _library_name(cc: str) -> str:
+def _library_name(cc: str, source: Path, flags: tuple[str, ...]) -> str:
     key = hashlib.sha256(
-        SOURCE.read_bytes() + repr((CFLAGS, cc, platform.machine(), platform.system())).encode()
+        source.read_bytes() + repr((flags, cc, platform.machine(), platform.system())).encode()
     ).hexdigest()[:16]
-    return f"chain_hash-{key}.so"
+    return f"{source.stem}-{key}.so"
 
 
-def build_library(build_dir: Path | None = None, cc: str | None = None) -> Path:
-    """The path of the compiled ``chain_hash.c``, compiling it first if no build is cached.
-    Raises ``NativeHashUnavailable`` when there is no compiler or the compile fails."""
+def build_library(
+    build_dir: Path | None = None,
+    cc: str | None = None,
+    *,
+    source: Path = SOURCE,
+    extra_flags: tuple[str, ...] = (),
+) -> Path:
+    """The path of the compiled ``source`` (``chain_hash.c``), compiling it first if no build
+    is cached. Raises ``NativeHashUnavailable`` when there is no compiler or the compile
+    fails."""
     build_dir = default_build_dir() if build_dir is None else Path(build_dir)
     cc = cc or os.environ.get("CC") or "cc"
-    target = build_dir / _library_name(cc)
+    flags = (*CFLAGS, *extra_flags)
+    target = build_dir / _library_name(cc, source, flags)
     if target.exists():
         return target
     exe = shutil.which(cc)
@@ -71,13 +79,13 @@ def build_library(build_dir: Path | None = None, cc: str | None = None) -> Path:
         raise NativeHashUnavailable(f"no C compiler {cc!r} on PATH (set $CC)")
     try:
         build_dir.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".chain_hash-", suffix=".so", dir=build_dir)
+        fd, tmp = tempfile.mkstemp(prefix=f".{source.stem}-", suffix=".so", dir=build_dir)
         os.close(fd)
     except OSError as exc:
         raise NativeHashUnavailable(f"cannot write to {build_dir}: {exc}") from exc
     try:
         proc = subprocess.run(
-            [exe, *CFLAGS, "-o", tmp, str(SOURCE)],
+            [exe, *flags, "-o", tmp, str(source)],
             capture_output=True,
             text=True,
             timeout=COMPILE_TIMEOUT_S,
@@ -87,7 +95,7 @@ def build_library(build_dir: Path | None = None, cc: str | None = None) -> Path:
             raise NativeHashUnavailable(f"{cc} failed: {proc.stderr.strip()[:500]}")
         os.replace(tmp, target)  # atomic: another process sees the whole library or none
     except (OSError, subprocess.SubprocessError) as exc:
-        raise NativeHashUnavailable(f"building {SOURCE.name} failed: {exc}") from exc
+        raise NativeHashUnavailable(f"building {source.name} failed: {exc}") from exc
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
