@@ -40,6 +40,14 @@
 /* The most x rows the fused block path (fused_dot) takes at once. */
 #define FUSED_MAX_ROWS 4
 
+/* How far ahead of the block being decoded the fused path prefetches its weights (bytes; a
+ * thread's rows are contiguous, so this runs on into its next rows). The hardware prefetcher
+ * alone left the Q8_0 LM head (30 MB a token) at ~0.7 of one core's streaming read;
+ * 4-8 KiB ahead, ~0.85-0.95 (one thread, CPU time, loaded machine). */
+#ifndef PREFETCH_BYTES
+#define PREFETCH_BYTES 4096
+#endif
+
 enum { T_F32 = 0, T_F16 = 1, T_Q4_0 = 2, T_Q4_1 = 3, T_Q8_0 = 8,
        T_Q4_K = 12, T_Q5_K = 13, T_Q6_K = 14, T_BF16 = 30 };
 
@@ -338,8 +346,12 @@ static inline __attribute__((always_inline)) void fused_dot(const uint8_t *row, 
     for (int t = 0; t < R; t++)
         for (int i = 0; i < A; i++) acc[t][i] = _mm256_setzero_ps();
     int64_t blocks = K / 32;
+    /* bytes per 32 weights (qtype is a constant here: this folds away) */
+    const int64_t bb = qtype == T_Q4_0 ? 18 : qtype == T_Q4_1 ? 20 : qtype == T_Q8_0 ? 34
+                     : qtype == T_F32 ? 128 : 64;
     for (int64_t b = 0; b < blocks; b++) {
         __m256 w[4];
+        __builtin_prefetch(row + b * bb + PREFETCH_BYTES);
         load32(row, qtype, b, w);
         for (int t = 0; t < R; t++) {
             const float *xt = x + t * xs + 32 * b;
