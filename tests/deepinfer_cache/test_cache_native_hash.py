@@ -224,11 +224,21 @@ def test_list_conversion_accepts_and_refuses_as_before(items: list[Any], as_tupl
     assert fast == slow
     convert = native_tokens.list_converter()
     assert convert is not None
-    got = convert(tokens)
+    got = convert(tokens, 0, len(tokens))
     plain = all(type(v) is int and 0 <= v <= 2**31 - 1 for v in items)
     assert (got is not None) == plain
     if got is not None:
         assert got.tolist() == list(items)
+    # A range is read in place, with the bounds clamped like a slice.
+    lo, hi = len(items) // 3, len(items) - 1
+    part = convert(tokens, lo, hi)
+    plain = all(type(v) is int and 0 <= v <= 2**31 - 1 for v in items[lo:hi])
+    assert (part is not None) == plain
+    if part is not None:
+        assert part.tolist() == list(items[lo:hi])
+    assert convert(tokens, 5, 10**6) is None or convert(tokens, 5, 10**6).size == max(
+        0, len(items) - 5
+    )
 
 
 def test_list_conversion_builds_without_python_fallback_when_switched_off(

@@ -156,8 +156,8 @@ def _list_to_int32_buffer(tokens: Sequence[Any]) -> memoryview:
     of exact ints takes the C loop of ``native_tokens.py`` first (~1.5 ns a token); anything it
     does not accept comes back here, so what is accepted and refused is the same."""
     fast = list_converter()
-    if fast is not None:
-        converted = fast(tokens)
+    if fast is not None and isinstance(tokens, list | tuple):
+        converted = fast(tokens, 0, len(tokens))
         if converted is not None:
             return memoryview(converted.data).cast("B")
     try:
@@ -227,19 +227,34 @@ def _check_block_size(block_size: Any) -> None:
         raise ValueError(f"block_size must be a positive int, got {block_size!r}")
 
 
-def _token_source(tokens: Any) -> tuple[Any, Callable[[Any], memoryview]]:
-    """``tokens`` as a sliceable sequence and the function that converts a slice of it to
+def _list_range_to_int32_buffer(tokens: Sequence[Any], lo: int, hi: int) -> memoryview:
+    """``tokens[lo:hi]`` as checked int32 bytes; the C loop reads the range in place (a list
+    slice would copy it and touch every int's reference count first)."""
+    fast = list_converter()
+    if fast is not None:
+        converted = fast(tokens, lo, hi)
+        if converted is not None:
+            return memoryview(converted.data).cast("B")
+    return _list_to_int32_buffer(tokens[lo:hi])
+
+
+def _array_range_to_int32_buffer(tokens: np.ndarray, lo: int, hi: int) -> memoryview:
+    return _array_to_int32_buffer(tokens[lo:hi])
+
+
+def _token_source(tokens: Any) -> tuple[Any, Callable[[Any, int, int], memoryview]]:
+    """``tokens`` as a sliceable sequence and the function that converts ``tokens[lo:hi]`` to
     checked int32 bytes."""
     toks = as_token_sequence(tokens)
     if isinstance(toks, list | tuple):
-        return toks, _list_to_int32_buffer
+        return toks, _list_range_to_int32_buffer
     if not isinstance(toks, np.ndarray):  # a torch tensor
         toks = toks.detach().cpu().numpy()
     if toks.ndim != 1:
         raise ValueError(f"tokens must be 1-D, got shape {toks.shape}")
     if toks.size and toks.dtype.kind not in "iu":
         raise TypeError(f"tokens must be integers, got dtype {toks.dtype}")
-    return toks, _array_to_int32_buffer
+    return toks, _array_range_to_int32_buffer
 
 
 def hash_chunks(
@@ -275,7 +290,7 @@ _NATIVE_MIN_BLOCKS = 16
 
 def _chunks(
     toks: Any,
-    convert: Callable[[Any], memoryview],
+    convert: Callable[[Any, int, int], memoryview],
     block_size: int,
     parent: bytes,
     extras: Mapping[int, bytes] | None,
@@ -298,7 +313,7 @@ def _chunks(
         hi = min(n_blocks, done + chunk)
         if hi > conv_hi:
             conv_lo, conv_hi = done, min(n_blocks, max(hi, done + ahead * chunk))
-            view = convert(toks[conv_lo * block_size : conv_hi * block_size])
+            view = convert(toks, conv_lo * block_size, conv_hi * block_size)
             ahead = _CONVERT_AHEAD
         out: list[BlockHash] = []
         add = out.append

@@ -33,10 +33,10 @@ SOURCE = Path(__file__).parent / "csrc" / "list_to_i32.c"
 
 def load_list_converter(
     build_dir: Path | None = None, cc: str | None = None
-) -> Callable[[Any], np.ndarray | None]:
-    """``convert(tokens)``: a list or tuple of exact ints in ``[0, 2**31 - 1]`` as a
-    little-endian int32 array, or None when some item is not one (the caller's checked path
-    decides). Raises ``NativeHashUnavailable`` if it cannot be built."""
+) -> Callable[[Any, int, int], np.ndarray | None]:
+    """``convert(tokens, lo, hi)``: ``tokens[lo:hi]`` (a list or tuple) as a little-endian
+    int32 array when every item there is an exact int in ``[0, 2**31 - 1]``, else None (the
+    caller's checked path decides). Raises ``NativeHashUnavailable`` if it cannot be built."""
     include = sysconfig.get_paths().get("include")
     if not include or not os.path.exists(os.path.join(include, "Python.h")):
         raise NativeHashUnavailable("no Python.h for this interpreter")
@@ -50,26 +50,27 @@ def load_list_converter(
         raise NativeHashUnavailable(f"cannot load {SOURCE.name}: {exc}") from exc
     fn = lib.dic_list_to_i32
     fn.restype = ctypes.c_ssize_t
-    fn.argtypes = [ctypes.py_object, ctypes.c_void_p]
+    fn.argtypes = [ctypes.py_object, ctypes.c_ssize_t, ctypes.c_ssize_t, ctypes.c_void_p]
 
-    def convert(tokens: Any) -> np.ndarray | None:
-        out = np.empty(len(tokens), dtype="<i4")
-        if fn(tokens, out.__array_interface__["data"][0]) != -1:
+    def convert(tokens: Any, lo: int, hi: int) -> np.ndarray | None:
+        lo, hi, _ = slice(lo, hi).indices(len(tokens))
+        out = np.empty(max(0, hi - lo), dtype="<i4")
+        if fn(tokens, lo, out.size, out.__array_interface__["data"][0]) != -1:
             return None
         return out
 
     # Self-check: the C loop and the plain conversion agree, and odd items are handed back.
     probe = [0, 1, 7, 2**31 - 1, 123456]
-    got = convert(probe)
-    if got is None or got.tolist() != probe or convert([1, True]) is not None:
+    got = convert(probe, 1, 5)
+    if got is None or got.tolist() != probe[1:] or convert([1, True], 0, 2) is not None:
         raise NativeHashUnavailable("the C token conversion disagrees with Python")
-    if convert([1, -1]) is not None or convert([2**31]) is not None:
+    if convert([1, -1], 0, 2) is not None or convert([2**31], 0, 1) is not None:
         raise NativeHashUnavailable("the C token conversion accepts out-of-range ids")
     return convert
 
 
 @functools.cache
-def list_converter() -> Callable[[Any], np.ndarray | None] | None:
+def list_converter() -> Callable[[Any, int, int], np.ndarray | None] | None:
     """The process's C list conversion, or None (``array("I")`` then); see the module doc."""
     if os.environ.get("DEEPINFER_CACHE_NATIVE", "1").strip().lower() in ("0", "false", "no", "off"):
         return None

@@ -10,11 +10,14 @@
 #include <Python.h>
 #include <stdint.h>
 
-Py_ssize_t dic_list_to_i32(PyObject *seq, int32_t *out) {
+/* Items [start, start + n) of seq into out[0, n); -1 when all are plain ids, else the offset
+ * (from start) of the first that is not. The caller clamps start and n to the sequence. */
+Py_ssize_t dic_list_to_i32(PyObject *seq, Py_ssize_t start, Py_ssize_t n, int32_t *out) {
     if (!PyList_CheckExact(seq) && !PyTuple_CheckExact(seq))
         return 0;
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
-    PyObject **items = PySequence_Fast_ITEMS(seq);
+    if (start < 0 || n < 0 || start + n > PySequence_Fast_GET_SIZE(seq))
+        return 0;
+    PyObject **items = PySequence_Fast_ITEMS(seq) + start;
     for (Py_ssize_t i = 0; i < n; ++i) {
         PyObject *v = items[i];
         if (!PyLong_CheckExact(v))
