@@ -127,21 +127,20 @@ def predict(
     res = run_simulation(trace, config, args.seed, cost_model=cost_model)
     recs = [r for r in res.records if not r.rejected]
 
-    def tpot(r: Any) -> float:
-        return (r.finish_s - r.first_token_s) / max(1, r.output_len - 1)
-
     ttfts = sorted(r.first_token_s - r.arrival_s for r in recs)
-    good = [
-        r
-        for r in recs
-        if r.first_token_s - r.arrival_s <= args.ttft_slo and tpot(r) <= args.tpot_slo
-    ]
-    span = max(r.finish_s for r in recs) if recs else 0.0
+    good = run_goodput(
+        (
+            (r.arrival_s, r.first_token_s - r.arrival_s, r.finish_s - r.arrival_s, r.output_len)
+            for r in recs
+        ),
+        SLO(args.ttft_slo, args.tpot_slo),
+        total=len(trace.requests),
+    )
     prompt = sum(r.input_len for r in recs)
     return {
-        "sim_goodput_rps": len(good) / span if span > 0 else 0.0,
-        "sim_slo_attainment": len(good) / max(1, len(trace.requests)),
-        "sim_wall_s": span,
+        "sim_goodput_rps": good.goodput_rps,
+        "sim_slo_attainment": good.attainment,
+        "sim_wall_s": good.window_s,
         "sim_ttft_p50": ttfts[len(ttfts) // 2] if ttfts else None,
         "sim_ttft_p90": ttfts[min(len(ttfts) - 1, int(0.9 * len(ttfts)))] if ttfts else None,
         "sim_prefix_hit_rate": sum(r.cached_tokens for r in recs) / prompt if prompt else 0.0,

@@ -301,3 +301,27 @@ def test_the_per_kind_step_table_charges_what_the_simulator_charges(
     )
     assert cells.pop("lone decode").startswith("x1.50")
     assert all(c.startswith("x1.00") for c in cells.values() if c.strip(" |") != "-")
+
+
+def test_the_open_loop_replay_counts_goodput_as_the_measured_side_does(
+    serve_sim: ModuleType, serve_load: ModuleType
+) -> None:
+    """`serve_sim.predict` (a run's own arrivals replayed open-loop) counts through the same
+    `run_goodput` as the measured summary."""
+    from deepinfer_sched.traces import Trace, TraceRequest
+
+    cm = FittedCostModel((0.03, 2e-4, 0.0), (0.01, 2e-3, 1e-6), 1024, 8192)
+    trace = Trace(
+        tuple(TraceRequest(i, 0.3 + 0.02 * i, 80 + 10 * i, 6, (), "t", i) for i in range(8)),
+        16,
+    )
+    args = _args(ttft_slo=0.1, tpot_slo=0.04)
+    pred = serve_sim.predict(trace, cm, "round_robin", 2, args)
+    assert 0.0 < pred["sim_slo_attainment"] < 1.0
+    records = [
+        serve_load.Record(i, 0, a, ttft=f - a, e2e=e - a, completion_tokens=n)
+        for i, (a, f, e, n) in enumerate(pred["sim_records"])
+    ]
+    measured = serve_load.summarize("round_robin", records, 99.0, args)
+    assert measured["goodput_rps"] == pytest.approx(pred["sim_goodput_rps"], rel=1e-12)
+    assert measured["window_s"] == pytest.approx(pred["sim_wall_s"], rel=1e-12)
