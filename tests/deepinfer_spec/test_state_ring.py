@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from deepinfer_spec import ContextRing
@@ -105,3 +105,34 @@ def test_bad_arguments_raise() -> None:
         ring.append(torch.tensor([0]), torch.zeros(1, 2, 4), torch.tensor([2]))
     with pytest.raises(ValueError, match="lengths"):
         ring.append(torch.tensor([0]), torch.zeros(1, 2, 3), torch.tensor([3]))
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    steps=st.lists(st.lists(st.integers(0, 12), min_size=3, max_size=3), min_size=1, max_size=6),
+    window=st.integers(1, 6),
+    slack=st.integers(0, 3),
+    order=st.permutations([0, 1, 2]),
+)
+def test_ragged_batches_of_slots_match_a_list_per_slot(
+    steps: list[list[int]], window: int, slack: int, order: list[int]
+) -> None:
+    """Several slots per call, ragged lengths (0, shorter and longer than the ring), slots in
+    any order: every view is each slot's last ``window`` positions (the CPU slice path)."""
+    ring = ContextRing(3, window=window, feature_dim=2, slack=slack)
+    seen: list[list[float]] = [[], [], []]
+    slots = torch.tensor(order)
+    for lengths in steps:
+        width = max(lengths)
+        feats = torch.zeros(3, width, 2)
+        for b, slot in enumerate(order):
+            values = [100.0 * slot + len(seen[slot]) + i + 1 for i in range(lengths[b])]
+            feats[b, : lengths[b]] = torch.tensor(values)[:, None]
+            seen[slot] += values
+        ring.append(slots, feats, torch.tensor(lengths))
+        view, valid = ring.view(slots)
+        for b, slot in enumerate(order):
+            last = seen[slot][-window:]
+            pad = window - len(last)
+            assert view[b, :, 0].tolist() == [0.0] * pad + last
+            assert valid[b].tolist() == [False] * pad + [True] * len(last)
