@@ -325,3 +325,12 @@ def test_the_open_loop_replay_counts_goodput_as_the_measured_side_does(
     measured = serve_load.summarize("round_robin", records, 99.0, args)
     assert measured["goodput_rps"] == pytest.approx(pred["sim_goodput_rps"], rel=1e-12)
     assert measured["window_s"] == pytest.approx(pred["sim_wall_s"], rel=1e-12)
+
+
+def test_a_run_s_speed_is_the_mean_of_its_probes_before_and_after(
+    serve_predict: ModuleType,
+) -> None:
+    assert serve_predict.run_speed({"probe_s": 1.0, "probe_after_s": 1.4}) == pytest.approx(1.2)
+    # Runs saved before the probe after existed keep their one probe.
+    assert serve_predict.run_speed({"probe_s": 0.9}) == pytest.approx(0.9)
+    assert serve_predict.run_speed({}) is None
