@@ -30,16 +30,12 @@ from deepinfer_kernels.cpu import ModuleLinear
 from deepinfer_spec import (
     DraftGate,
     DSparkDrafter,
-    FixedGammaScheduler,
-    PrefixScheduler,
     SPSCurve,
     VerifyScheduler,
-    fastest_linear,
-    module_linear,
-    priced_gate,
+    choose_policy,
     profile_sps,
 )
-from deepinfer_spec.training import load_drafter, load_sts
+from deepinfer_spec.training import load_checkpoint
 
 SHIPPED_DRAFTER = Path(__file__).resolve().parents[1] / "data" / "dspark-smollm2"
 
@@ -102,60 +98,49 @@ def build_speculator(
 ) -> DSparkSpeculator | None:
     """Turn ``LLM(speculative=...)`` into a speculator for ``model`` (see module docstring).
 
-    Without ``scheduler`` the prefix scheduler runs over an SPS curve profiled now on ``model``.
-    A CPU drafter still on its modules' own products is switched to the model's
-    (:class:`~deepinfer_kernels.cpu.module_linear.ModuleLinear`).
-
-    ``gate``: ``"default"`` pauses drafting while it does not pay on this machine
-    (:meth:`DraftGate.break_even` over the drafter's measured forward, :func:`time_draft`, and
-    the target's profiled step times), ``None`` drafts on every step, or a configured
-    :class:`DraftGate`.
+    ``scheduler`` and ``gate`` as in :func:`deepinfer_spec.choose_policy`, over target step
+    times profiled now on ``model`` (:func:`profile_target_sps`); a CPU drafter still on its
+    modules' own products (MKL) moves to the model's few-row products
+    (:class:`~deepinfer_kernels.cpu.module_linear.ModuleLinear`, bf16 panels of a bf16
+    checkpoint's exact values) when they propose faster here.
     """
     if speculative is None or isinstance(speculative, DSparkSpeculator):
         return speculative
+    num_speculative_tokens = None
     if isinstance(speculative, SpeculativeConfig):
-        if speculative.num_speculative_tokens is not None and scheduler is None:
-            scheduler = FixedGammaScheduler(speculative.num_speculative_tokens)
-        if not speculative.draft_gate:
-            gate = None
+        num_speculative_tokens = speculative.num_speculative_tokens
+        gate = gate if speculative.draft_gate else None
         speculative = speculative.model
     sts: dict[str, torch.Tensor] = {}
     if isinstance(speculative, DSparkDrafter):
         drafter = speculative
     else:
         directory = SHIPPED_DRAFTER if speculative == "dspark" else Path(speculative)
-        if not (directory / "config.json").exists():
-            raise ValueError(
-                f"speculative: {os.fspath(directory)!r} is not a drafter checkpoint directory"
-            )
-        target = LlamaTargetAdapter(model, pool)
         weight = model.norm.weight  # the model's float dtype (a GGUF table holds bytes)
-        drafter = load_drafter(directory, target, weight.device).to(weight.dtype)
-        sts = load_sts(directory)
-    if drafter.linear is module_linear and drafter.context_proj.weight.device.type == "cpu":
-        # The model's few-row products (bf16 panels of a bf16 checkpoint's exact values) or the
-        # modules' own (MKL), whichever proposes faster here; a LinearFn the caller already
-        # chose is kept.
-        drafter.use_linear(
-            fastest_linear(drafter, [ModuleLinear(model.cpu_kernels.linear), module_linear])
-        )
-    curve: SPSCurve | None = None
-    if scheduler is None:
-        curve = profile_target_sps(model, pool)
-        scheduler = PrefixScheduler(curve)
-    if isinstance(gate, str):
-        if gate != "default":
-            raise ValueError(f"gate: expected 'default', None or a DraftGate, got {gate!r}")
-        room = pool.num_free_blocks * pool.block_size - 2
-        if curve is None and room >= 1:
-            curve = profile_target_sps(model, pool, (1, 2), context=min(64, room))
-        # No free block to time the target with: the unpriced gate.
-        gate = DraftGate() if curve is None else priced_gate(drafter, scheduler, curve)
+        target = LlamaTargetAdapter(model, pool)
+        try:
+            drafter, sts = load_checkpoint(directory, target, weight.device, weight.dtype)
+        except ValueError as exc:
+            raise ValueError(f"speculative: {exc}") from exc
+
+    def profile(sizes: Sequence[int]) -> SPSCurve | None:
+        # Time over as much history as the free blocks hold, up to 64 tokens; none: no curve.
+        room = pool.num_free_blocks * pool.block_size - max(sizes)
+        return profile_target_sps(model, pool, sizes, context=min(64, room)) if room >= 1 else None
+
+    scheduler, chosen_gate = choose_policy(
+        drafter,
+        profile,
+        scheduler=scheduler,
+        num_speculative_tokens=num_speculative_tokens,
+        gate=gate,
+        linears=[ModuleLinear(model.cpu_kernels.linear)],
+    )
     return DSparkSpeculator(
         drafter,
         scheduler,
         max_seqs=max_seqs,
         sts_greedy=sts.get("greedy"),
         sts_sampling=sts.get("sampling"),
-        gate=gate,
+        gate=chosen_gate,
     )

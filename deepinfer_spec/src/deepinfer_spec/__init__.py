@@ -32,6 +32,7 @@ from deepinfer_spec.decoder import RequestState, SpecDecoder, StepOutput
 from deepinfer_spec.drafter import DSparkDrafter
 from deepinfer_spec.lazy_context import LazyContext
 from deepinfer_spec.linear import LinearFn, module_linear
+from deepinfer_spec.policy import TargetProfiler, choose_policy
 from deepinfer_spec.propose import Draft, propose
 from deepinfer_spec.recompute_target import RecomputeTarget
 from deepinfer_spec.scheduling import (
@@ -73,6 +74,7 @@ __all__ = [
     "StepOutput",
     "StepPlan",
     "StepRow",
+    "TargetProfiler",
     "SupportsLayerWeights",
     "SupportsLmHeadRows",
     "TargetAdapter",
@@ -98,6 +100,7 @@ __all__ = [
     "auc",
     "calibrate_sts",
     "calibration_report",
+    "choose_policy",
     "draft_bound",
     "evaluate_schedule",
     "expected_calibration_error",

@@ -10,7 +10,12 @@ Example::
     print(evaluate(result.drafter, target, prompts).format())
 """
 
-from deepinfer_spec.training.checkpoint import load_drafter, load_sts, save_drafter
+from deepinfer_spec.training.checkpoint import (
+    load_checkpoint,
+    load_drafter,
+    load_sts,
+    save_drafter,
+)
 from deepinfer_spec.training.data import frequent_tokens, read_jsonl, sample_from_target
 from deepinfer_spec.training.evaluate import EvalReport, evaluate
 from deepinfer_spec.training.loss import LossTerms, LossWeights, dspark_loss, position_weights
@@ -25,6 +30,7 @@ __all__ = [
     "dspark_loss",
     "evaluate",
     "frequent_tokens",
+    "load_checkpoint",
     "load_drafter",
     "load_sts",
     "position_weights",

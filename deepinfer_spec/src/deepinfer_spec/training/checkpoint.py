@@ -97,6 +97,30 @@ def load_sts(directory: str | os.PathLike[str]) -> dict[str, torch.Tensor]:
     return {k: torch.tensor(v, dtype=torch.float32) for k, v in data.items() if k in STS_KEYS}
 
 
+def load_checkpoint(
+    directory: str | os.PathLike[str],
+    target: ScoringTarget,
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype | None = None,
+) -> tuple[DSparkDrafter, dict[str, torch.Tensor]]:
+    """A checkpoint directory's drafter for ``target`` (on ``device``, cast to ``dtype`` when
+    given) and its STS temperatures (:func:`load_sts`; empty without ``sts.json``).
+
+    What a serving stack needs from a checkpoint in one call; a directory without
+    ``config.json`` is refused by name before anything is read.
+    """
+    path = Path(directory)
+    if not (path / CONFIG).is_file():
+        raise ValueError(
+            f"directory: {os.fspath(directory)!r} is not a drafter checkpoint directory "
+            f"(no {CONFIG})"
+        )
+    drafter = load_drafter(path, target, device)
+    if dtype is not None:
+        drafter = drafter.to(dtype)
+    return drafter, load_sts(path)
+
+
 def save_training_state(
     directory: str | os.PathLike[str],
     drafter: DSparkDrafter,
