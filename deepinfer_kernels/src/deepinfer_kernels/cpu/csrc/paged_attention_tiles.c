@@ -146,6 +146,7 @@ static void attend_span(const float *q, int64_t q_stride, const int64_t *q_rows,
     }
     memset(o, 0, (size_t)(rows * d) * sizeof(float));
     int simd = TILE_SIMD && d % 8 == 0;
+    (void)simd; /* unused without AVX2 */
     int64_t jj = 0;
 #if TILE_SIMD
     if (simd) {
