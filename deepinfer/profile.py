@@ -5,7 +5,7 @@
 ``deepinfer-sched calibrate --profile`` fits the simulator's cost model to either, so the
 simulator predicts this engine on this machine. The file format, its writer and the bounded
 step log are ``deepinfer_sched.costmodel``'s (``step_log``); this module only turns engine
-steps into its rows.
+steps into its rows, and which steps an offline profile times is its ``ProfileGrid``.
 
 In an offline profile, prompts are random token ids, distinct per request and under a
 namespace of the run's own, so no prefix-cache hit shortens a step.
@@ -22,7 +22,14 @@ from typing import Any
 from deepinfer.engine import SamplingParams
 from deepinfer.engine.chunk import Chunk
 from deepinfer.engine.engine import LLMEngine
-from deepinfer_sched.costmodel import PROFILE_FORMAT, StepLog, profile_header, write_profile
+from deepinfer_sched.costmodel import (
+    PROFILE_FORMAT,
+    EngineLimits,
+    ProfileGrid,
+    StepLog,
+    profile_header,
+    write_profile,
+)
 
 # The format constant and the writer are re-exported: callers of this module use them.
 __all__ = ["PROFILE_FORMAT", "StepRecorder", "profile_engine", "write_profile"]
@@ -54,15 +61,22 @@ def profile_engine(
     model_name: str = "",
 ) -> dict[str, Any]:
     """Time prefill and decode steps of ``engine`` (which must be idle) and return the
-    profile dict (see the module doc). Sizes the engine cannot hold at once are skipped."""
+    profile dict (see the module doc). The sizes are a
+    :class:`~deepinfer_sched.costmodel.ProfileGrid`'s; those the engine cannot hold at once
+    are skipped."""
     if engine.has_unfinished():
         raise ValueError("engine: profile an idle engine (it has unfinished requests)")
-    if decode_steps < 1 or repeats < 1:
-        raise ValueError("decode_steps and repeats must be >= 1")
+    grid = ProfileGrid(prefill_lens, batch_sizes, context_lens, decode_steps, repeats)
     cfg = engine.config
+    limits = EngineLimits(
+        max_batched_tokens=cfg.max_batched_tokens,
+        max_num_seqs=cfg.max_num_seqs,
+        capacity_tokens=engine.capacity_blocks * cfg.block_size,
+        max_model_len=engine.max_model_len,
+        block_size=cfg.block_size,
+    )
     vocab = engine.model.config.vocab_size
     rng = random.Random(seed)
-    cap_tokens = engine.capacity_blocks * cfg.block_size
     one = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
     # A namespace of its own: the prompts are seeded, so without it a persistent prefix cache
     # serves an earlier profile's prompts as hits and the "prefill" rows time cache reads.
@@ -71,49 +85,33 @@ def profile_engine(
     for n in (32, 32):
         engine.add_request(_prompt(rng, n, vocab), one, namespace=ns)
         _timed_steps(engine)
-    prefill = []
-    for n in prefill_lens:
-        if n > cfg.max_batched_tokens or n + 1 > cap_tokens or n >= engine.max_model_len:
-            continue
-        secs = []
-        for _ in range(repeats):
-            engine.add_request(_prompt(rng, n, vocab), one, namespace=ns)
-            steps = _timed_steps(engine)
-            secs.append(round(steps[0][0], 6))
-        prefill.append({"new_tokens": n, "cached_tokens": 0, "seconds": secs})
-    decode = []
-    for b in batch_sizes:
-        for ctx in context_lens:
-            need = b * (ctx + decode_steps + 2 + cfg.block_size)
-            if (
-                b > cfg.max_num_seqs
-                or need > cap_tokens
-                or ctx + decode_steps + 2 >= (engine.max_model_len)
-            ):
-                continue
-            params = SamplingParams(temperature=0.0, max_tokens=decode_steps + 2, ignore_eos=True)
-            for _ in range(b):
-                engine.add_request(_prompt(rng, ctx, vocab), params, namespace=ns)
-            secs = []
-            generated = 0
-            while engine.has_unfinished():
-                running = engine.running
-                pure = (
-                    len(running) == b
-                    and not engine.waiting
-                    and all(s.num_computed == s.num_tokens - 1 for s in running)
-                )
-                t0 = time.perf_counter()
-                engine.step()
-                dt = time.perf_counter() - t0
-                if pure and generated >= 1 and len(secs) < decode_steps:
-                    secs.append(round(dt, 6))
-                if pure:
-                    generated += 1
-            if secs:
-                total = b * (ctx + 2 + len(secs) // 2)
-                decode.append({"batch_size": b, "context_tokens": total, "seconds": secs})
-    return {**_header(engine, model_name), "prefill": prefill, "decode": decode}
+
+    def time_prefill(n: int) -> float:
+        engine.add_request(_prompt(rng, n, vocab), one, namespace=ns)
+        return _timed_steps(engine)[0][0]
+
+    params = SamplingParams(temperature=0.0, max_tokens=grid.decode_tokens, ignore_eos=True)
+
+    def time_decode(b: int, ctx: int) -> list[float]:
+        """The steps where all ``b`` sequences decode together, past the first of them."""
+        for _ in range(b):
+            engine.add_request(_prompt(rng, ctx, vocab), params, namespace=ns)
+        secs, pure_steps = [], 0
+        while engine.has_unfinished():
+            running = engine.running
+            pure = (
+                len(running) == b
+                and not engine.waiting
+                and all(s.num_computed == s.num_tokens - 1 for s in running)
+            )
+            t0 = time.perf_counter()
+            engine.step()
+            if pure and pure_steps >= 1:
+                secs.append(time.perf_counter() - t0)
+            pure_steps += pure
+        return secs
+
+    return {**_header(engine, model_name), **grid.run(limits, time_prefill, time_decode)}
 
 
 def _header(engine: LLMEngine, model_name: str) -> dict[str, Any]:

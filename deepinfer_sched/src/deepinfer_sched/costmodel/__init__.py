@@ -16,6 +16,12 @@ from deepinfer_sched.costmodel.fitted import (
     load_profile,
     merge_profiles,
 )
+from deepinfer_sched.costmodel.profile_grid import (
+    EngineLimits,
+    ProfileGrid,
+    decode_row,
+    prefill_row,
+)
 from deepinfer_sched.costmodel.roofline import RooflineCostModel
 from deepinfer_sched.costmodel.specs import (
     HardwareSpec,
@@ -38,6 +44,10 @@ __all__ = [
     "StepLog",
     "profile_header",
     "write_profile",
+    "EngineLimits",
+    "ProfileGrid",
+    "decode_row",
+    "prefill_row",
     "FittedCostModel",
     "fit_profile",
     "load_profile",
