@@ -32,7 +32,9 @@ from deepinfer_kernels.cpu import (
     LayerShape,
     PagedAttentionTiles,
     plan_decode_tiles,
+    plan_verify_tile,
 )
+from deepinfer_kernels.cpu.decode_tiles import SHORT_TILE
 
 # Batch sizes kept bound at once (continuous batching moves between a few).
 MAX_BOUND_STEPS = 8
@@ -103,6 +105,25 @@ class BoundStep:
                     page_ids=first.page_ids, keep=first.keep, num_tiles=rows, max_q=1,
                     num_pages=first.num_pages, key_len=first.key_len, scale=scale, soft_cap=0.0,
                 )  # fmt: skip
+        # The attention bound for a verification step: the rows are one sequence's last
+        # tokens (a DSpark verify of rows - 1 drafts), one causal tile, re-pointed every step.
+        self.verify: BoundTiles | None = None
+        if (
+            self.decode is not None
+            and 1 < rows <= SHORT_TILE
+            and tiles is not None
+            and tiles.applies(self.q, k_caches[0], v_caches[0], rows)
+        ):
+            one = plan_verify_tile(
+                [0], rows, rows, block_size=int(k_caches[0].shape[1]),
+                num_blocks=int(k_caches[0].shape[0]), num_q_heads=shape.num_heads,
+            )  # fmt: skip
+            if one is not None:
+                self.verify = BoundTiles(
+                    tiles, self.q, k_caches, v_caches, self.attn_view,
+                    page_ids=one.page_ids, keep=one.keep, num_tiles=1, max_q=rows,
+                    num_pages=one.num_pages, key_len=one.key_len, scale=scale, soft_cap=0.0,
+                )  # fmt: skip
 
     def norms_current(self) -> bool:
         """Whether every norm weight is still the tensor and storage the calls were bound to."""
@@ -123,6 +144,27 @@ class BoundStep:
         self.normed.copy_(normed)
         self.cos.copy_(cos.reshape(self.rows, -1))
         self.sin.copy_(sin.reshape(self.rows, -1))
+
+    def bound_attention(self, attn: AttentionMetadata) -> BoundTiles | None:
+        """The bound attention re-pointed at this step's pages: the decode runner for a decode
+        step, the verification runner for a step of one sequence's last ``rows`` tokens; None
+        for any other step (the caller plans it)."""
+        tiles = self.decode_tiles(attn)
+        if tiles is not None:
+            assert self.decode is not None
+            self.decode.retarget(tiles)
+            return self.decode
+        if self.verify is None or attn.cu_seqlens_q.tolist() != [0, self.rows]:
+            return None
+        verify = plan_verify_tile(
+            attn.block_table[0].tolist(), int(attn.seq_lens[0]), self.rows,
+            block_size=int(self.k_caches[0].shape[1]),
+            num_blocks=int(self.k_caches[0].shape[0]), num_q_heads=self.shape.num_heads,
+        )  # fmt: skip
+        if verify is None:
+            return None
+        self.verify.retarget(verify)
+        return self.verify
 
     def decode_tiles(self, attn: AttentionMetadata) -> DecodeTiles | None:
         """This step's attention as decode tiles, or None when it is not a decode step the

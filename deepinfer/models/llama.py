@@ -368,13 +368,10 @@ class LlamaModel(nn.Module):
         k_caches, v_caches = step.k_caches, step.v_caches
         residual, normed = self._add_norm(residual, None, layers[0].input_layernorm)
         step.load(residual, normed, cos, sin, attn.slot_mapping)
-        tiles = step.decode_tiles(attn)
         plan = None
-        if tiles is not None:
-            assert step.decode is not None
-            step.decode.retarget(tiles)
-            attend: Callable[[int], None] | None = step.decode
-        else:
+        # A decode or verification step re-points the step's bound attention; others plan.
+        attend: Callable[[int], None] | None = step.bound_attention(attn)
+        if attend is None:
             plan = self._plan_layers(attn, kv_pool.block_size)[0]
             attend = plan.bind_cpu_layers(step.q, k_caches, v_caches, step.attn_view)
         bound = step.layers

@@ -110,3 +110,31 @@ def test_two_threads_on_one_model_do_not_share_step_buffers(path: Path) -> None:
         assert len(g) == len(w)
         for a, b in zip(g, w):
             torch.testing.assert_close(a, b, atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("rows", [2, 3, 4])
+def test_verification_steps_take_the_bound_tile_and_match_the_per_op_path(
+    path: Path, rows: int
+) -> None:
+    """A step of one sequence's last ``rows`` tokens (a DSpark verify: the token and its
+    drafts) attends through the step's bound causal tile (``BoundStep.verify``, re-pointed
+    every step), and every row's logits equal the per-op path's, over steps whose key counts
+    cross a block boundary."""
+    fused, ref = load_gguf_model(path), _per_op(load_gguf_model(path))
+    got, want = Decoder(fused, [5, 9, 13, 2, 7]), Decoder(ref, [5, 9, 13, 2, 7])
+    got.step(), want.step()
+    for i in range(5):
+        drafts = [(3 * i + r) % 17 + 1 for r in range(rows - 1)]
+        outs = []
+        for dec in (got, want):
+            dec.feed = dec.feed + drafts
+            attn = AttentionMetadata.build([dec.table], [dec.done + rows], [rows], 16)
+            with torch.inference_mode():
+                hidden = dec.model(torch.tensor(dec.feed), attn.positions(), attn, dec.pool)
+                outs.append(dec.model.compute_logits(hidden))
+            dec.done += rows
+            dec.feed = [int(outs[-1][-1].argmax())]
+        torch.testing.assert_close(outs[0], outs[1], atol=1e-4, rtol=0)
+    steps = fused._bound_steps._steps
+    verify = [s.verify for (n, _), s in steps.items() if n == rows]
+    assert verify and verify[0] is not None  # the bound tile was built for this row count

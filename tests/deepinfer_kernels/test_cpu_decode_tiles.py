@@ -18,6 +18,7 @@ from deepinfer_kernels.cpu.decode_tiles import (
     SHORT_TILE,
     DecodeTiles,
     plan_decode_tiles,
+    plan_verify_tile,
 )
 
 
@@ -168,10 +169,58 @@ def test_retarget_refuses_tiles_of_another_batch(tiles: PagedAttentionTiles) -> 
                        num_pages=1, key_len=1, scale=1.0, soft_cap=0.0)  # fmt: skip
     two = plan_decode_tiles([[0], [1]], [1, 1], block_size=4, num_blocks=2, num_q_heads=2)
     assert two is not None
-    with pytest.raises(ValueError, match="tiles: expected 1 one-query tiles"):
+    with pytest.raises(ValueError, match="tiles: expected 1 tiles of 1 queries"):
         bound.retarget(two)
+    verify = plan_verify_tile([0], 3, 2, block_size=4, num_blocks=2, num_q_heads=2)
+    assert verify is not None and verify.max_q == 2
+    with pytest.raises(ValueError, match="tiles: expected 1 tiles of 1 queries"):
+        bound.retarget(verify)  # a verification tile needs a runner bound for its queries
     bigger = DecodeTiles(pages, None, 1, 1, 1, num_blocks=3)
     with pytest.raises(ValueError, match="checked against 3 blocks"):
         bound.retarget(bigger)
     with pytest.raises(ValueError, match="page_ids"):
         bound.retarget(DecodeTiles(pages.int(), None, 1, 1, 1, num_blocks=2))
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    q_len=st.integers(1, 6),
+    seq_len=st.integers(1, 70),
+    block_size=st.sampled_from([1, 4, 16]),
+    group=st.sampled_from([1, 3]),
+    seed=st.integers(0, 2**16),
+)
+def test_a_bound_verification_tile_attends_as_the_general_plan(
+    tiles: PagedAttentionTiles, q_len: int, seq_len: int, block_size: int, group: int, seed: int
+) -> None:
+    """One sequence's last ``q_len`` tokens through a runner bound with ``max_q=q_len`` and
+    re-pointed at :func:`plan_verify_tile`'s tile: the same output as the general plan (causal
+    mask per query, pages in any order)."""
+    q_len = min(q_len, seq_len)
+    used = -(-seq_len // block_size)
+    num_blocks = used + 2
+    table = random.Random(seed).sample(range(num_blocks), used)
+    g = torch.Generator().manual_seed(seed)
+    hkv, d = 1, 16
+    k = torch.randn(num_blocks, block_size, hkv, d, generator=g)
+    v = torch.randn(num_blocks, block_size, hkv, d, generator=g)
+    q = torch.randn(q_len, hkv * group, d, generator=g)
+    plan = dk.plan_paged_attention(
+        torch.tensor([table], dtype=torch.int32), torch.tensor([seq_len], dtype=torch.int32),
+        torch.tensor([0, q_len], dtype=torch.int32), block_size=block_size,
+        num_q_heads=hkv * group, num_kv_heads=hkv, head_dim=d, scale=d**-0.5, cpu_kernel=tiles,
+    )  # fmt: skip
+    tile = plan_verify_tile(table, seq_len, q_len, block_size=block_size,
+                            num_blocks=num_blocks, num_q_heads=hkv * group)  # fmt: skip
+    assert tile is not None and tile.max_q == q_len
+    first = plan_verify_tile([0], 1, 1, block_size=block_size, num_blocks=num_blocks,
+                             num_q_heads=hkv * group)  # fmt: skip
+    assert first is not None
+    out = torch.empty(q_len, hkv * group, d)
+    bound = BoundTiles(tiles, q, [k], [v], out, page_ids=first.page_ids, keep=None, num_tiles=1,
+                       max_q=q_len, num_pages=1, key_len=1, scale=d**-0.5, soft_cap=0.0)  # fmt: skip
+    bound.retarget(tile)
+    with torch.inference_mode():
+        bound(0)
+        want = plan.run(q, k, v)
+    torch.testing.assert_close(out, want, atol=1e-5, rtol=1e-5)

@@ -31,7 +31,7 @@ from deepinfer_kernels.cpu.bf16_weight_linear import (
     unpack_panels,
 )
 from deepinfer_kernels.cpu.bound_layers import BoundLayers
-from deepinfer_kernels.cpu.decode_tiles import DecodeTiles, plan_decode_tiles
+from deepinfer_kernels.cpu.decode_tiles import DecodeTiles, plan_decode_tiles, plan_verify_tile
 from deepinfer_kernels.cpu.decoder_blocks import DecoderBlocks, block_matrix_of
 from deepinfer_kernels.cpu.decoder_layer import (
     DecoderLayerKernel,
@@ -119,6 +119,7 @@ __all__ = [
     "load_library",
     "mkl_packing_available",
     "plan_decode_tiles",
+    "plan_verify_tile",
     "rms_norm",
     "source_digest",
     "unpack_panels",

@@ -198,14 +198,16 @@ class BoundTiles:
             raise MemoryError("paged_attention_tiles could not allocate its score buffer")
 
     def retarget(self, tiles: DecodeTiles) -> None:
-        """Attend over a decode step's tiles (:func:`plan_decode_tiles`) from now on: the
+        """Attend over a decode step's tiles (:func:`plan_decode_tiles`; a verification
+        tile of ``max_q`` queries from :func:`plan_verify_tile` for a runner bound with that
+        ``max_q``) from now on: the
         same ``q``, ``out`` and caches, new pages, mask and key length. A decode step of the
         same batch differs from the last only there, so a model keeps one bound runner per
         batch size and rewrites these five arguments instead of rebuilding every layer's."""
-        if self._max_q != 1 or tiles.num_tiles != self._rows:
+        if tiles.max_q != self._max_q or tiles.num_tiles * tiles.max_q != self._rows:
             raise ValueError(
-                f"tiles: expected {self._rows} one-query tiles (this runner's rows), got "
-                f"{tiles.num_tiles} of {self._max_q}-query rows"
+                f"tiles: expected {self._rows // self._max_q} tiles of {self._max_q} queries "
+                f"(this runner's rows), got {tiles.num_tiles} of {tiles.max_q}"
             )
         if tiles.num_blocks > self._num_blocks:
             raise ValueError(
@@ -221,10 +223,10 @@ class BoundTiles:
         if keep is not None and (
             keep.dtype != torch.bool
             or not keep.is_contiguous()
-            or keep.numel() != tiles.num_tiles * tiles.key_len
+            or keep.numel() != tiles.num_tiles * tiles.max_q * tiles.key_len
         ):
-            raise ValueError(f"tiles.keep: expected contiguous bool [{tiles.num_tiles}, 1, "
-                             f"{tiles.key_len}]")  # fmt: skip
+            raise ValueError(f"tiles.keep: expected contiguous bool [{tiles.num_tiles}, "
+                             f"{tiles.max_q}, {tiles.key_len}]")  # fmt: skip
         self._index = (pages, keep)
         pages_ptr, keep_ptr = pages.data_ptr(), None if keep is None else keep.data_ptr()
         for args in self._args:

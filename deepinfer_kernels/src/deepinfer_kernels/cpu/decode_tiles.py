@@ -31,10 +31,10 @@ SHORT_TILE = 16
 
 @dataclass(frozen=True)
 class DecodeTiles:
-    """One tile per sequence, each one query over ``key_len`` keys in ``num_pages`` pages:
-    ``page_ids`` int64 ``[num_tiles * num_pages]`` (pages past a sequence's last one are block 0,
-    masked), ``keep`` bool ``[num_tiles, 1, key_len]`` or None when every key is kept (equal
-    lengths). The fields mean what ``TileBatch``'s do; ``num_blocks`` is the pool size every
+    """One tile per sequence, each ``max_q`` queries (1 for decode) over ``key_len`` keys in
+    ``num_pages`` pages: ``page_ids`` int64 ``[num_tiles * num_pages]`` (pages past a sequence's
+    last one are block 0, masked), ``keep`` bool ``[num_tiles, max_q, key_len]`` or None when
+    every key is kept (equal lengths, one query). The fields mean what ``TileBatch``'s do; ``num_blocks`` is the pool size every
     id was checked against."""
 
     page_ids: torch.Tensor
@@ -43,6 +43,7 @@ class DecodeTiles:
     num_pages: int
     key_len: int
     num_blocks: int
+    max_q: int = 1  # queries per tile (a verification tile: its causal mask is ``keep``)
 
 
 def plan_decode_tiles(
@@ -91,3 +92,33 @@ def plan_decode_tiles(
         keep = (torch.arange(key_len)[None, :] < lens[:, None]).reshape(batch, 1, key_len)
     ids = torch.tensor(pages, dtype=torch.int64)
     return DecodeTiles(ids, keep, batch, num_pages, key_len, num_blocks)
+
+
+def plan_verify_tile(
+    block_table: Sequence[int],
+    seq_len: int,
+    q_len: int,
+    *,
+    block_size: int,
+    num_blocks: int,
+    num_q_heads: int,
+) -> DecodeTiles | None:
+    """The one tile of a step whose only sequence appends its last ``q_len`` tokens (a
+    speculative verification: the token and its drafts) and attends causally over ``seq_len``
+    keys in the pages ``block_table``: query ``r`` keeps keys ``j < seq_len - q_len + 1 + r``.
+    None when ``q_len`` is outside ``[1, SHORT_TILE]`` (the general planner's short tiles).
+    Raises ``ValueError`` as :func:`plan_decode_tiles` does, and for ``q_len > seq_len``."""
+    if not 1 <= q_len <= SHORT_TILE:
+        return None
+    if q_len > seq_len:
+        raise ValueError(f"q_len: expected at most seq_len={seq_len}, got {q_len}")
+    one = plan_decode_tiles(
+        [block_table], [seq_len], block_size=block_size, num_blocks=num_blocks,
+        num_q_heads=num_q_heads,
+    )  # fmt: skip
+    if one is None or q_len == 1:
+        return one
+    first = seq_len - q_len + 1  # keys the first query sees
+    keep = torch.arange(seq_len)[None, :] < torch.arange(first, first + q_len)[:, None]
+    return DecodeTiles(one.page_ids, keep.reshape(1, q_len, seq_len), 1, one.num_pages,
+                       seq_len, num_blocks, q_len)  # fmt: skip
