@@ -27,7 +27,7 @@ from deepinfer.engine.outputs import RequestMetrics, RequestOutput
 from deepinfer.engine.sampling_params import SamplingParams
 from deepinfer.pd.config import PDConfig
 from deepinfer.pd.decode_worker import decode_main
-from deepinfer.pd.messages import params_to_json, recv, send
+from deepinfer.pd.messages import recv, send
 from deepinfer.pd.prefill_worker import prefill_main
 from deepinfer.pd.routing import make_router, prompt_block_hashes, worker_cache_fields
 from deepinfer.pd.state import RequestState, WorkerProc
@@ -311,7 +311,7 @@ class PDCoordinator:
             else ()
         )
         try:
-            params_to_json(params)
+            params.to_json_dict()
             json.dumps(req.prompt_ids)
         except (TypeError, ValueError) as exc:  # not JSON-serialisable prompt ids
             return rid, self._error_output(rid, req, str(exc))
@@ -346,7 +346,7 @@ class PDCoordinator:
         body = {
             "request_id": rid,
             "prompt_ids": req.prompt_ids,
-            "params": params_to_json(req.params),
+            "params": req.params.to_json_dict(),
             "namespace": req.namespace.hex(),
         }
         view = PDRequestView(
@@ -474,7 +474,7 @@ class PDCoordinator:
                 "op": "decode",
                 "request_id": rid,
                 "prompt_ids": req.prompt_ids,
-                "params": params_to_json(req.params),
+                "params": req.params.to_json_dict(),
                 "namespace": req.namespace.hex(),
                 "first_token": message["first_token"],
                 "kv": message["kv"],

@@ -16,8 +16,9 @@ from typing import Any
 
 from deepinfer.engine.engine import LLMEngine
 from deepinfer.engine.outputs import RequestOutput
+from deepinfer.engine.sampling_params import SamplingParams
 from deepinfer.models.kv_pool import OutOfBlocksError
-from deepinfer.pd.messages import output_to_json, params_from_json, send
+from deepinfer.pd.messages import output_to_json, send
 from deepinfer.pd.transport import discard, import_pages
 from deepinfer.pd.worker import EngineBuilder, Worker, serve
 
@@ -40,7 +41,7 @@ class DecodeWorker(Worker):
             try:
                 self.engine.add_request(
                     message["prompt_ids"],
-                    params_from_json(message["params"]),
+                    SamplingParams.from_json_dict(message["params"]),
                     request_id=rid,
                     namespace=bytes.fromhex(message.get("namespace", "")),
                 )
@@ -59,7 +60,7 @@ class DecodeWorker(Worker):
                 out = self.engine.add_prefilled_request(
                     message["prompt_ids"],
                     int(message["first_token"]),
-                    params_from_json(message["params"]),
+                    SamplingParams.from_json_dict(message["params"]),
                     partial(import_pages, pool, message["kv"]),
                     request_id=rid,
                     namespace=bytes.fromhex(message.get("namespace", "")),

@@ -10,7 +10,6 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from deepinfer.engine.outputs import RequestOutput
-from deepinfer.engine.sampling_params import SamplingParams
 
 
 def send(conn: Connection, message: dict[str, Any]) -> None:
@@ -22,16 +21,6 @@ def recv(conn: Connection) -> dict[str, Any]:
     if not isinstance(message, dict) or "op" not in message:
         raise ValueError(f"malformed PD message: {str(message)[:80]}")
     return message
-
-
-def params_to_json(params: SamplingParams) -> dict[str, Any]:
-    """JSON fields of ``params``; ``ValueError`` for custom logits processors (code does not
-    cross processes)."""
-    return params.to_json_dict()
-
-
-def params_from_json(raw: dict[str, Any]) -> SamplingParams:
-    return SamplingParams.from_json_dict(raw)
 
 
 def output_to_json(out: RequestOutput) -> dict[str, Any]:

@@ -16,7 +16,8 @@ from typing import Any
 
 from deepinfer.engine.engine import LLMEngine
 from deepinfer.engine.outputs import RequestOutput
-from deepinfer.pd.messages import output_to_json, params_from_json, send
+from deepinfer.engine.sampling_params import SamplingParams
+from deepinfer.pd.messages import output_to_json, send
 from deepinfer.pd.transport import export_pages
 from deepinfer.pd.worker import EngineBuilder, Worker, serve
 
@@ -31,7 +32,7 @@ class PrefillWorker(Worker):
             raise ValueError(f"prefill worker got unknown op {message['op']!r}")
         rid = str(message["request_id"])
         try:
-            params = params_from_json(message["params"])
+            params = SamplingParams.from_json_dict(message["params"])
             # Two tokens keep the request alive after its first one, so its KV is still held.
             first_only = replace(
                 params,

@@ -5,11 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from deepinfer.engine.cache_setup import PrefixCacheConfig
-from deepinfer.engine.config import EngineConfig, SpeculativeConfig
+from deepinfer.engine.config import DTYPES, EngineConfig, SpeculativeConfig
 from deepinfer.serve.ray_config import RayOptions
 from deepinfer_sched.policies import ROUTERS
-
-_DTYPES = ("float32", "bfloat16", "float16")
 
 
 @dataclass(frozen=True)
@@ -67,8 +65,8 @@ class ServeConfig:
             raise ValueError(f"replicas must be an int >= 1, got {self.replicas!r}")
         if self.router not in ROUTERS:
             raise ValueError(f"router must be one of {ROUTERS}, got {self.router!r}")
-        if self.dtype not in _DTYPES:
-            raise ValueError(f"dtype must be one of {_DTYPES}, got {self.dtype!r}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}")
         if not isinstance(self.threads_per_replica, int) or self.threads_per_replica < 1:
             raise ValueError(
                 f"threads_per_replica must be an int >= 1, got {self.threads_per_replica!r}"

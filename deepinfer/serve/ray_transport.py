@@ -29,7 +29,6 @@ from deepinfer.pd.transport import BLOCK_DIM
 from deepinfer_kernels import gather_blocks, scatter_blocks
 
 GET_TIMEOUT_S = 120.0  # a decode actor gives up on pages that never arrive
-_DTYPES = {str(d): d for d in (torch.float32, torch.float16, torch.bfloat16)}
 
 
 class ObjectStoreTransport:
@@ -75,9 +74,9 @@ class ObjectStoreTransport:
         ref = self.take(key)
         if ref is None:
             raise ValueError(f"KV pages {key!r} were never received by this actor")
-        dtype = _DTYPES.get(str(handle.get("dtype")))
+        dtype = pool.tensor.dtype  # the handle names it as str(dtype) does: compare those
         shape = [int(s) for s in handle.get("shape", ())]
-        if dtype is None or dtype != pool.tensor.dtype:
+        if str(handle.get("dtype")) != str(dtype):
             raise ValueError(
                 f"KV dtype {handle.get('dtype')} does not match the pool's {pool.tensor.dtype}"
             )

@@ -36,7 +36,7 @@ from deepinfer.engine.engine import LLMEngine
 from deepinfer.engine.fanout import fan_out
 from deepinfer.engine.outputs import RequestOutput
 from deepinfer.engine.sampling_params import SamplingParams
-from deepinfer.pd.messages import params_from_json, recv, send
+from deepinfer.pd.messages import recv, send
 from deepinfer.profile import StepRecorder, write_profile
 from deepinfer.serve.logprobs import to_wire
 from deepinfer.serve.replica_pd import KVTransport, PDRole
@@ -138,7 +138,7 @@ class Replica:
         rid = str(message["request_id"])
         added: list[str] = []
         try:
-            children = fan_out(params_from_json(message["params"]))
+            children = fan_out(SamplingParams.from_json_dict(message["params"]))
             ids = [rid] if len(children) == 1 else [f"{rid}#{i}" for i in range(len(children))]
             for cid, params in zip(ids, children):
                 self.engine.add_request(

@@ -19,9 +19,9 @@ from typing import Any, Protocol
 
 from deepinfer.engine.engine import LLMEngine
 from deepinfer.engine.outputs import RequestOutput
+from deepinfer.engine.sampling_params import SamplingParams
 from deepinfer.models.kv_pool import OutOfBlocksError
 from deepinfer.pd import transport as shm_transport
-from deepinfer.pd.messages import params_from_json
 from deepinfer.serve.logprobs import to_wire
 
 
@@ -49,7 +49,7 @@ class PDRole:
     def start_prefill(self, message: dict[str, Any]) -> None:
         """Queue a prompt to prefill; raises ``ValueError``/``TypeError`` for a bad one."""
         rid = str(message["request_id"])
-        params = params_from_json(message["params"])
+        params = SamplingParams.from_json_dict(message["params"])
         # Two tokens keep the request alive after its first one, so its KV is still held.
         first_only = replace(params, max_tokens=min(params.max_tokens, 2))
         self.engine.add_request(
@@ -102,7 +102,7 @@ class PDRole:
                 out = self.engine.add_prefilled_request(
                     [int(t) for t in message["prompt_ids"]],
                     int(message["first_token"]),
-                    params_from_json(message["params"]),
+                    SamplingParams.from_json_dict(message["params"]),
                     partial(self.transport.import_pages, self.engine.pool, message["kv"]),
                     request_id=rid,
                     namespace=bytes.fromhex(message.get("namespace", "")),

@@ -19,7 +19,6 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from deepinfer.engine.config import SpeculativeConfig
-from deepinfer.pd.messages import params_to_json
 from deepinfer.pd.transport import discard
 from deepinfer.serve.config import ServeConfig
 from deepinfer.serve.errors import APIError, bad_request, overloaded, unavailable
@@ -290,7 +289,7 @@ class ServeService:
                 "op": "add" if self.config.pd is None else "prefill",
                 "request_id": tracked.request_id,
                 "prompt_ids": tracked.prompt_ids,
-                "params": params_to_json(tracked.spec.params),
+                "params": tracked.spec.params.to_json_dict(),
                 "namespace": tracked.spec.namespace.hex(),
                 # when the front let go of it (a live profile splits the front's overhead
                 # from the replica's queueing with it; perf_counter is machine-wide)
@@ -335,7 +334,7 @@ class ServeService:
                 "request_id": tracked.request_id,
                 "prompt_ids": tracked.prompt_ids,
                 "first_token": int(message["first_token"]),
-                "params": params_to_json(tracked.spec.params),
+                "params": tracked.spec.params.to_json_dict(),
                 "namespace": tracked.spec.namespace.hex(),
                 "kv": message["kv"],
             }

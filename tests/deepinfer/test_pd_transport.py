@@ -14,7 +14,6 @@ from model_helpers import greedy_paged, random_hf_state, tiny_config
 from deepinfer.engine import EngineConfig, LLMEngine, SamplingParams
 from deepinfer.models import KVPool, LlamaModel, build_model
 from deepinfer.pd import PDConfig
-from deepinfer.pd.messages import params_from_json, params_to_json
 from deepinfer.pd.transport import discard, export_pages, import_pages, segment_exists
 
 
@@ -54,7 +53,7 @@ def test_config_coerce() -> None:
 
 def test_params_round_trip_json() -> None:
     p = SamplingParams(temperature=0.7, top_k=5, top_p=0.9, max_tokens=3, stop_token_ids=[4, 9])
-    assert params_from_json(params_to_json(p)) == p
+    assert SamplingParams.from_json_dict(p.to_json_dict()) == p
 
 
 @settings(max_examples=10)
