@@ -55,7 +55,7 @@ from .tiers import (
     torch_scatter,
 )
 
-__version__ = "0.5.0"
+__version__ = "0.6.0"
 
 __all__ = [
     "DEFAULT_KEY_HASH",

@@ -52,7 +52,7 @@ from deepinfer_spec.state import ContextRing
 from deepinfer_spec.step import DraftBlock, Verdict, draft_block, verify_block
 from deepinfer_spec.timing import fastest_linear, priced_gate, time_draft
 
-__version__ = "0.8.0"
+__version__ = "0.9.0"
 
 __all__ = [
     "__version__",
