@@ -58,6 +58,11 @@ def test_zero_threshold_never_pauses_and_empty_records_are_ignored() -> None:
         ({"probe_every": True}, "probe_every"),
         ({"decay": 1.0}, "decay"),
         ({"warmup_rows": -1}, "warmup_rows"),
+        ({"min_timed": 0}, "min_timed"),
+        ({"min_timed": 2.0}, "min_timed"),
+        ({"time_window": 2, "min_timed": 3}, "time_window"),
+        ({"max_break_even": 0.0}, "max_break_even"),
+        ({"max_break_even": float("inf")}, "max_break_even"),
     ],
 )
 def test_bad_arguments_name_themselves(kwargs: dict[str, object], name: str) -> None:
@@ -104,28 +109,104 @@ def test_break_even_rejects_bad_costs(kwargs: dict[str, float], name: str) -> No
         DraftGate.break_even(**kwargs)
 
 
-def test_timed_steps_compare_throughput_instead_of_the_price() -> None:
-    """Accepted drafts above the price, but drafting steps measured slower per token than plain
-    steps: the gate closes; once drafting gets faster per token, it reopens."""
-    gate = DraftGate(min_accepted=0.25, probe_every=3, decay=0.5, warmup_rows=0)
-    gate.record(num_rows=1, num_accepted=1, seconds=0.050)  # 2 tokens in 50 ms: 25 ms/token
-    assert gate.is_open  # no plain step timed yet: the price decides (1 >= 0.25)
-    gate.record_plain(num_rows=1, seconds=0.020)  # 20 ms/token without drafting
-    assert gate.draft_s_per_token == pytest.approx(0.025)
-    assert not gate.is_open
-    assert _steps(gate, 3) == [False, False, True]  # closed: probes as before
-    gate.record(num_rows=2, num_accepted=6, seconds=0.040)  # 5 ms/token: mean 15 ms
-    assert gate.draft_s_per_token == pytest.approx(0.015)
+def _time(gate: DraftGate, rows: int, draft_s: float, plain_s: float, n: int = 3) -> None:
+    """Injected step times: ``n`` drafting steps (nothing accepted) and ``n`` plain steps."""
+    for _ in range(n):
+        gate.record(num_rows=rows, num_accepted=0, seconds=draft_s)
+        gate.record_plain(num_rows=rows, seconds=plain_s)
+
+
+def test_the_price_decides_until_enough_steps_are_timed() -> None:
+    gate = DraftGate(min_accepted=0.5, probe_every=4, warmup_rows=0, min_timed=3)
+    gate.record(num_rows=1, num_accepted=1, seconds=0.030)
+    gate.record_plain(num_rows=1, seconds=0.015)
+    gate.record_plain(num_rows=1, seconds=0.015)
+    assert gate.measured_break_even(1) is None  # 1 drafting, 2 plain steps timed: too few
+    assert gate.threshold(1) == 0.5
+    gate.record(num_rows=1, num_accepted=1, seconds=0.030)
+    gate.record(num_rows=1, num_accepted=1, seconds=0.030)
+    assert gate.measured_break_even(1) is None  # still 2 plain steps
+    gate.record_plain(num_rows=1, seconds=0.015)
+    # 30 ms drafting against 15 ms plain: a drafting step pays from 1 accepted draft per row.
+    assert gate.measured_break_even(1) == pytest.approx(1.0)
+    assert gate.threshold(1) == pytest.approx(1.0)
+    assert gate.threshold(4) == 0.5  # another batch size is not measured: the price again
+
+
+def test_measured_steps_close_a_gate_the_price_left_open() -> None:
+    """The price (0.5) is below the accepted drafts (0.8), but drafting steps measure 2.25x a
+    plain step: drafting needs 1.25 accepted drafts per row to pay, so the gate closes."""
+    gate = DraftGate(min_accepted=0.5, probe_every=4, decay=0.0, warmup_rows=0)
+    gate.record(num_rows=2, num_accepted=0)
+    gate.record(num_rows=5, num_accepted=4)  # mean 0.8 accepted per row (decay 0)
     assert gate.is_open
+    _time(gate, 5, draft_s=0.045, plain_s=0.020)
+    gate.record(num_rows=5, num_accepted=4)
+    assert gate.measured_break_even() == pytest.approx(1.25)
+    assert not gate.is_open
+    assert _steps(gate, 8) == [False, False, False, True] * 2  # closed: probes only
 
 
-def test_an_open_timed_gate_keeps_timing_plain_steps() -> None:
-    gate = DraftGate(min_accepted=0.0, probe_every=4, warmup_rows=0)
+def test_measured_steps_keep_a_paying_drafter_drafting() -> None:
+    """The price (1.5) is above the accepted drafts (1.0), but drafting steps measure only
+    1.5x a plain step: drafting pays from 0.5, so the gate stays open."""
+    gate = DraftGate(min_accepted=1.5, probe_every=4, decay=0.0, warmup_rows=0)
+    _time(gate, 2, draft_s=0.030, plain_s=0.020)
+    gate.record(num_rows=2, num_accepted=2)
+    assert gate.measured_break_even(2) == pytest.approx(0.5)
+    assert gate.is_open
+    # Open and timed: one step in probe_every is plain, to keep the plain time measured.
+    assert _steps(gate, 8) == [True, True, True, False] * 2
+
+
+def test_probes_reopen_a_gate_closed_by_measured_times() -> None:
+    gate = DraftGate(min_accepted=0.25, probe_every=3, decay=0.5, warmup_rows=0)
+    _time(gate, 1, draft_s=0.030, plain_s=0.015)  # break-even 1.0; nothing accepted
+    assert not gate.is_open
+    assert _steps(gate, 3) == [False, False, True]
+    gate.record(num_rows=1, num_accepted=3, seconds=0.030)  # the probe: mean 0.5 * 0 + 1.5
+    assert gate.mean_accepted == pytest.approx(1.5)
+    assert gate.is_open and _steps(gate, 2) == [True, True]
+
+
+def test_step_times_follow_the_latest_window_and_resist_outliers() -> None:
+    gate = DraftGate(warmup_rows=0, min_timed=3, time_window=4)
+    _time(gate, 1, draft_s=0.030, plain_s=0.015)
+    gate.record(num_rows=1, num_accepted=0, seconds=3.0)  # a preempted step: 100x
+    assert gate.measured_break_even() == pytest.approx(1.0)  # the median moves one rank
+    _time(gate, 1, draft_s=0.020, plain_s=0.020, n=4)  # the machine changed
+    assert gate.measured_break_even() == pytest.approx(0.0)  # the window forgot the old ones
+
+
+def test_measured_break_even_is_bounded() -> None:
+    gate = DraftGate(warmup_rows=0, max_break_even=4.0)
+    _time(gate, 1, draft_s=1.0, plain_s=0.01)  # 100x: capped, so good probes still reopen
+    assert gate.measured_break_even() == 4.0
+    _time(gate, 2, draft_s=0.01, plain_s=0.02)  # a drafting step timed faster: never below 0
+    assert gate.measured_break_even(2) == 0.0
+
+
+def test_batch_sizes_are_priced_apart() -> None:
+    gate = DraftGate(min_accepted=0.25, probe_every=8, decay=0.0, warmup_rows=0)
+    _time(gate, 1, draft_s=0.040, plain_s=0.020)  # one row: pays from 1.0
+    _time(gate, 8, draft_s=0.060, plain_s=0.050)  # eight rows: pays from 0.2
+    gate.record(num_rows=8, num_accepted=4)  # 0.5 accepted per row
+    assert gate.should_draft(num_rows=8) and gate.is_open
+    assert not gate.should_draft(num_rows=1) and not gate.is_open
+
+
+def test_an_open_timed_gate_times_plain_steps_sooner_while_few_are_timed() -> None:
+    gate = DraftGate(min_accepted=0.0, probe_every=4, warmup_rows=0, min_timed=2)
     gate.record(num_rows=1, num_accepted=0)
     assert _steps(gate, 8) == [True] * 8  # untimed: an open gate always drafts
     gate.record(num_rows=1, num_accepted=3, seconds=0.02)
+    # No plain step timed at this batch size yet: every other step is plain.
+    assert _steps(gate, 2) == [True, False]
+    gate.record_plain(num_rows=1, seconds=0.01)
+    assert _steps(gate, 2) == [True, False]
+    gate.record_plain(num_rows=1, seconds=0.01)
     assert _steps(gate, 8) == [True, True, True, False] * 2
-    assert gate.num_skipped == 2
+    assert gate.num_skipped == 4
 
 
 def test_timed_records_validate_seconds() -> None:
@@ -138,4 +219,7 @@ def test_timed_records_validate_seconds() -> None:
     with pytest.raises(ValueError, match="num_rows"):
         gate.record_plain(-1, 0.1)
     gate.record_plain(0, 0.1)  # no rows: nothing to learn
-    assert gate.plain_s_per_token is None
+    assert gate.measured_break_even(1) is None
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(ValueError, match="num_rows"):
+            gate.should_draft(num_rows=bad)  # type: ignore[arg-type]

@@ -187,7 +187,7 @@ class BatchSpeculator:
             if row.max_drafts > 0 and base == row.start:
                 drafting.append(i)
         gated = False
-        if drafting and self._gate is not None and not self._gate.should_draft():
+        if drafting and self._gate is not None and not self._gate.should_draft(len(drafting)):
             # A step without drafts is a plain step; the context still gets its features.
             drafting, gated = [], True
             self.stats.num_gated_steps += 1
