@@ -160,6 +160,12 @@ def main() -> None:
             f"tau {tau:.2f}, verified drafts per drafting row "
             f"{(st.num_verified - verified0) / max(1, st.num_rows - rows0):.2f}"
         )
+        measured = gate.measured_break_even(1)
+        print(
+            f"  gate after {name}: measured break-even "
+            + ("(too few timed steps)" if measured is None else f"{measured:.2f}")
+            + f" accepted drafts per row at batch 1; mean accepted {gate.mean_accepted or 0.0:.2f}"
+        )
 
     # 3. bookkeeping only
     closed = DraftGate(min_accepted=float("inf"), probe_every=2**31 - 1, warmup_rows=0)
