@@ -148,6 +148,44 @@ def test_a_closed_gate_drafts_nothing_and_stays_exact(target, tiny_model) -> Non
     assert spec.stats.num_gated_steps == gate.num_skipped > 0
 
 
+class RecordingGate(DraftGate):
+    """A gate that keeps the batch sizes it was asked about and timed at."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.asked: list[int | None] = []
+        self.timed: list[tuple[str, int]] = []
+
+    def should_draft(self, num_rows: int | None = None) -> bool:
+        self.asked.append(num_rows)
+        return super().should_draft(num_rows)
+
+    def record(self, num_rows: int, num_accepted: int, seconds: float | None = None) -> None:
+        if seconds is not None:
+            self.timed.append(("draft", num_rows))
+        super().record(num_rows, num_accepted, seconds)
+
+    def record_plain(self, num_rows: int, seconds: float) -> None:
+        self.timed.append(("plain", num_rows))
+        super().record_plain(num_rows, seconds)
+
+
+def test_the_gate_prices_each_step_at_its_batch_size_and_stays_exact(target, tiny_model) -> None:
+    """``plan`` asks the gate with the number of rows able to draft; timed steps (decode rows
+    only) report the same batch sizes, drafting and plain, so a measured break-even compares
+    like with like; whichever steps the timed gate keeps plain, the tokens stay greedy."""
+    drafter = make_drafter(target)
+    gate = RecordingGate(min_accepted=0.0, probe_every=2, warmup_rows=0)
+    spec = BatchSpeculator(drafter, FixedGammaScheduler(3), max_seqs=4, gate=gate)
+    tokens, _ = drive(spec, tiny_model, PROMPTS, 10, 0.0, mixed=False)
+    assert tokens == [tiny_model.greedy(p, 10) for p in PROMPTS]
+    assert gate.asked and all(n is not None and 1 <= n <= len(PROMPTS) for n in gate.asked)
+    kinds = {kind for kind, _ in gate.timed}
+    assert kinds == {"draft", "plain"}  # the open timed gate keeps timing plain steps
+    assert {n for _, n in gate.timed} <= set(gate.asked)
+    assert spec.stats.num_gated_steps == gate.num_skipped > 0
+
+
 def test_rows_past_the_slots_are_not_tracked_and_do_not_draft(target, tiny_model) -> None:
     drafter = make_drafter(target)
     spec = BatchSpeculator(drafter, FixedGammaScheduler(2), max_seqs=1)
