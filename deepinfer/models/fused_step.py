@@ -114,8 +114,11 @@ class BoundStep:
             and tiles is not None
             and tiles.applies(self.q, k_caches[0], v_caches[0], rows)
         ):
+            block_size = int(k_caches[0].shape[1])
+            # A placeholder table long enough for `rows` keys (retarget swaps in the real one):
+            # a step of more rows than a block holds spans several pages.
             one = plan_verify_tile(
-                [0], rows, rows, block_size=int(k_caches[0].shape[1]),
+                [0] * -(-rows // block_size), rows, rows, block_size=block_size,
                 num_blocks=int(k_caches[0].shape[0]), num_q_heads=shape.num_heads,
             )  # fmt: skip
             if one is not None:

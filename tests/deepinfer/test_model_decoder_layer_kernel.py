@@ -209,6 +209,7 @@ class CountingTiles(PagedAttentionTiles):
     [
         ([9], [1], True),  # a decode step
         ([9], [3], True),  # a verification step: one tile of 3 queries
+        ([9], [6], True),  # a verification step of more queries than a block holds
         ([9, 2, 13], [1, 1, 1], True),  # a batch of decodes of different lengths
         ([9, 2], [1, 4], False),  # decode and verification rows: rows are gathered
     ],
