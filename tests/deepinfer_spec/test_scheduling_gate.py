@@ -178,6 +178,19 @@ def test_step_times_follow_the_latest_window_and_resist_outliers() -> None:
     assert gate.measured_break_even() == pytest.approx(0.0)  # the window forgot the old ones
 
 
+def test_a_load_change_does_not_leave_stale_plain_times() -> None:
+    """Heavy load, then a quiet machine: an open gate times few plain steps, but each is paired
+    with the drafting step next to it, so the quiet ratio wins (not quiet drafting over loaded
+    plain steps, which read as free drafting)."""
+    gate = DraftGate(warmup_rows=0, time_window=4)
+    _time(gate, 1, draft_s=2.0, plain_s=1.0, n=3)  # loaded: both kinds 60x slower
+    for _ in range(3):  # quiet: 8 drafting steps to each plain one
+        for _ in range(8):
+            gate.record(num_rows=1, num_accepted=0, seconds=0.030)
+        gate.record_plain(num_rows=1, seconds=0.015)
+    assert gate.measured_break_even(1) == pytest.approx(1.0)
+
+
 def test_measured_break_even_is_bounded() -> None:
     gate = DraftGate(warmup_rows=0, max_break_even=4.0)
     _time(gate, 1, draft_s=1.0, plain_s=0.01)  # 100x: capped, so good probes still reopen

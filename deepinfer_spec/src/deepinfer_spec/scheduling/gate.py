@@ -14,15 +14,16 @@ Where the break-even point comes from:
   (:meth:`DraftGate.break_even` from measured parts: the drafter's forward, the target's extra
   verified token);
 * once a caller passes ``seconds`` to :meth:`DraftGate.record` and :meth:`DraftGate.record_plain`
-  and ``min_timed`` steps of each kind are timed at the same batch size, the measured one:
+  and ``min_timed`` adjacent drafting/plain pairs are timed at a batch size, the measured one:
   a drafting step of ``B`` rows taking ``T_d`` against a plain step's ``T_p`` emits
   ``B (1 + a)`` tokens against ``B``, so it pays from ``a = T_d / T_p - 1`` accepted drafts per
   row. A price from the parts misses whatever it did not time (the speculator's context
   bookkeeping, the draft block, acceptance, verify-logits processing: ~0.6 of a plain step on
   the 2-core CPU of ``benchmarks/results/engine_spec.md``, session 13), and a drafter then drafts
-  at a loss. Step times are medians of the last ``time_window`` steps of each kind and batch
-  size: a preempted step on a shared CPU (the start-up steps ran 10-50x slower in one run) moves
-  a median by one rank, a mean by its whole excess; the window keeps them current.
+  at a loss. ``T_d / T_p`` is the median of the last ``time_window`` ratios of adjacent timed
+  steps of the two kinds at that batch size: adjacent steps ran under the same load, and a
+  preempted step on a shared CPU (the start-up steps ran 10-50x slower in one run) moves a
+  median by one rank, a mean by its whole excess.
 
 An open timed gate keeps timing plain steps: it leaves one step in ``probe_every`` plain (one in
 two while the batch size has fewer than ``min_timed`` plain steps timed).
@@ -38,10 +39,11 @@ from dataclasses import dataclass, field
 
 @dataclass
 class _StepTimes:
-    """The last seconds of drafting and of plain steps at one batch size."""
+    """Timed steps at one batch size: the last ``T_draft / T_plain`` of adjacent pairs."""
 
-    draft: deque[float] = field(default_factory=deque)
-    plain: deque[float] = field(default_factory=deque)
+    ratios: deque[float] = field(default_factory=deque)
+    last: tuple[bool, float] | None = None  # the previous timed step: (drafted, seconds)
+    num_plain: int = 0
 
 
 class DraftGate:
@@ -53,9 +55,9 @@ class DraftGate:
         probe_every: while paused, every ``probe_every``-th step drafts anyway.
         decay: weight of the old average in each update, in ``[0, 1)``.
         warmup_rows: drafting rows observed before the gate may pause.
-        min_timed: timed steps of each kind (drafting, plain) at a batch size before their
-            measured break-even replaces ``min_accepted`` there.
-        time_window: timed steps of each kind and batch size kept (their median is used).
+        min_timed: timed ratios (a drafting step next to a plain one) at a batch size before
+            their measured break-even replaces ``min_accepted`` there.
+        time_window: ratios kept per batch size (their median is used).
         max_break_even: upper bound of a measured break-even (accepted drafts per row), so a
             few slow drafting steps cannot shut the gate for good: a probe that accepts this
             many drafts still reopens it.
@@ -165,9 +167,9 @@ class DraftGate:
         the latest step's), from the median timed drafting and plain steps there, within
         ``[0, max_break_even]``; ``None`` until ``min_timed`` steps of each kind are timed."""
         times = self._times.get(self._num_rows if num_rows is None else num_rows)
-        if times is None or min(len(times.draft), len(times.plain)) < self.min_timed:
+        if times is None or len(times.ratios) < self.min_timed:
             return None
-        ratio = statistics.median(times.draft) / statistics.median(times.plain) - 1.0
+        ratio = statistics.median(times.ratios) - 1.0
         return min(self.max_break_even, max(0.0, ratio))
 
     def threshold(self, num_rows: int | None = None) -> float:
@@ -201,7 +203,7 @@ class DraftGate:
                 self._since_probe = 0
                 return True
             times = self._times.get(self._num_rows)
-            short = times is None or len(times.plain) < self.min_timed
+            short = times is None or times.num_plain < self.min_timed
             self._since_probe += 1
             if self._since_probe < (2 if short else self.probe_every):
                 return True
@@ -231,7 +233,7 @@ class DraftGate:
         self.rows_seen += num_rows
         self._num_rows = num_rows
         if seconds is not None:
-            self._keep(self._step_times(num_rows).draft, seconds)
+            self._pair(num_rows, True, seconds)
 
     def record_plain(self, num_rows: int, seconds: float) -> None:
         """Fold in one timed step that did not draft: ``num_rows`` decode rows, one token each,
@@ -241,15 +243,21 @@ class DraftGate:
         _check_seconds(seconds)
         if num_rows:
             self._num_rows = num_rows
-            self._keep(self._step_times(num_rows).plain, seconds)
+            self._pair(num_rows, False, seconds)
 
-    def _step_times(self, num_rows: int) -> _StepTimes:
-        return self._times.setdefault(num_rows, _StepTimes())
-
-    def _keep(self, window: deque[float], seconds: float) -> None:
-        window.append(float(seconds))
-        if len(window) > self.time_window:
-            window.popleft()
+    def _pair(self, num_rows: int, drafted: bool, seconds: float) -> None:
+        """Keep ``T_draft / T_plain`` whenever a timed step follows one of the other kind at
+        this batch size: adjacent steps ran under the same load, so a load change never pairs
+        a plain step timed then with a drafting step timed now (an open gate times a plain step
+        only every ``probe_every`` steps; separate windows went stale)."""
+        times = self._times.setdefault(num_rows, _StepTimes())
+        times.num_plain += not drafted
+        if times.last is not None and times.last[0] != drafted:
+            draft_s, plain_s = (seconds, times.last[1]) if drafted else (times.last[1], seconds)
+            times.ratios.append(draft_s / plain_s)
+            if len(times.ratios) > self.time_window:
+                times.ratios.popleft()
+        times.last = (drafted, float(seconds))
 
     def _average(self, old: float | None, new: float) -> float:
         return new if old is None else self.decay * old + (1 - self.decay) * new
