@@ -164,8 +164,8 @@ class DraftGate:
 
     def measured_break_even(self, num_rows: int | None = None) -> float | None:
         """Accepted drafts per row from which drafting pays at batch size ``num_rows`` (``None``:
-        the latest step's), from the median timed drafting and plain steps there, within
-        ``[0, max_break_even]``; ``None`` until ``min_timed`` steps of each kind are timed."""
+        the latest step's): the median ``T_draft / T_plain`` of adjacent timed steps there,
+        minus 1, within ``[0, max_break_even]``; ``None`` until ``min_timed`` such ratios."""
         times = self._times.get(self._num_rows if num_rows is None else num_rows)
         if times is None or len(times.ratios) < self.min_timed:
             return None
