@@ -194,11 +194,17 @@ def load_chain_hasher(build_dir: Path | None = None, cc: str | None = None) -> C
         raise NativeHashUnavailable(f"cannot load the chain library: {exc}") from exc
 
 
+def native_enabled() -> bool:
+    """Whether the C helpers may be used: ``DEEPINFER_CACHE_NATIVE`` is not 0/false/no/off."""
+    flag = os.environ.get("DEEPINFER_CACHE_NATIVE", "1").strip().lower()
+    return flag not in ("0", "false", "no", "off")
+
+
 @functools.cache
 def chain_hasher() -> ChainHasher | None:
     """The process's C chain, or None (pure Python) when it is switched off
     (``DEEPINFER_CACHE_NATIVE=0``) or unavailable (warned once, with the reason)."""
-    if os.environ.get("DEEPINFER_CACHE_NATIVE", "1").strip().lower() in ("0", "false", "no", "off"):
+    if not native_enabled():
         return None
     try:
         return load_chain_hasher()

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from .native_hash import NativeHashUnavailable, build_library
+from .native_hash import NativeHashUnavailable, build_library, native_enabled
 
 SOURCE = Path(__file__).parent / "csrc" / "list_to_i32.c"
 
@@ -72,7 +72,7 @@ def load_list_converter(
 @functools.cache
 def list_converter() -> Callable[[Any, int, int], np.ndarray | None] | None:
     """The process's C list conversion, or None (``array("I")`` then); see the module doc."""
-    if os.environ.get("DEEPINFER_CACHE_NATIVE", "1").strip().lower() in ("0", "false", "no", "off"):
+    if not native_enabled():
         return None
     try:
         return load_list_converter()

@@ -47,6 +47,11 @@ _CAUSAL_MIN_Q = 512
 _CAUSAL_PREFIX_MIN_Q = 1024
 
 
+def _causal_min_q(prefix: int) -> int:
+    """Queries from which a tile after ``prefix`` earlier keys runs the flash causal mode."""
+    return _CAUSAL_MIN_Q if prefix == 0 else _CAUSAL_PREFIX_MIN_Q
+
+
 @dataclass(frozen=True)
 class _Tile:
     seq: int
@@ -104,7 +109,7 @@ def _flash_causal_whole(m: int, n: int, causal: bool, window: int, soft_cap: flo
     SmolLM2 layer, one core: 0.17-0.19 s against 0.10-0.13 s as one causal tile)."""
     if not causal or window > 0 or soft_cap > 0 or _FUSED is None:
         return False
-    return m >= (_CAUSAL_MIN_Q if n == m else _CAUSAL_PREFIX_MIN_Q)
+    return m >= _causal_min_q(n - m)
 
 
 def _make_tiles(
@@ -214,8 +219,7 @@ def _plan_batch(
     causal_from: int | None = None
     masked = not bool(keep.all())
     start = key_len - max_q
-    min_q = _CAUSAL_MIN_Q if start == 0 else _CAUSAL_PREFIX_MIN_Q
-    if masked and nb == 1 and max_q >= min_q and start >= 0:
+    if masked and nb == 1 and start >= 0 and max_q >= _causal_min_q(start):
         causal_shape = torch.ones(max_q, key_len, dtype=torch.bool, device=device).tril(start)
         if torch.equal(keep[0], causal_shape):
             causal_from = start
