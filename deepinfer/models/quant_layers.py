@@ -64,29 +64,26 @@ class QuantLinear(Linear):
 
     def parts(self) -> list[QuantWeight]:
         """The blocks as :class:`QuantWeight` views of :attr:`weight` (no copy)."""
-        out, start = [], 0
-        flat = self.weight.detach()
-        for qtype, rows in self.layout:
-            size = rows * row_bytes(qtype, self.in_features)
-            out.append(
-                QuantWeight(flat[start : start + size].view(rows, -1), qtype, self.in_features)
-            )
-            start += size
-        return out
+        return self._views(self.layout)
 
     def runs(self) -> list[QuantWeight]:
         """:meth:`parts` with neighbours of one format joined into one view (no copy): a Q4_1
         QKV is one product of 960 rows, not three products and a concatenation of their
         outputs (a 2048-token prefill: one MKL call of N=960 instead of 576/192/192, and no
         copy of the 2048 x 960 result)."""
+        joined: list[tuple[QuantType, int]] = []
+        for qtype, rows in self.layout:
+            if joined and joined[-1][0] == qtype:
+                joined[-1] = (qtype, joined[-1][1] + rows)
+            else:
+                joined.append((qtype, rows))
+        return self._views(joined)
+
+    def _views(self, layout: Sequence[tuple[QuantType, int]]) -> list[QuantWeight]:
+        """One :class:`QuantWeight` view of :attr:`weight` per ``(format, rows)`` of ``layout``,
+        in order (their rows must add up to the weight's)."""
         out, start = [], 0
         flat = self.weight.detach()
-        layout: list[tuple[QuantType, int]] = []
-        for qtype, rows in self.layout:
-            if layout and layout[-1][0] == qtype:
-                layout[-1] = (qtype, layout[-1][1] + rows)
-            else:
-                layout.append((qtype, rows))
         for qtype, rows in layout:
             size = rows * row_bytes(qtype, self.in_features)
             out.append(
