@@ -4,10 +4,15 @@ The sender gathers a sequence's pages out of its pool (``deepinfer_kernels.gathe
 along the pool's block dimension) into a fresh shared-memory segment and describes it in a JSON
 handle ``{"shm", "shape", "dtype"}``; the receiver maps the segment, scatters the pages into its
 own blocks (``scatter_blocks``) and unlinks the segment. Only raw bytes and JSON cross processes.
+
+Segments are named ``dikv_<pid>_<random>`` after the exporting process, so an operator (or a
+leak check) can tell ours from other programs' and see which worker made one.
 """
 
 from __future__ import annotations
 
+import os
+import secrets
 from multiprocessing import resource_tracker, shared_memory
 from typing import Any
 
@@ -17,6 +22,24 @@ from deepinfer.models.kv_pool import KVPool
 from deepinfer_kernels import gather_blocks, scatter_blocks
 
 BLOCK_DIM = 2  # the block dimension of `KVPool.tensor` [L, 2, blocks, block_size, Hkv, D]
+SEGMENT_PREFIX = "dikv_"
+
+
+def segment_prefix(pid: int | None = None) -> str:
+    """The name prefix of the segments process ``pid`` (default: this one) exports; short
+    enough for macOS's 31-character limit on shared-memory names."""
+    return f"{SEGMENT_PREFIX}{os.getpid() if pid is None else int(pid)}_"
+
+
+def _create_segment(nbytes: int) -> shared_memory.SharedMemory:
+    for _ in range(8):
+        try:
+            return shared_memory.SharedMemory(
+                name=segment_prefix() + secrets.token_hex(4), create=True, size=max(nbytes, 1)
+            )
+        except FileExistsError:  # a random suffix collided with a live segment: draw again
+            continue
+    raise FileExistsError("could not find a free shared-memory segment name")
 
 
 def export_pages(pool: KVPool, block_ids: list[int]) -> dict[str, Any]:
@@ -28,7 +51,7 @@ def export_pages(pool: KVPool, block_ids: list[int]) -> dict[str, Any]:
     ids = torch.tensor(block_ids, dtype=torch.int64, device=pool.tensor.device)
     pages = gather_blocks(pool.tensor, ids, block_dim=BLOCK_DIM).contiguous().cpu()
     nbytes = pages.numel() * pages.element_size()
-    shm = shared_memory.SharedMemory(create=True, size=max(nbytes, 1))
+    shm = _create_segment(nbytes)
     try:
         dst = torch.frombuffer(shm.buf, dtype=pages.dtype, count=pages.numel())
         dst.copy_(pages.reshape(-1))

@@ -21,6 +21,7 @@ from deepinfer import LLM, EngineConfig, RequestOutput, SamplingParams, Speculat
 from deepinfer.engine.cache_setup import PrefixCacheConfig
 from deepinfer.llm import build_worker_engine
 from deepinfer.pd import PDConfig, PDCoordinator, PDWorkerError
+from deepinfer.pd.transport import segment_prefix
 from deepinfer_sched.policies import PerRequestPD
 
 pytestmark = pytest.mark.slow
@@ -29,9 +30,11 @@ ENGINE = EngineConfig(block_size=8, num_blocks=64, max_model_len=128)
 LENGTHS = [1, 7, 8, 9, 30, 61]
 
 
-def _shm_names() -> set[str]:
+def _shm_names(pids: list[int]) -> set[str]:
+    """KV segments exported by ``pids`` (tests running alongside export their own)."""
+    prefixes = tuple(segment_prefix(p) for p in pids)
     return (
-        {n for n in os.listdir("/dev/shm") if n.startswith("psm_")}
+        {n for n in os.listdir("/dev/shm") if n.startswith(prefixes)}
         if os.path.isdir("/dev/shm")
         else set()
     )
@@ -107,7 +110,9 @@ class RecordingPolicy:
 def test_greedy_identical_to_colocated_and_no_shm_left(
     pd_llm: LLM, prompts: list[list[int]], params: list[SamplingParams], colocated
 ) -> None:
-    before = _shm_names()
+    assert pd_llm.pd is not None
+    pids = [w.process.pid for w in pd_llm.pd.workers]
+    before = _shm_names(pids)
     outs = pd_llm.generate(prompts, params)
     for i, (got, want) in enumerate(zip(outs, colocated)):
         assert got.error is None, got.error
@@ -116,7 +121,8 @@ def test_greedy_identical_to_colocated_and_no_shm_left(
         assert got.finish_reason == want.finish_reason == "length"
         assert got.metrics is not None and got.metrics.ttft is not None
     assert pd_llm.pd is not None and not pd_llm.pd._requests
-    assert _shm_names() - before == set()
+    pids += [w.process.pid for w in pd_llm.pd.workers]  # a worker started again: its too
+    assert _shm_names(pids) - before == set()
 
 
 def test_per_request_policy_prefills_short_prompts_on_decode(

@@ -14,7 +14,13 @@ from model_helpers import greedy_paged, random_hf_state, tiny_config
 from deepinfer.engine import EngineConfig, LLMEngine, SamplingParams
 from deepinfer.models import KVPool, LlamaModel, build_model
 from deepinfer.pd import PDConfig
-from deepinfer.pd.transport import discard, export_pages, import_pages, segment_exists
+from deepinfer.pd.transport import (
+    discard,
+    export_pages,
+    import_pages,
+    segment_exists,
+    segment_prefix,
+)
 
 
 @pytest.fixture(scope="module")
@@ -72,6 +78,7 @@ def test_pages_move_between_pools_and_segment_is_unlinked(
     targets = order[: len(picks)].tolist()
     handle = export_pages(src, picks)
     assert segment_exists(handle["shm"])
+    assert handle["shm"].startswith(segment_prefix()) and len(handle["shm"]) <= 30
     import_pages(dst, handle, targets)
     assert not segment_exists(handle["shm"])
     for s, d in zip(picks, targets):

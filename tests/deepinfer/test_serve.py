@@ -398,10 +398,12 @@ def test_pd_one_prefill_one_decode_replica_matches_llm_generate(gguf: Path, tmp_
     import os
 
     from deepinfer.llm import LLM
+    from deepinfer.pd.transport import segment_prefix
 
     def segments() -> set[str]:
-        shm = "/dev/shm"
-        return {n for n in os.listdir(shm) if n.startswith("psm_")} if os.path.isdir(shm) else set()
+        # In-process replicas export from this process; tests alongside export their own.
+        shm, mine = "/dev/shm", segment_prefix()
+        return {n for n in os.listdir(shm) if n.startswith(mine)} if os.path.isdir(shm) else set()
 
     before = segments()
     prompts = [[(7 * i + 5 * j + 3) % 200 + 3 for j in range(n)] for i, n in enumerate((3, 9, 33))]
