@@ -101,7 +101,7 @@ def test_full_disk_at_start_runs_without_the_disk_tier(
     def full(*args: object, **kwargs: object) -> None:
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr("deepinfer.engine.cache_setup.SegmentDiskTier", full)
+    monkeypatch.setattr("deepinfer_cache.config.SegmentDiskTier", full)
     config = PrefixCacheConfig(device_blocks=2, host_bytes=1 << 16, directory=str(tmp_path))
     with pytest.warns(RuntimeWarning, match="No space left"):
         _, store = build_prefix_cache(_pool(), config, "key")

@@ -17,6 +17,7 @@ Example::
 from .adapter import KVCacheAdapter
 from .block_hash_chain import BlockHashChain
 from .clock import Clock, FakeClock, SystemClock
+from .config import PrefixCacheConfig, build_store, default_kv_directory
 from .disk_format import CorruptBlockError
 from .events import (
     AllBlocksCleared,
@@ -85,6 +86,7 @@ __all__ = [
     "MatchResult",
     "MigrationReport",
     "ModelKV",
+    "PrefixCacheConfig",
     "PrefixIndex",
     "RetentionPolicy",
     "SegmentDiskTier",
@@ -95,7 +97,9 @@ __all__ = [
     "TierStats",
     "TieredKVStore",
     "__version__",
+    "build_store",
     "check_key_hash",
+    "default_kv_directory",
     "hash_blocks_from",
     "hash_token_blocks",
     "iter_block_hashes",
