@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from deepinfer import LLM, EngineConfig, SamplingParams
+from deepinfer import LLM, EngineConfig, SamplingParams, SpeculativeConfig
 from deepinfer.models import LoadedModel, default_model_path, load_model
 from deepinfer.speculative import SHIPPED_DRAFTER
 
@@ -32,7 +32,12 @@ def test_shipped_drafter_greedy_is_lossless_on_the_real_model(smol: LoadedModel)
     cfg = EngineConfig(num_blocks=128, max_num_seqs=4)
     params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
     plain = LLM(smol, engine_config=cfg, enable_prefix_caching=False)
-    spec = LLM(smol, engine_config=cfg, enable_prefix_caching=False, speculative="dspark")
+    # A fixed verify count and no gate: with the default policy, whether drafting pays (the
+    # target profiled at start-up, the gate's measured step times) depends on the machine's
+    # load, and a loaded CI runner may verify no draft for some prompt. Drafting on every
+    # step makes "drafts were verified" a fact of the code, not of the machine's speed.
+    forced = SpeculativeConfig("dspark", num_speculative_tokens=3, draft_gate=False)
+    spec = LLM(smol, engine_config=cfg, enable_prefix_caching=False, speculative=forced)
     want = [o.token_ids for o in plain.generate(PROMPTS, params)]
     got = spec.generate(PROMPTS, params)
     assert [o.token_ids for o in got] == want
