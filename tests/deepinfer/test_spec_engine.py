@@ -567,11 +567,14 @@ def test_fastest_linear_picks_the_faster_product_and_restores_the_drafter(
 ) -> None:
     _, expected = greedy_reference
     drafter = oracle_drafter(model, expected)
-    slow = _SlowLinear(0.004)  # a proposal runs ~10 products: at least 40 ms slower
+    # A proposal runs ~12 products: the slow one is at least 360 ms slower. The gap must
+    # dwarf the timing noise of a loaded CI runner, where one ~35 ms proposal was timed at
+    # 35-290 ms (load 4 on 2 cores); 4 ms per product (48 ms) once let noise win.
+    slow = _SlowLinear(0.03)
     mine = _SlowLinear(0.0)
     drafter.use_linear(mine)
     for order in ([slow, spec_module_linear], [spec_module_linear, slow]):
-        assert fastest_linear(drafter, order, repeats=2) is spec_module_linear
+        assert fastest_linear(drafter, order, repeats=3) is spec_module_linear
     assert slow.calls > 0  # it was really timed, not skipped
     assert drafter.linear is mine  # the drafter's own choice is left as it was
     with pytest.raises(ValueError, match="candidates"):
