@@ -21,7 +21,6 @@ from pathlib import Path
 import torch
 
 from deepinfer.engine.config import SpeculativeConfig
-from deepinfer.models.attention_metadata import AttentionMetadata
 from deepinfer.models.kv_pool import KVPool
 from deepinfer.models.llama import LlamaModel
 from deepinfer.models.spec_adapter import LlamaTargetAdapter
@@ -33,7 +32,7 @@ from deepinfer_spec import (
     SPSCurve,
     VerifyScheduler,
     choose_policy,
-    profile_sps,
+    profile_target,
 )
 from deepinfer_spec.training import load_checkpoint
 
@@ -44,7 +43,6 @@ SpeculativeSpec = (
 )
 
 
-@torch.no_grad()
 def profile_target_sps(
     model: LlamaModel,
     pool: KVPool,
@@ -54,37 +52,17 @@ def profile_target_sps(
     repeats: int = 2,
     warmup: int = 1,
 ) -> SPSCurve:
-    """Time real target forwards of ``B`` new tokens over a ``context``-token paged history.
-
-    Borrows free blocks of ``pool`` for the duration and returns them; the K/V it writes there
-    is scratch. Cheap by design (``len(batch_sizes) * (repeats + warmup)`` forwards).
-    """
-    sizes = sorted({int(b) for b in batch_sizes})
-    if not sizes or sizes[0] < 1:
-        raise ValueError(f"batch_sizes: expected positive sizes, got {list(batch_sizes)}")
-    bs = pool.block_size
-    need = -(-(context + sizes[-1]) // bs)
+    """`deepinfer_spec.profile_target` over ``model`` on ``pool``: real target forwards of ``B``
+    new tokens over a ``context``-token paged history, in free blocks of ``pool`` borrowed for
+    the duration (the K/V written there is scratch)."""
+    need = -(-(context + max(batch_sizes, default=0)) // pool.block_size)
     if need > pool.num_free_blocks:
         raise ValueError(f"pool: profiling needs {need} free blocks, {pool.num_free_blocks} free")
-    blocks = pool.allocate(need)
-    device = model.embed_tokens.weight.device
-    vocab = model.config.vocab_size
-    gen = torch.Generator().manual_seed(0)
-    try:
-
-        def forward(start: int, length: int) -> None:
-            attn = AttentionMetadata.build([blocks], [start + length], [length], bs, device=device)
-            ids = torch.randint(0, vocab, (length,), generator=gen).to(device)
-            pos = torch.arange(start, start + length, device=device)
-            with torch.inference_mode():
-                hidden = model(ids, pos, attn, pool)
-                model.compute_logits(hidden)
-
-        forward(0, context)  # a real history for the timed steps to attend to
-        sync = torch.cuda.synchronize if device.type == "cuda" else None
-        return profile_sps(lambda b: forward(context, b), sizes, repeats, warmup, synchronize=sync)
-    finally:
-        pool.free(blocks)
+    sync = torch.cuda.synchronize if model.norm.weight.device.type == "cuda" else None
+    target = LlamaTargetAdapter(model, pool)
+    return profile_target(
+        target, batch_sizes, context=context, repeats=repeats, warmup=warmup, synchronize=sync
+    )
 
 
 def build_speculator(

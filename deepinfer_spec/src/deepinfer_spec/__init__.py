@@ -29,6 +29,7 @@ from deepinfer_spec.calibration import (
 )
 from deepinfer_spec.config import DSparkConfig
 from deepinfer_spec.decoder import RequestState, SpecDecoder, StepOutput
+from deepinfer_spec.draft_mask import DraftConstraints, DraftGrammar, DraftMask
 from deepinfer_spec.drafter import DSparkDrafter
 from deepinfer_spec.lazy_context import LazyContext
 from deepinfer_spec.linear import LinearFn, module_linear
@@ -50,6 +51,7 @@ from deepinfer_spec.scheduling import (
 )
 from deepinfer_spec.state import ContextRing
 from deepinfer_spec.step import DraftBlock, Verdict, draft_block, verify_block
+from deepinfer_spec.target_profile import profile_target
 from deepinfer_spec.timing import fastest_linear, priced_gate, time_draft
 
 __version__ = "0.9.0"
@@ -63,6 +65,9 @@ __all__ = [
     "DSparkDrafter",
     "Draft",
     "DraftBlock",
+    "DraftConstraints",
+    "DraftGrammar",
+    "DraftMask",
     "LazyContext",
     "LinearFn",
     "RecomputeTarget",
@@ -83,6 +88,7 @@ __all__ = [
     "draft_block",
     "fastest_linear",
     "module_linear",
+    "profile_target",
     "propose",
     "priced_gate",
     "time_draft",
