@@ -305,7 +305,9 @@ def test_get_many_coalesces_adjacent_records(tmp_path, monkeypatch) -> None:
     runs: list[int] = []
     real = tier._read_run
     monkeypatch.setattr(
-        tier, "_read_run", lambda keys, dest=None: runs.append(len(keys)) or real(keys, dest)
+        tier,
+        "_read_run",
+        lambda keys, dest=None, fds=None: runs.append(len(keys)) or real(keys, dest, fds),
     )
     pages = tier.get_many([key(i) for i in [*range(20), 99]])  # 99: absent
     assert sorted(runs) == [1, 20]  # one read for the twenty adjacent records

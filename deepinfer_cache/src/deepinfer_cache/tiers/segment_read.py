@@ -1,14 +1,22 @@
 """The read path of ``SegmentDiskTier``: runs of adjacent records read with one ``preadv``.
 
 Blocks stored together sit in consecutive slots of one segment, so a request for many blocks
-is grouped into runs of consecutive slots (up to ``max_read_bytes``), announced to the kernel
-at once (``POSIX_FADV_WILLNEED``), and each run is read front to back by ``preadv`` calls of
-about 1 MiB whose buffers put the record headers in a scratch buffer and the payloads straight
-into their destination (a fresh tensor, or the caller's buffer for ``get_many_into``), each
-piece checked while it is still in the CPU cache; runs are read in parallel on the reader
-threads. Every record is checked (header CRC, its
+is grouped into runs of consecutive slots (up to ``max_read_bytes``), and each run is read
+front to back by ``preadv`` calls of about 1 MiB whose buffers put the record headers in a
+scratch buffer and the payloads straight into their destination (a page from the tier's
+``PagePool``, or the caller's buffer for ``get_many_into``), each piece checked while it is
+still in the CPU cache; runs are read in parallel on the reader threads, each through its own
+open file description (see ``_own_readahead``). Every record is checked (header CRC, its
 segment/slot/key, XXH3-64 of the payload) before its page is returned; a record that fails is
 forgotten, a copy is kept in ``quarantine/`` and it is a miss.
+
+Why no ``POSIX_FADV_WILLNEED`` and why a descriptor per run (measured, Linux 6.18 / ext4,
+``benchmarks/results/cache.md`` session 14): the kernel's own readahead of a sequential reader
+fills the page cache with large folios, while ``WILLNEED`` (``force_page_cache_ra``) and reads
+the kernel judges random fill it with 4 KiB ones, 90x more folios to allocate, charge, insert,
+copy from and evict: 0.84-0.90 s of CPU per GB instead of 0.37-0.42. Runs read at once through
+one shared descriptor look random to the kernel, because readahead state lives in the open
+file description.
 """
 
 from __future__ import annotations
@@ -51,6 +59,11 @@ if TYPE_CHECKING:
 class SegmentReads:
     """Mixin: the reads of ``SegmentDiskTier`` (the attributes below are the tier's)."""
 
+    # Both are the measured choices of the module docstring; kept as attributes so that
+    # ``benchmarks/bench_cache_into.py`` can measure the alternatives in the same process.
+    _read_hint: str = "none"  # "willneed": announce every run with POSIX_FADV_WILLNEED
+    _own_readahead: bool = True  # each run reads through its own open file description
+
     if TYPE_CHECKING:
         dtype: torch.dtype
         page_shape: tuple[int, ...]
@@ -83,11 +96,12 @@ class SegmentReads:
 
     def get_many_async(self, keys: Sequence[bytes]) -> list[Future[torch.Tensor | None]]:
         """Read ``keys`` with few large reads: records in consecutive slots of one segment are
-        read by one ``preadv`` (up to ``max_read_bytes``), runs in parallel on reader threads."""
+        read by one ``preadv`` (up to ``max_read_bytes``), streams in parallel on reader
+        threads."""
         futs: list[Future[torch.Tensor | None]] = [Future() for _ in keys]
-        for run in self._runs(keys):
-            job = self._readers.submit(self._read_run, [keys[i] for i in run])
-            job.add_done_callback(functools.partial(_fan_out, run=run, futs=futs))
+        for stream in self._streams(keys):
+            job = self._readers.submit(self._read_stream, keys, stream, None)
+            job.add_done_callback(functools.partial(_fan_out, stream=stream, futs=futs))
         return futs
 
     def get_many_into(self, keys: Sequence[bytes], out: torch.Tensor) -> list[bool]:
@@ -113,25 +127,54 @@ class SegmentReads:
     def _read_runs(
         self, keys: Sequence[bytes], dest: Sequence[torch.Tensor] | None
     ) -> list[tuple[list[int], list[torch.Tensor | None]]]:
-        """Every run of ``keys``: all but the first on the reader threads, the first in the
-        calling thread meanwhile (a request that is one run costs no thread hand-off, which
-        on a busy machine waits for a time slice)."""
-        runs = self._runs(keys)
+        """Every run of ``keys``: every stream but the first on the reader threads, the first in
+        the calling thread meanwhile (a request that is one stream costs no thread hand-off,
+        which on a busy machine waits for a time slice)."""
+        streams = self._streams(keys)
+        jobs = [self._readers.submit(self._read_stream, keys, st, dest) for st in streams[1:]]
+        first = self._read_stream(keys, streams[0], dest) if streams else []
+        got = [first, *(job.result() for job in jobs)]
+        return [(run, pages) for st, res in zip(streams, got) for run, pages in zip(st, res)]
 
-        def read(run: list[int]) -> list[torch.Tensor | None]:
-            return self._read_run(
-                [keys[i] for i in run], None if dest is None else [dest[i] for i in run]
-            )
+    def _read_stream(
+        self,
+        keys: Sequence[bytes],
+        stream: list[list[int]],
+        dest: Sequence[torch.Tensor] | None,
+    ) -> list[list[torch.Tensor | None]]:
+        """Read the runs of one stream in order, through one set of open file descriptions
+        (``_Descriptions``), so the kernel sees one sequential reader."""
+        fds = _Descriptions(self._own_readahead)
+        try:
+            return [
+                self._read_run(
+                    [keys[i] for i in run], None if dest is None else [dest[i] for i in run], fds
+                )
+                for run in stream
+            ]
+        finally:
+            fds.close()
 
-        jobs = [self._readers.submit(read, run) for run in runs[1:]]
-        first = read(runs[0]) if runs else []
-        return list(zip(runs, [first, *(job.result() for job in jobs)]))
+    def _streams(self, keys: Sequence[bytes]) -> list[list[list[int]]]:
+        """``_runs`` grouped into streams: runs that follow each other in one segment are one
+        stream, read front to back by one thread (runs split only by ``max_read_bytes``);
+        different streams are read in parallel."""
+        with self._lock:
+            where = {i: self._loc[k][:2] for i, k in enumerate(keys) if k in self._loc}
+        streams: list[list[list[int]]] = []
+        end = (-1, -1)  # (segment, slot after the last run of the current stream)
+        for run in self._runs(keys):
+            at = where.get(run[0])
+            if at is not None and streams and (at[0], at[1]) == end:
+                streams[-1].append(run)
+            else:
+                streams.append([run])
+            end = (-1, -1) if at is None else (at[0], at[1] + len(run))
+        return streams
 
     def _runs(self, keys: Sequence[bytes]) -> list[list[int]]:
-        """Group key positions into runs of consecutive slots of one segment, and tell the
-        kernel about every run at once (``WILLNEED``): the device then sees the whole request
-        queued, as a raw sequential read's readahead would, instead of one run per reader
-        thread at a time."""
+        """Group key positions into runs of consecutive slots of one segment, in file order
+        (pending and absent keys last, one run each)."""
         with self._lock:
             located = [
                 (self._loc[k][0], self._loc[k][1], i) for i, k in enumerate(keys) if k in self._loc
@@ -154,7 +197,7 @@ class SegmentReads:
             last = (sid, slot)
             done.add(i)
         runs.extend([i] for i in range(len(keys)) if i not in done)  # pending or absent
-        if getattr(self, "_read_hint", "willneed") == "willneed":
+        if self._read_hint == "willneed":
             self._will_need(spans)
         return runs
 
@@ -177,7 +220,10 @@ class SegmentReads:
         return out
 
     def _read_run(
-        self, keys: Sequence[bytes], dest: Sequence[torch.Tensor] | None = None
+        self,
+        keys: Sequence[bytes],
+        dest: Sequence[torch.Tensor] | None = None,
+        fds: _Descriptions | None = None,
     ) -> list[torch.Tensor | None]:
         """Read ``keys`` (consecutive slots of one segment, or a single key) front to back
         with ``preadv`` calls of about ``_HOT_BYTES``: record headers go to a scratch buffer,
@@ -214,7 +260,7 @@ class SegmentReads:
             return out
         if not consecutive:  # not one run: read each on its own
             for i in todo:
-                out[i] = self._read_run([keys[i]], [dest[i]])[0]
+                out[i] = self._read_run([keys[i]], [dest[i]], fds)[0]
             return out
         sb = self.record_bytes
         pad = sb - RECORD_HEADER_BYTES - self.page_bytes
@@ -229,9 +275,12 @@ class SegmentReads:
         pieces = per_read == 1 and self.page_bytes > _PIECE_BYTES
         t0 = time.perf_counter()
         nread = 0
+        own = fds is None
+        if fds is None:
+            fds = _Descriptions(self._own_readahead)
         try:
             try:
-                fd: int | None = self._fd(seg)
+                fd: int | None = fds.of(seg.id, self._fd(seg))
             except OSError:
                 fd = None
             for lo in range(0, len(todo), per_read):
@@ -286,6 +335,8 @@ class SegmentReads:
                     out[i] = self._as_page(dest[i])
                     nread += 1
         finally:
+            if own:
+                fds.close()
             self._release_fd(seg, user=True)
         with self._lock:
             self.counters.bytes_read += nread * (RECORD_HEADER_BYTES + self.page_bytes)
@@ -322,17 +373,63 @@ class SegmentReads:
 
 
 def _fan_out(
-    job: Future[list[torch.Tensor | None]],
+    job: Future[list[list[torch.Tensor | None]]],
     *,
-    run: list[int],
+    stream: list[list[int]],
     futs: list[Future[torch.Tensor | None]],
 ) -> None:
     exc = job.exception()
-    for j, i in enumerate(run):
-        if exc is not None:
-            futs[i].set_exception(exc)
-        else:
-            futs[i].set_result(job.result()[j])
+    for r, run in enumerate(stream):
+        for j, i in enumerate(run):
+            if exc is not None:
+                futs[i].set_exception(exc)
+            else:
+                futs[i].set_result(job.result()[r][j])
+
+
+class _Descriptions:
+    """The open file descriptions one read stream uses, one per segment, closed when it ends.
+
+    The kernel keeps readahead state per open file description: a stream read through its own
+    is one sequential reader (a growing window of large folios) while other threads read
+    other streams of the same segment; through the tier's shared descriptor their reads
+    interleave and look random. With ``own`` False the shared descriptor is used."""
+
+    __slots__ = ("_fds", "own")
+
+    def __init__(self, own: bool) -> None:
+        self.own = own
+        self._fds: dict[int, int] = {}
+
+    def of(self, segment: int, shared: int) -> int:
+        """This stream's descriptor for ``segment`` (``shared`` is the tier's, held open by
+        the caller while this runs)."""
+        if not self.own:
+            return shared
+        fd = self._fds.get(segment)
+        if fd is None:
+            fd = _own_description(shared)
+            if fd == shared:  # no /proc: share it, and stop trying for this stream
+                self.own = False
+                return shared
+            self._fds[segment] = fd
+        return fd
+
+    def close(self) -> None:
+        for fd in self._fds.values():
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self._fds.clear()
+
+
+def _own_description(fd: int) -> int:
+    """A new open file description of ``fd``'s file, read-only, with its own readahead state
+    (``/proc/self/fd`` reopens the file itself, so a segment unlinked by compaction while a
+    reader holds it still reads); ``fd`` itself where ``/proc`` is not mounted."""
+    try:
+        return os.open(f"/proc/self/fd/{fd}", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return fd
 
 
 def _bytes_of(row: torch.Tensor) -> memoryview:
