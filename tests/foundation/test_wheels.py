@@ -20,6 +20,11 @@ from packaging.requirements import Requirement
 
 ROOT = Path(__file__).resolve().parents[2]
 
+# setuptools builds in the project directory itself (its build/ and *.egg-info/): a wheel and
+# an sdist of one project built at the same time on two xdist workers rewrite the same files.
+# One group runs these builds one after another on one worker (`make test` uses loadgroup).
+pytestmark = pytest.mark.xdist_group("setuptools_in_tree")
+
 SIBLINGS = {
     "deepinfer-kernels",
     "deepinfer-cache",
