@@ -7,7 +7,7 @@
   embedded SmolLM2-135M-Instruct; a model with another hidden size or vocabulary is refused);
 * a path: a ``deepinfer-spec`` checkpoint directory (``drafter.safetensors`` + ``config.json``,
   optionally ``sts.json`` with calibration temperatures);
-* a :class:`~deepinfer.engine.config.SpeculativeConfig`: one of the two above plus how many
+* a :class:`~deepinfer_spec.SpeculativeConfig`: one of the two above plus how many
   drafts to verify (DSpark's scheduler or a fixed count) and whether the draft gate runs;
 * a :class:`~deepinfer_spec.DSparkDrafter`, or a ready :class:`DSparkSpeculator`.
 """
@@ -20,7 +20,6 @@ from pathlib import Path
 
 import torch
 
-from deepinfer.engine.config import SpeculativeConfig
 from deepinfer.models.kv_pool import KVPool
 from deepinfer.models.llama import LlamaModel
 from deepinfer.models.spec_adapter import LlamaTargetAdapter
@@ -29,12 +28,12 @@ from deepinfer_kernels.cpu import ModuleLinear
 from deepinfer_spec import (
     DraftGate,
     DSparkDrafter,
+    SpeculativeConfig,
     SPSCurve,
     VerifyScheduler,
-    choose_policy,
+    load_speculator,
     profile_target,
 )
-from deepinfer_spec.training import load_checkpoint
 
 SHIPPED_DRAFTER = Path(__file__).resolve().parents[1] / "data" / "dspark-smollm2"
 
@@ -89,36 +88,27 @@ def build_speculator(
         num_speculative_tokens = speculative.num_speculative_tokens
         gate = gate if speculative.draft_gate else None
         speculative = speculative.model
-    sts: dict[str, torch.Tensor] = {}
-    if isinstance(speculative, DSparkDrafter):
-        drafter = speculative
-    else:
-        directory = SHIPPED_DRAFTER if speculative == "dspark" else Path(speculative)
-        weight = model.norm.weight  # the model's float dtype (a GGUF table holds bytes)
-        target = LlamaTargetAdapter(model, pool)
-        try:
-            drafter, sts = load_checkpoint(directory, target, weight.device, weight.dtype)
-        except ValueError as exc:
-            raise ValueError(f"speculative: {exc}") from exc
+    directory = SHIPPED_DRAFTER if speculative == "dspark" else speculative
+    weight = model.norm.weight  # the model's float dtype (a GGUF table holds bytes)
 
     def profile(sizes: Sequence[int]) -> SPSCurve | None:
         # Time over as much history as the free blocks hold, up to 64 tokens; none: no curve.
         room = pool.num_free_blocks * pool.block_size - max(sizes)
         return profile_target_sps(model, pool, sizes, context=min(64, room)) if room >= 1 else None
 
-    scheduler, chosen_gate = choose_policy(
-        drafter,
-        profile,
-        scheduler=scheduler,
-        num_speculative_tokens=num_speculative_tokens,
-        gate=gate,
-        linears=[ModuleLinear(model.cpu_kernels.linear)],
-    )
-    return DSparkSpeculator(
-        drafter,
-        scheduler,
-        max_seqs=max_seqs,
-        sts_greedy=sts.get("greedy"),
-        sts_sampling=sts.get("sampling"),
-        gate=chosen_gate,
-    )
+    try:
+        spec = load_speculator(
+            directory,
+            LlamaTargetAdapter(model, pool),
+            profile,
+            max_seqs=max_seqs,
+            device=weight.device,
+            dtype=weight.dtype,
+            scheduler=scheduler,
+            num_speculative_tokens=num_speculative_tokens,
+            gate=gate,
+            linears=[ModuleLinear(model.cpu_kernels.linear)],
+        )
+    except ValueError as exc:
+        raise ValueError(f"speculative: {exc}") from exc
+    return DSparkSpeculator.over(spec)

@@ -66,8 +66,22 @@ class DSparkSpeculator:
             sts_sampling=sts_sampling,
             gate=gate,
         )
-        self.drafter = self.spec.drafter
-        self.layer_ids = list(drafter.config.target_layer_ids)
+
+    @classmethod
+    def over(cls, spec: BatchSpeculator) -> DSparkSpeculator:
+        """The engine's speculator over a ready ``spec`` (`deepinfer_spec.load_speculator`)."""
+        speculator = cls.__new__(cls)
+        speculator.spec = spec
+        return speculator
+
+    @property
+    def drafter(self) -> DSparkDrafter:
+        return self.spec.drafter
+
+    @property
+    def layer_ids(self) -> list[int]:
+        """Target layers whose outputs the drafter reads as context."""
+        return list(self.spec.drafter.config.target_layer_ids)
 
     @property
     def stats(self) -> SpecStats:

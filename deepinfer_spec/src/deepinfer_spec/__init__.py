@@ -49,6 +49,7 @@ from deepinfer_spec.scheduling import (
     evaluate_schedule,
     profile_sps,
 )
+from deepinfer_spec.speculator_config import SpeculativeConfig, load_speculator
 from deepinfer_spec.state import ContextRing
 from deepinfer_spec.step import DraftBlock, Verdict, draft_block, verify_block
 from deepinfer_spec.target_profile import profile_target
@@ -75,6 +76,7 @@ __all__ = [
     "RowResult",
     "ScoringTarget",
     "SpecDecoder",
+    "SpeculativeConfig",
     "SpecStats",
     "StepOutput",
     "StepPlan",
@@ -87,6 +89,7 @@ __all__ = [
     "Verdict",
     "draft_block",
     "fastest_linear",
+    "load_speculator",
     "module_linear",
     "profile_target",
     "propose",
