@@ -141,6 +141,11 @@ def test_sigkill_at_random_moments_loses_nothing_durable(tmp_path, policy: str, 
             zygote.stdin.flush()
             pid = int(zygote.stdout.readline())
             _wait_for(lambda log=log: log.exists() and log.read_text().startswith("READY"))
+            if run == 0:
+                # The first kill waits for a flush the writer confirmed (a counted event): on a
+                # loaded runner 0-0.3 s after READY may be too short for any flush in any run,
+                # and the test needs durable chains to check.
+                _wait_for(lambda log=log: "\nDURABLE " in log.read_text())
             time.sleep(rng.uniform(0.0, 0.3))
             os.kill(pid, signal.SIGKILL)
             kills += 1
@@ -198,6 +203,11 @@ def test_sigkill_during_deletes_and_compaction(tmp_path) -> None:
             zygote.stdin.flush()
             pid = int(zygote.stdout.readline())
             _wait_for(lambda log=log: log.exists() and log.read_text().startswith("READY"))
+            if run % 2:
+                # Odd runs are killed after a deletion the writer confirmed (a counted event,
+                # not a wall-clock delay): under load, 0.1-0.6 s after READY was too short for
+                # any confirmed deletion in all six runs, which the test needs.
+                _wait_for(lambda log=log: "\nDELETED " in log.read_text())
             time.sleep(rng.uniform(0.1, 0.6))
             os.kill(pid, signal.SIGKILL)
             _wait_for(lambda pid=pid: _gone(pid))
