@@ -8,9 +8,20 @@ per GB (all threads) and wall GB/s, as ranges over the rounds:
 * ``raw``: one ``readinto`` per block of a plain file (``bench_cache_io.py``'s baseline);
 * ``raw 256K preads + xxh3``: the tier's I/O pattern without the tier (8 ``preadv`` of 256 KiB
   per block, each piece hashed with streaming XXH3-64 right after its read);
-* ``into``: ``get_many_into`` as shipped; ``into, no WILLNEED``: without the read-ahead hint;
-  ``into, calling thread``: every run read in the calling thread (no reader threads);
+* ``into``: ``get_many_into`` as shipped (no read-ahead hint; each stream of adjacent runs
+  read in order by one thread through its own open file description);
+* ``into, session 13``: as shipped until session 13 (every run announced with
+  ``POSIX_FADV_WILLNEED``, runs read in parallel through the tier's one shared descriptor);
+  ``into, WILLNEED`` and ``into, shared descriptor``: one of the two old choices each;
+* ``into, calling thread``: every stream read in the calling thread (no reader threads);
+* ``get_many, released``: the store's read, 16 blocks per call, pages released after use (the
+  tier's page pool reuses their memory);
 * ``raw warm`` / ``into warm``: the same reads from a page cache that holds every byte.
+
+What session 14 found (``benchmarks/results/cache.md``): ``WILLNEED`` and reads the kernel
+judges random (runs of one file read at once through one descriptor) fill the page cache with
+4 KiB folios instead of the large folios of its own sequential readahead; counted with
+``perf stat -e filemap:mm_filemap_add_to_page_cache``.
 
     .venv/bin/python benchmarks/bench_cache_into.py [--blocks 256] [--rounds 3] [--dir PATH]
 """
@@ -84,6 +95,9 @@ def _run(root: str, n: int, rounds: int) -> None:
     for i in range(n):
         assert tier.put(key(i), pages[i % STAGE], meta, block=True)
     assert tier.flush()
+    # One read first so that the page pool holds a request's pages, as the stage below and
+    # the raw loops' buffers are allocated before any timing.
+    assert all(g is not None for g in tier.get_many([key(i) for i in range(STAGE)]))
     stage = torch.zeros((STAGE, *PAGE), dtype=torch.bfloat16)
     rows = [memoryview(stage[i].reshape(-1).view(torch.uint8).numpy()) for i in range(STAGE)]
 
@@ -121,12 +135,13 @@ def _run(root: str, n: int, rounds: int) -> None:
         return timed(go)
 
     def into(
-        cold: bool = True, hint: str = "willneed", inline: bool = False
+        cold: bool = True, hint: str = "none", own: bool = True, inline: bool = False
     ) -> tuple[float, float]:
         if cold:
             drop_dir(tier_dir)
         readers = tier._readers
-        tier._read_hint = hint  # type: ignore[attr-defined]
+        tier._read_hint = hint
+        tier._own_readahead = own
         if inline:
             tier._readers = _Inline()  # type: ignore[assignment]
 
@@ -139,14 +154,29 @@ def _run(root: str, n: int, rounds: int) -> None:
             return timed(go)
         finally:
             tier._readers = readers
-            tier._read_hint = "willneed"  # type: ignore[attr-defined]
+            tier._read_hint = "none"
+            tier._own_readahead = True
+
+    def get_many_released() -> tuple[float, float]:
+        drop_dir(tier_dir)
+
+        def go() -> None:
+            for lo in range(0, n, STAGE):
+                got = tier.get_many([key(i) for i in range(lo, min(n, lo + STAGE))])
+                assert all(g is not None for g in got)
+                del got
+
+        return timed(go)
 
     variants: dict[str, Callable[[], tuple[float, float]]] = {
         "raw": lambda: raw_read(True),
         "raw 256K preads + xxh3": raw_pieces,
         "into": into,
-        "into, no WILLNEED": lambda: into(hint="none"),
+        "into, session 13": lambda: into(hint="willneed", own=False),
+        "into, WILLNEED": lambda: into(hint="willneed"),
+        "into, shared descriptor": lambda: into(own=False),
         "into, calling thread": lambda: into(inline=True),
+        "get_many, released": get_many_released,
         "raw warm": lambda: raw_read(False),
         "into warm": lambda: into(cold=False),
     }

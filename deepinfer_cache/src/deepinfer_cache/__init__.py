@@ -38,6 +38,7 @@ from .hashing import (
 from .index import MatchResult, PrefixIndex
 from .lockfile import CacheLockedError
 from .meta import BlockMeta
+from .page_pool import PagePool, PagePoolStats
 from .results import FetchResult, LookupResult
 from .retention import RetentionPolicy
 from .sizing import REFERENCE_MODELS, ModelKV, SizingResult, ssd_capacity
@@ -86,6 +87,8 @@ __all__ = [
     "MatchResult",
     "MigrationReport",
     "ModelKV",
+    "PagePool",
+    "PagePoolStats",
     "PrefixCacheConfig",
     "PrefixIndex",
     "RetentionPolicy",

@@ -287,16 +287,20 @@ class StoreCore:
             for src, keys in by_tier.items():
                 tier: Any = self.tiers[src]
                 many = getattr(tier, "get_many_async", None)
-                futs = many(keys) if many is not None else [tier.get_async(k) for k in keys]
-                pending.update(zip(keys, futs))
+                pending.update(
+                    zip(keys, many(keys) if many is not None else [tier.get_async(k) for k in keys])
+                )
             for key in hashes:
                 with self._lock:
                     mask = self.index.tiers_of(key)
                 if not mask:
                     break
                 src = (mask & -mask).bit_length() - 1
-                fut = pending.get(key)
+                # Popped, so that a page copied to the device is freed here (back to the disk
+                # tier's page pool) instead of when the whole fetch ends.
+                fut = pending.pop(key, None)
                 page = fut.result() if fut is not None else self.tiers[src].get(key)
+                del fut
                 if page is None:
                     with self._lock:
                         self._c["fetch_failures"] += 1

@@ -44,6 +44,7 @@ from ..index_bulk import RecoveredColumns, paused_gc
 from ..io_workers import IOWorkers
 from ..lockfile import DirectoryLock
 from ..meta import RecoveredBlock
+from ..page_pool import PagePool
 from ..segment_format import (
     Geometry,
     segment_name,
@@ -90,6 +91,10 @@ class SegmentDiskTier(SegmentWrites, SegmentReads, SegmentMaintenance):
     (``CacheFormatError``) unless ``migrate=True``, which converts them in place on open
     (``tiers/disk_formats.py``: copied, made durable, then the old files removed; the report is
     ``self.migration``).
+
+    Pages returned by ``get``/``get_many`` come from ``page_pool`` (``read_pool_bytes`` of idle
+    buffers kept, 0 for none): a page's memory is reused only after the caller has dropped
+    every view of it (``page_pool``'s ownership rule), never while it is held.
     """
 
     name = "disk"
@@ -110,6 +115,7 @@ class SegmentDiskTier(SegmentWrites, SegmentReads, SegmentMaintenance):
         compact_below: float = 0.5,
         checkpoint_every: int = 4096,
         max_read_bytes: int = 32 << 20,
+        read_pool_bytes: int = 128 << 20,
         migrate: bool = False,
     ) -> None:
         if not isinstance(dtype, torch.dtype):
@@ -139,6 +145,8 @@ class SegmentDiskTier(SegmentWrites, SegmentReads, SegmentMaintenance):
         self.compact_below = compact_below
         self.checkpoint_every = checkpoint_every
         self.max_read_slots = max(1, max_read_bytes // self.record_bytes)
+        # Pages read from disk land in reused memory (no first-touch faults); see page_pool.
+        self.page_pool = PagePool(self.page_bytes, read_pool_bytes)
         self.counters = SegmentCounters()
         self._segdir = os.path.join(self.directory, "segments")
         self._tmp = os.path.join(self.directory, "tmp")

@@ -36,6 +36,7 @@ import xxhash
 
 from ..disk_format import CorruptBlockError
 from ..io_workers import IOWorkers
+from ..page_pool import PagePool
 from ..segment_format import (
     RECORD_HEADER_BYTES,
     Geometry,
@@ -81,6 +82,7 @@ class SegmentReads:
         _failed: deque[bytes]
         _quarantine: str
         _readers: IOWorkers
+        page_pool: PagePool
 
         def _fd(self, s: _Segment) -> int: ...
 
@@ -227,12 +229,11 @@ class SegmentReads:
     ) -> list[torch.Tensor | None]:
         """Read ``keys`` (consecutive slots of one segment, or a single key) front to back
         with ``preadv`` calls of about ``_HOT_BYTES``: record headers go to a scratch buffer,
-        payloads straight into ``dest`` rows (uint8, ``page_bytes`` each; allocated when None)
+        payloads straight into ``dest`` rows (uint8, ``page_bytes`` each; ``page_pool``'s when None)
         and are verified there."""
         n = len(keys)
         if dest is None:
-            block = torch.empty((n, self.page_bytes), dtype=torch.uint8)
-            dest = [block[i] for i in range(n)]
+            dest = self.page_pool.take(n)
         out: list[torch.Tensor | None] = [None] * n
         with self._lock:
             recs: list[Rec | None] = []
