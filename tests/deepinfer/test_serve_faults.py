@@ -153,6 +153,11 @@ def test_replica_death_retry_restart_then_sigterm_drains(tmp_path: Path) -> None
         dlines = drained.iter_lines()
         assert next(line for line in dlines if line.startswith("data: {"))
         pids = {r["index"]: r["pid"] for r in health(base)["replicas"]}
+        # The stream's replica is frozen while the drain starts and a new request is refused:
+        # the drain ends when the stream does (~120 tiny-model steps, under a second), so a
+        # slow poll here could race the server's exit. Thawed below, the stream then finishes.
+        holder = pids[int(drained.headers["x-deepinfer-replica"])]
+        os.kill(holder, signal.SIGSTOP)
         proc.send_signal(signal.SIGTERM)
         wait_for(lambda: health(base)["status"] == "draining", 10.0, "the drain to start")
         refused = httpx.post(
@@ -162,6 +167,7 @@ def test_replica_death_retry_restart_then_sigterm_drains(tmp_path: Path) -> None
         )
         assert refused.status_code == 503
         assert refused.json()["error"]["type"] == "service_unavailable"
+        os.kill(holder, signal.SIGCONT)
         tail = [x for x in dlines if x.startswith("data: ")]
         assert tail[-1] == "data: [DONE]"
         finals = [json.loads(x[6:]) for x in tail[:-1]]
