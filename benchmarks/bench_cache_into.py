@@ -188,12 +188,15 @@ def _run(root: str, n: int, rounds: int) -> None:
     gb = n * BLOCK / 1e9
     print(f"{n} blocks of 2 MiB, {rounds} alternated rounds; process CPU (all threads) per GB")
     base = [c for _, c in got["raw"]]
+    base_wall = [w for w, _ in got["raw"]]
     for name, runs in got.items():
         walls = [w for w, _ in runs]
         cpus = [c for _, c in runs]
         ratio = [c / b for c, b in zip(cpus, base)]
+        speed = [b / w for w, b in zip(walls, base_wall)]  # throughput / cold raw's
         print(
-            f"  {name:24s} {gb / max(walls):5.2f}-{gb / min(walls):5.2f} GB/s wall, "
+            f"  {name:24s} {gb / max(walls):5.2f}-{gb / min(walls):5.2f} GB/s wall "
+            f"({min(speed):.2f}-{max(speed):.2f} of cold raw), "
             f"CPU {min(cpus) / gb:.2f}-{max(cpus) / gb:.2f} s/GB "
             f"({min(ratio):.1f}-{max(ratio):.1f}x cold raw, same round)"
         )

@@ -51,6 +51,10 @@ _HOT_BYTES = 1 << 20  # bytes read per preadv before they are checked (fits a co
 # each piece is hashed while the kernel's copy of it is still in the core's 512 KiB L2,
 # instead of the whole 2 MiB page after it has gone to L3.
 _PIECE_BYTES = 256 << 10
+# A stream (adjacent runs read in order by one thread through one descriptor) ends after this
+# many bytes, so that a large request is still read by several threads; each new stream's
+# readahead starts small, so streams much shorter than this cost 4 KiB folios again.
+_STREAM_BYTES = 64 << 20
 
 if TYPE_CHECKING:
     from .segment_disk import SegmentCounters
@@ -159,18 +163,22 @@ class SegmentReads:
 
     def _streams(self, keys: Sequence[bytes]) -> list[list[list[int]]]:
         """``_runs`` grouped into streams: runs that follow each other in one segment are one
-        stream, read front to back by one thread (runs split only by ``max_read_bytes``);
-        different streams are read in parallel."""
+        stream (up to ``_STREAM_BYTES``), read front to back by one thread; different streams
+        are read in parallel."""
         with self._lock:
             where = {i: self._loc[k][:2] for i, k in enumerate(keys) if k in self._loc}
+        most = max(1, _STREAM_BYTES // self.record_bytes)  # slots per stream
         streams: list[list[list[int]]] = []
         end = (-1, -1)  # (segment, slot after the last run of the current stream)
+        slots = 0  # in the current stream
         for run in self._runs(keys):
             at = where.get(run[0])
-            if at is not None and streams and (at[0], at[1]) == end:
+            if at is not None and streams and at == end and slots + len(run) <= most:
                 streams[-1].append(run)
+                slots += len(run)
             else:
                 streams.append([run])
+                slots = len(run)
             end = (-1, -1) if at is None else (at[0], at[1] + len(run))
         return streams
 
