@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import httpx
-from serve_helpers import free_port, wait_healthy
+from serve_helpers import bound_socket, wait_healthy
 
 from deepinfer.serve import ServeConfig
 
@@ -27,11 +27,12 @@ def ray_server(config: ServeConfig, timeout: float = 180.0) -> Iterator[tuple[st
     from deepinfer.serve import ServeService, build_app
 
     service = ServeService(config)
-    port = free_port()
+    sock = bound_socket()
+    port = int(sock.getsockname()[1])
     server = uvicorn.Server(
         uvicorn.Config(build_app(service), host="127.0.0.1", port=port, log_level="warning")
     )
-    thread = threading.Thread(target=server.run, daemon=True)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     base = f"http://127.0.0.1:{port}"
     try:
@@ -47,6 +48,7 @@ def ray_server(config: ServeConfig, timeout: float = 180.0) -> Iterator[tuple[st
     finally:
         server.should_exit = True
         thread.join(90.0)
+        sock.close()
         assert not thread.is_alive(), "the server thread did not stop"
 
 

@@ -21,9 +21,20 @@ from deepinfer.serve import ServeConfig
 
 
 def free_port() -> int:
+    """A port free now, for a server in another process (which binds it itself, later: a
+    narrow race). A server in this process takes a socket bound now instead: `bound_socket`."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def bound_socket() -> socket.socket:
+    """A socket bound to 127.0.0.1 on a free port, for uvicorn's ``Server.run(sockets=...)``:
+    no window between picking the port and binding it in which a server of the other xdist
+    worker, or a client's ephemeral port, could take it."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    return sock
 
 
 def wait_healthy(base: str, timeout: float, proc: subprocess.Popen[Any] | None = None) -> None:
@@ -59,13 +70,14 @@ def thread_server(config: ServeConfig, timeout: float = 120.0) -> Iterator[str]:
 
     from deepinfer.serve import ServeService, build_app
 
-    port = free_port()
+    sock = bound_socket()
+    port = int(sock.getsockname()[1])
     server = uvicorn.Server(
         uvicorn.Config(
             build_app(ServeService(config)), host="127.0.0.1", port=port, log_level="warning"
         )
     )
-    thread = threading.Thread(target=server.run, daemon=True)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     base = f"http://127.0.0.1:{port}"
     try:
@@ -81,6 +93,7 @@ def thread_server(config: ServeConfig, timeout: float = 120.0) -> Iterator[str]:
     finally:
         server.should_exit = True
         thread.join(60.0)
+        sock.close()
         assert not thread.is_alive(), "the server thread did not stop"
 
 
