@@ -7,7 +7,8 @@ Paths (the op decides; all compute ``x W^T`` in fp32 with ``W`` exactly the form
 * CPU, up to ``GEMV_MAX_ROWS`` rows (decode, verification): the C kernel, which dequantises
   each weight row once into L1 and dots it with every row of ``x``;
 * CPU, more rows (prefill): ``W`` dequantised once into a temporary fp32 matrix by the C kernel
-  and multiplied by MKL (reading ``W`` once per call either way, and the GEMM wins there);
+  and multiplied by a BLAS sgemm (reading ``W`` once per call either way, and the GEMM wins
+  there): OpenBLAS or MKL, whichever :mod:`deepinfer_kernels.quant.dense_gemm` picks for the CPU;
 * anything else, or no C compiler: the torch reference.
 
 ``torch.ops.deepinfer.quant_linear`` is registered with a fake, so it traces under
@@ -23,6 +24,7 @@ import torch.nn.functional as F
 
 from deepinfer_kernels._dispatch import eager_or_op, should_use_triton
 from deepinfer_kernels.quant.cpu import QuantGemvKernel
+from deepinfer_kernels.quant.dense_gemm import default_dense_gemm
 from deepinfer_kernels.quant.formats import QuantType, QuantWeight, quant_type
 from deepinfer_kernels.reference.quant import dequantize_reference
 
@@ -72,7 +74,7 @@ def quant_linear_impl(
             b = None if bias is None else bias.to(torch.float32).contiguous()
             return kernel.linear(flat, data, kind, cols, b).view(*lead, data.shape[0])
         w = dequantize_impl(data, qtype, cols)
-        return F.linear(x, w, None if bias is None else bias.to(torch.float32))
+        return default_dense_gemm()(x, w, None if bias is None else bias.to(torch.float32))
     w = dequantize_reference(data, kind).to(x.device)
     y = F.linear(x.to(torch.float32), w, None if bias is None else bias.to(torch.float32))
     return y.to(x.dtype)

@@ -1,0 +1,120 @@
+"""The GEMM behind many-row block-format products: ``x [T, K]`` times a dequantised ``W [N, K]``.
+
+A prefill step (more than ``GEMV_MAX_ROWS`` rows) dequantises each weight once and spends most
+of its time in one fp32 GEMM per projection. Which BLAS runs that GEMM matters:
+
+* torch's MKL takes its non-Intel dispatch on AMD CPUs (``mkl_blas_def_sgemm_kernel_0_zen``
+  in a profile). On a 2-core AMD EPYC (Zen 3) its sgemm reached 49-68 GFLOP/s a core on SmolLM2's prefill shapes, numpy's OpenBLAS (Haswell
+  kernels) 65-72, and 16 prompts of 76 tokens, 16 new tokens each, took 1.10-1.19x less CPU
+  time through OpenBLAS (``benchmarks/prefill_blas_ab.py``).
+* On Intel CPUs MKL's own kernels are the reference point, so MKL stays there.
+
+Both compute the same fp32 products of the same exact weights; they differ only in summation
+order (results agree to fp32 rounding, as any two BLAS calls do). The choice is fixed per
+process (``auto``: OpenBLAS when numpy's BLAS is OpenBLAS and the CPU is not Intel's;
+``DEEPINFER_DENSE_GEMM=mkl|openblas`` overrides it), so a run's numerics do not depend on
+timing. OpenBLAS is held to torch's intra-op thread count at every call (through threadpoolctl,
+the ``blas`` extra; without it the GEMM stays on MKL): two thread pools of different sizes
+would oversubscribe the cores.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+Backend = Literal["mkl", "openblas"]
+BACKENDS: tuple[str, ...] = ("auto", "mkl", "openblas")
+
+
+def cpu_vendor(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
+    """The CPU's ``vendor_id`` (e.g. ``GenuineIntel``, ``AuthenticAMD``), or "" when unknown."""
+    try:
+        with cpuinfo.open(encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith("vendor_id"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return ""
+
+
+def _openblas_controller() -> Any | None:
+    """threadpoolctl's handle of the OpenBLAS numpy links (None: numpy uses another BLAS)."""
+    try:
+        from threadpoolctl import ThreadpoolController  # type: ignore[import-untyped]
+    except ImportError:  # a dependency of deepinfer-kernels; without it, MKL (still exact)
+        return None
+    # numpy must be loaded for threadpoolctl to see its BLAS (it is: imported above). scipy
+    # may load an OpenBLAS of its own: numpy's is the one whose path names numpy.
+    found = ThreadpoolController().select(internal_api="openblas").lib_controllers
+    ours = [c for c in found if "numpy" in str(c.filepath)]
+    if ours or len(found) == 1:
+        return (ours or found)[0]
+    return None
+
+
+class DenseGemm:
+    """``y = x W^T (+ b)`` for fp32 CPU tensors ``x [T, K]`` and ``w [N, K]``, on ``backend``.
+
+    Example::
+
+        gemm = DenseGemm("openblas")  # or "mkl", or "auto" (see the module docstring)
+        y = gemm(torch.randn(300, 576), torch.randn(960, 576), None)  # [300, 960]
+
+    ``backend="openblas"`` on a numpy without OpenBLAS raises ``ValueError``."""
+
+    def __init__(self, backend: str = "auto", vendor: str | None = None) -> None:
+        if backend not in BACKENDS:
+            raise ValueError(f"backend: expected one of {', '.join(BACKENDS)}, got {backend!r}")
+        self._openblas = None if backend == "mkl" else _openblas_controller()
+        if backend == "openblas" and self._openblas is None:
+            raise ValueError("backend: 'openblas' requested, but numpy's BLAS is not OpenBLAS")
+        if backend == "auto":
+            intel = (cpu_vendor() if vendor is None else vendor) == "GenuineIntel"
+            chosen: Backend = "openblas" if self._openblas is not None and not intel else "mkl"
+        else:
+            chosen = "mkl" if backend == "mkl" else "openblas"
+        self.backend: Backend = chosen
+        self._threads = 0  # OpenBLAS's thread count as last set by this object
+        self._run: Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor] = (
+            self._openblas_gemm if chosen == "openblas" else self._mkl_gemm
+        )
+
+    def __call__(self, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        return self._run(x, w, bias)
+
+    @staticmethod
+    def _mkl_gemm(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        return F.linear(x, w, bias)
+
+    def _openblas_gemm(
+        self, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None
+    ) -> torch.Tensor:
+        threads = torch.get_num_threads()
+        if threads != self._threads:
+            self._openblas.set_num_threads(threads)  # type: ignore[union-attr]
+            self._threads = threads
+        flat = x.detach().reshape(-1, x.shape[-1])
+        if not flat.is_contiguous():
+            flat = flat.contiguous()
+        y = torch.empty(flat.shape[0], w.shape[0], dtype=torch.float32)
+        # numpy hands W^T to sgemm as a transposed view (no copy) and writes y in place.
+        np.matmul(flat.numpy(), w.detach().contiguous().numpy().T, out=y.numpy())
+        if bias is not None:
+            y += bias
+        return y.view(*x.shape[:-1], w.shape[0])
+
+
+@functools.lru_cache(maxsize=1)
+def default_dense_gemm() -> DenseGemm:
+    """The process's many-row GEMM, chosen once on first use: ``DEEPINFER_DENSE_GEMM``
+    (``auto``, ``mkl`` or ``openblas``; unset means ``auto``)."""
+    return DenseGemm(os.environ.get("DEEPINFER_DENSE_GEMM", "auto") or "auto")
