@@ -59,9 +59,12 @@ def profile_target_sps(
         raise ValueError(f"pool: profiling needs {need} free blocks, {pool.num_free_blocks} free")
     sync = torch.cuda.synchronize if model.norm.weight.device.type == "cuda" else None
     target = LlamaTargetAdapter(model, pool)
-    return profile_target(
-        target, batch_sizes, context=context, repeats=repeats, warmup=warmup, synchronize=sync
-    )
+    # Inference mode, as the engine's own forwards: a buffer the model made inside it cannot be
+    # updated outside it, so a profile taken after engine steps would fail otherwise.
+    with torch.inference_mode():
+        return profile_target(
+            target, batch_sizes, context=context, repeats=repeats, warmup=warmup, synchronize=sync
+        )
 
 
 def build_speculator(
