@@ -411,6 +411,118 @@ static void fused_rows_dispatch(const uint8_t *rows, int64_t row_bytes, int64_t 
 }
 #undef FUSED_CASE
 
+/* BF16 rows at 1-4 x rows, the weights read 32 bytes at a time. A 32-bit lane of 16 bf16
+ * weights holds weight 2j in its low half and 2j + 1 in its high half, so (lane << 16) and
+ * (lane & 0xffff0000) are the fp32 values of the even and the odd weights, exactly: one load
+ * and two integer operations per 16 weights, against two widening loads (a load and a shuffle
+ * each) and two shifts when load32() takes them in order. The x rows are split the same way
+ * once per call (split_even_odd), so weight k still multiplies x[k]. R = 1 keeps 8
+ * accumulators (two 32-weight blocks per iteration): with 4, the FMA chains bound a
+ * 1152-byte row (K = 576) from cache. Each call prefetches its first BF16_PREFETCH_BYTES up
+ * front and the loop runs that far ahead: a decode step is ~120 short calls, and each one's
+ * stream started cold. Measured on the bf16 checkpoint of the embedded model (one thread, CPU
+ * time, steps alternated): a decode step 0.84x the bf16 column panels' (bf16_weight_linear.c)
+ * with load32(), 0.96x with this (benchmarks/results/gguf_weights.md). The sums run in another
+ * order than load32()'s path: equal to fp32 rounding, not bitwise. */
+#define BF16_SPLIT_MAX_FLOATS 32768 /* R * K at most (128 KiB of split x on the stack) */
+#ifndef BF16_PREFETCH_BYTES
+#define BF16_PREFETCH_BYTES 8192
+#endif
+
+/* xp[t * kp + 32 b + i] for the kp = 32 (K / 32) weights of whole blocks: within each 16,
+ * x's even elements, then its odd ones. */
+static inline void split_even_odd(const float *x, int64_t xs, int R, int64_t kp, float *xp) {
+    for (int t = 0; t < R; t++)
+        for (int64_t c = 0; c < kp; c += 16)
+            for (int j = 0; j < 8; j++) {
+                xp[t * kp + c + j] = x[t * xs + c + 2 * j];
+                xp[t * kp + c + 8 + j] = x[t * xs + c + 2 * j + 1];
+            }
+}
+
+/* acc_even += even weights of the 16 bf16 weights at p * x_even, acc_odd likewise (x_even:
+ * 8 floats, then x_odd). Each 32 bytes are loaded and used at once: decoding a whole block
+ * into registers before its FMAs ran 10-20% slower from DRAM. */
+static inline __attribute__((always_inline)) void bf16_fma16(const uint8_t *p, const float *x,
+                                                             __m256 *acc_even, __m256 *acc_odd) {
+    __m256i v = _mm256_loadu_si256((const __m256i *)p);
+    *acc_even = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_slli_epi32(v, 16)), _mm256_loadu_ps(x),
+                                *acc_even);
+    *acc_odd = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_and_si256(v, _mm256_set1_epi32(-65536))),
+                               _mm256_loadu_ps(x + 8), *acc_odd);
+}
+
+/* out[t] = W . x[t] for one BF16 row and R (1 to 4) x rows, xp their split (kp apart). */
+static inline __attribute__((always_inline)) void bf16_split_dot(const uint8_t *row, int64_t K,
+                                                                 const float *xp, int64_t kp,
+                                                                 const float *x, int64_t xs,
+                                                                 const int R, float *out) {
+    const int A = R == 1 ? 8 : R == 2 ? 4 : 2; /* accumulators per x row */
+    __m256 acc[4][8];
+    for (int t = 0; t < R; t++)
+        for (int i = 0; i < A; i++) acc[t][i] = _mm256_setzero_ps();
+    int64_t blocks = K / 32, b = 0;
+    if (R == 1) { /* two blocks an iteration, each into its own 4 accumulators */
+        for (; b + 2 <= blocks; b += 2) {
+            const uint8_t *p = row + 64 * b;
+            __builtin_prefetch(p + BF16_PREFETCH_BYTES);
+            __builtin_prefetch(p + 64 + BF16_PREFETCH_BYTES);
+            for (int h = 0; h < 4; h++)
+                bf16_fma16(p + 32 * h, xp + 32 * b + 16 * h, &acc[0][2 * h], &acc[0][2 * h + 1]);
+        }
+    }
+    for (; b < blocks; b++) {
+        const uint8_t *p = row + 64 * b;
+        __builtin_prefetch(p + BF16_PREFETCH_BYTES);
+        for (int t = 0; t < R; t++)
+            for (int h = 0; h < 2; h++)
+                bf16_fma16(p + 32 * h, xp + t * kp + 32 * b + 16 * h, &acc[t][(2 * h) % A],
+                           &acc[t][(2 * h + 1) % A]);
+    }
+    for (int t = 0; t < R; t++) {
+        for (int i = 4; i < A; i++) acc[t][i - 4] = _mm256_add_ps(acc[t][i - 4], acc[t][i]);
+        __m256 s = A >= 4 ? _mm256_add_ps(_mm256_add_ps(acc[t][0], acc[t][1]),
+                                          _mm256_add_ps(acc[t][2], acc[t][3]))
+                          : _mm256_add_ps(acc[t][0], acc[t][1]);
+        float r = hsum256(s);
+        for (int64_t k = 32 * blocks; k < K; k++) r += weight_at(row, T_BF16, k) * x[t * xs + k];
+        out[t] = r;
+    }
+}
+
+/* fused_rows() for BF16 rows on split x rows. */
+static inline __attribute__((always_inline)) void bf16_split_rows(
+    const uint8_t *rows, int64_t row_bytes, int64_t count, int64_t K, const float *xp, int64_t kp,
+    const float *x, int64_t xs, const int R, float *y, int64_t N, int64_t n0, const float *bias) {
+    for (int64_t r = 0; r < count; r++) {
+        float out[4];
+        bf16_split_dot(rows + r * row_bytes, K, xp, kp, x, xs, R, out);
+        float b = bias ? bias[r] : 0.0f;
+        for (int t = 0; t < R; t++) y[t * N + n0 + r] = out[t] + b;
+    }
+}
+
+/* The BF16 rows of fused_rows_dispatch() on the split path; 0 when R * K is past the split
+ * buffer (the caller then takes fused_rows_dispatch). */
+static int bf16_rows_split(const uint8_t *rows, int64_t row_bytes, int64_t count, int64_t K,
+                           const float *x, int64_t xs, int R, float *y, int64_t N, int64_t n0,
+                           const float *bias) {
+    if (R < 1 || R > FUSED_MAX_ROWS || (int64_t)R * K > BF16_SPLIT_MAX_FLOATS) return 0;
+    int64_t kp = K / 32 * 32;
+    float xp[R * kp + 8] __attribute__((aligned(64)));
+    /* The stream's first lines, before the loop's prefetches reach past them. */
+    for (int64_t o = 0; o < BF16_PREFETCH_BYTES && o < count * row_bytes; o += 64)
+        __builtin_prefetch(rows + o);
+    split_even_odd(x, xs, R, kp, xp);
+    switch (R) {
+    case 1: bf16_split_rows(rows, row_bytes, count, K, xp, kp, x, xs, 1, y, N, n0, bias); break;
+    case 2: bf16_split_rows(rows, row_bytes, count, K, xp, kp, x, xs, 2, y, N, n0, bias); break;
+    case 3: bf16_split_rows(rows, row_bytes, count, K, xp, kp, x, xs, 3, y, N, n0, bias); break;
+    default: bf16_split_rows(rows, row_bytes, count, K, xp, kp, x, xs, 4, y, N, n0, bias); break;
+    }
+    return 1;
+}
+
 /* out[t] = w . x[t] for 4 rows x[t] = x + t * xs: each 8 weights loaded once for the 4 rows
  * (the buffered path's dot products are bound by loads: 5 loads per 4 FMAs instead of 8). */
 static void dot_rows4(const float *restrict w, const float *restrict x, int64_t xs, int64_t K,
@@ -461,6 +573,10 @@ static void project_rows(const uint8_t *rows, int64_t row_bytes, int64_t count, 
                          int64_t K, const float *x, int64_t T, int64_t xs, float *buf, float *y,
                          int64_t N, int64_t n0, const float *bias) {
 #if defined(__AVX2__) && defined(__FMA__)
+    if (T <= FUSED_MAX_ROWS && qtype == T_BF16 &&
+        bf16_rows_split(rows, row_bytes, count, K, x, xs, (int)T, y, N, n0,
+                        bias ? bias + n0 : NULL))
+        return;
     if (T <= FUSED_MAX_ROWS && fused_type(qtype)) {
         fused_rows_dispatch(rows, row_bytes, count, qtype, K, x, xs, (int)T, y, N, n0,
                             bias ? bias + n0 : NULL);
