@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import zlib
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -27,6 +29,34 @@ settings.register_profile(
 )
 settings.register_profile("dev", max_examples=10, deadline=None)
 settings.load_profile("ci" if os.environ.get("CI") else os.environ.get("HYPOTHESIS_PROFILE", "dev"))
+
+
+def _seed_torch(name: str) -> None:
+    # numpy's and random's global generators need no seeding: the suite never draws from
+    # them (ruff's NPY002 and random.Random instances), and hypothesis seeds them per example.
+    torch.manual_seed(zlib.crc32(name.encode()))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _seeded_module(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Module fixtures that draw from torch's global generator (random models, drafters)
+    start from the module's own seed, whichever test asks for them first (each test leaves
+    the module's seed behind: see `_seeded_test`)."""
+    _seed_torch(request.node.nodeid)
+    yield
+
+
+@pytest.fixture(autouse=True)
+def _seeded_test(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Each test starts from its own seed of torch's global generator (from its node id): a
+    test that draws without a generator gets the same data whatever ran before it in its
+    process, so the order in which an xdist worker happens to run tests (it varies from run
+    to run) cannot change its outcome."""
+    _seed_torch(request.node.nodeid)
+    yield
+    # A module fixture first asked for by the next test draws from the module's seed, not
+    # from whatever this test left.
+    _seed_torch(request.node.nodeid.split("::", 1)[0])
 
 
 @pytest.fixture
