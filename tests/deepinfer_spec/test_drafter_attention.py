@@ -64,7 +64,9 @@ def greedy_from_hidden(d: DSparkDrafter, anchors: torch.Tensor, hidden: torch.Te
 
 
 @settings(
-    max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=15,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
 @given(
     kv_heads=st.sampled_from([1, 2, 4]),

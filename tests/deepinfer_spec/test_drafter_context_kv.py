@@ -20,7 +20,9 @@ def _context(drafter: DSparkDrafter, batch: int, width: int, seed: int) -> tuple
 
 
 @settings(
-    max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=12,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
 @given(
     layers=st.integers(1, 3),

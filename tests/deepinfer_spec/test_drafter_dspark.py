@@ -77,7 +77,10 @@ def _context(drafter: DSparkDrafter, batch: int, width: int, seed: int) -> tuple
 
 
 @pytest.mark.parametrize("head", ["markov", "rnn"])
-@settings(max_examples=10, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=10,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
 @given(temperature=st.sampled_from([0.5, 1.0, 1.7]), seed=st.integers(0, 2**16))
 def test_probs_are_exactly_the_sampling_distribution(
     target: RecomputeTarget, head: str, temperature: float, seed: int

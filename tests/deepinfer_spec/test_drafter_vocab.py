@@ -66,7 +66,9 @@ def test_config_rejects_a_draft_vocabulary_larger_than_the_target(target: Recomp
 
 
 @settings(
-    max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=15,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
 @given(seed=st.integers(0, 2**16), temperature=st.sampled_from([0.0, 0.7, 1.0]))
 def test_propose_draws_only_shortlisted_tokens_from_exact_distributions(
