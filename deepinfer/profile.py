@@ -4,18 +4,13 @@
 ``deepinfer serve --profile-out`` writes each replica's :class:`StepRecorder`.
 ``deepinfer-sched calibrate --profile`` fits the simulator's cost model to either, so the
 simulator predicts this engine on this machine. The file format, its writer and the bounded
-step log are ``deepinfer_sched.costmodel``'s (``step_log``); this module only turns engine
-steps into its rows, and which steps an offline profile times is its ``ProfileGrid``.
-
-In an offline profile, prompts are random token ids, distinct per request and under a
-namespace of the run's own, so no prefix-cache hit shortens a step.
+step log are ``deepinfer_sched.costmodel``'s (``step_log``); so is the offline profiler
+(``profile_engine`` over a ``SteppableEngine``, with its ``ProfileGrid``): this module only
+adapts ``LLMEngine`` to that Protocol (:class:`EngineSteps`) and turns live steps into rows.
 """
 
 from __future__ import annotations
 
-import os
-import random
-import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -30,23 +25,54 @@ from deepinfer_sched.costmodel import (
     profile_header,
     write_profile,
 )
+from deepinfer_sched.costmodel import profile_engine as profile_steps
 
 # The format constant and the writer are re-exported: callers of this module use them.
-__all__ = ["PROFILE_FORMAT", "StepRecorder", "profile_engine", "write_profile"]
+__all__ = ["PROFILE_FORMAT", "EngineSteps", "StepRecorder", "profile_engine", "write_profile"]
 
 
-def _prompt(rng: random.Random, n: int, vocab: int) -> list[int]:
-    return [rng.randrange(3, vocab) for _ in range(n)]
+class EngineSteps:
+    """``LLMEngine`` as the profiler's ``deepinfer_sched.costmodel.SteppableEngine``."""
 
+    def __init__(self, engine: LLMEngine) -> None:
+        self.engine = engine
 
-def _timed_steps(engine: LLMEngine) -> list[tuple[float, int]]:
-    """Run the engine dry: (seconds, number of outputs) per step."""
-    out = []
-    while engine.has_unfinished():
-        t0 = time.perf_counter()
-        res = engine.step()
-        out.append((time.perf_counter() - t0, len(res)))
-    return out
+    @property
+    def limits(self) -> EngineLimits:
+        cfg = self.engine.config
+        return EngineLimits(
+            max_batched_tokens=cfg.max_batched_tokens,
+            max_num_seqs=cfg.max_num_seqs,
+            capacity_tokens=self.engine.capacity_blocks * cfg.block_size,
+            max_model_len=self.engine.max_model_len,
+            block_size=cfg.block_size,
+        )
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.engine.model.config.vocab_size)
+
+    def add_request(self, prompt_ids: list[int], max_tokens: int, namespace: bytes) -> None:
+        params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+        self.engine.add_request(prompt_ids, params, namespace=namespace)
+
+    def has_unfinished(self) -> bool:
+        return self.engine.has_unfinished()
+
+    def step(self) -> None:
+        self.engine.step()
+
+    def decoding_together(self, batch_size: int) -> bool:
+        running = self.engine.running
+        return (
+            len(running) == batch_size
+            and not self.engine.waiting
+            and all(s.num_computed == s.num_tokens - 1 for s in running)
+        )
+
+    def abort_all(self) -> None:
+        for seq in [*self.engine.running, *self.engine.waiting]:
+            self.engine.abort(seq.request_id)
 
 
 def profile_engine(
@@ -61,57 +87,11 @@ def profile_engine(
     model_name: str = "",
 ) -> dict[str, Any]:
     """Time prefill and decode steps of ``engine`` (which must be idle) and return the
-    profile dict (see the module doc). The sizes are a
-    :class:`~deepinfer_sched.costmodel.ProfileGrid`'s; those the engine cannot hold at once
-    are skipped."""
-    if engine.has_unfinished():
-        raise ValueError("engine: profile an idle engine (it has unfinished requests)")
+    profile dict (see the module doc): ``deepinfer_sched.costmodel.profile_engine`` over the
+    engine's steps. The sizes are a :class:`~deepinfer_sched.costmodel.ProfileGrid`'s; those
+    the engine cannot hold at once are skipped."""
     grid = ProfileGrid(prefill_lens, batch_sizes, context_lens, decode_steps, repeats)
-    cfg = engine.config
-    limits = EngineLimits(
-        max_batched_tokens=cfg.max_batched_tokens,
-        max_num_seqs=cfg.max_num_seqs,
-        capacity_tokens=engine.capacity_blocks * cfg.block_size,
-        max_model_len=engine.max_model_len,
-        block_size=cfg.block_size,
-    )
-    vocab = engine.model.config.vocab_size
-    rng = random.Random(seed)
-    one = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
-    # A namespace of its own: the prompts are seeded, so without it a persistent prefix cache
-    # serves an earlier profile's prompts as hits and the "prefill" rows time cache reads.
-    ns = os.urandom(16)
-    # Warm-up: the first steps pay one-off costs (allocation, kernel build).
-    for n in (32, 32):
-        engine.add_request(_prompt(rng, n, vocab), one, namespace=ns)
-        _timed_steps(engine)
-
-    def time_prefill(n: int) -> float:
-        engine.add_request(_prompt(rng, n, vocab), one, namespace=ns)
-        return _timed_steps(engine)[0][0]
-
-    params = SamplingParams(temperature=0.0, max_tokens=grid.decode_tokens, ignore_eos=True)
-
-    def time_decode(b: int, ctx: int) -> list[float]:
-        """The steps where all ``b`` sequences decode together, past the first of them."""
-        for _ in range(b):
-            engine.add_request(_prompt(rng, ctx, vocab), params, namespace=ns)
-        secs, pure_steps = [], 0
-        while engine.has_unfinished():
-            running = engine.running
-            pure = (
-                len(running) == b
-                and not engine.waiting
-                and all(s.num_computed == s.num_tokens - 1 for s in running)
-            )
-            t0 = time.perf_counter()
-            engine.step()
-            if pure and pure_steps >= 1:
-                secs.append(time.perf_counter() - t0)
-            pure_steps += pure
-        return secs
-
-    return {**_header(engine, model_name), **grid.run(limits, time_prefill, time_decode)}
+    return profile_steps(EngineSteps(engine), grid, seed=seed, header=_header(engine, model_name))
 
 
 def _header(engine: LLMEngine, model_name: str) -> dict[str, Any]:

@@ -9,6 +9,7 @@ Example::
 """
 
 from deepinfer_sched.costmodel.base import CostModel, WorkParts
+from deepinfer_sched.costmodel.engine_profiler import SteppableEngine, profile_engine
 from deepinfer_sched.costmodel.fitted import (
     PROFILE_FORMAT,
     FittedCostModel,
@@ -46,6 +47,8 @@ __all__ = [
     "write_profile",
     "EngineLimits",
     "ProfileGrid",
+    "SteppableEngine",
+    "profile_engine",
     "decode_row",
     "prefill_row",
     "FittedCostModel",

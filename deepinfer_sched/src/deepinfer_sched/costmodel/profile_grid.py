@@ -1,6 +1,6 @@
 """Which steps an offline profile times, and the rows it writes for them.
 
-An engine's profiler (``deepinfer.profile.profile_engine``) drives the engine; this grid says
+An engine's profiler (:func:`profile_engine`, over a ``SteppableEngine``) drives the engine; this grid says
 which prefill lengths and decode batch shapes fit the engine's limits, and turns the seconds
 it measured into the ``prefill`` / ``decode`` rows :func:`fit_profile` reads. Example::
 
