@@ -22,8 +22,9 @@ source with native CPU flags takes tens of minutes). Without it the script says 
 
     .venv/bin/python benchmarks/vs_llamacpp.py --threads 2 --out benchmarks/results/vs_llamacpp.md
 
-On a loaded machine, ``--threads 1 --cpu-time --parts decode --no-rss`` compares the decode per
-CPU second of each engine's process instead of per wall second.
+On a loaded machine, ``--threads 1 --cpu-time --parts decode,batch --no-rss`` compares the decode
+and the 16-concurrent throughput per CPU second of each engine's process instead of per wall
+second.
 
 ``--out`` writes the markdown table there, the figures beside it as JSON and a PNG chart.
 """
@@ -69,13 +70,15 @@ class Ours:
     def tokens(self, text: str) -> list[int]:
         return self.llm.encode(text)
 
-    def generate(self, prompts: list[list[int]], new: int) -> float:
+    def generate(
+        self, prompts: list[list[int]], new: int, clock: Callable[[], float] = time.perf_counter
+    ) -> float:
         from deepinfer import SamplingParams
 
         params = SamplingParams(temperature=0, max_tokens=new, ignore_eos=True)
-        start = time.perf_counter()
+        start = clock()
         self.llm.generate(prompts, params)
-        return time.perf_counter() - start
+        return clock() - start
 
     def decode_rate(
         self, prompt: list[int], new: int, clock: Callable[[], float] = time.perf_counter
@@ -106,8 +109,10 @@ class Theirs:
     def tokens(self, text: str) -> list[int]:
         return list(self.llm.tokenize(text.encode(), add_bos=False))
 
-    def generate(self, prompts: list[list[int]], new: int) -> float:
-        start = time.perf_counter()
+    def generate(
+        self, prompts: list[list[int]], new: int, clock: Callable[[], float] = time.perf_counter
+    ) -> float:
+        start = clock()
         for prompt in prompts:  # one sequence per context in the Python binding
             self.llm.reset()
             for produced, _ in enumerate(
@@ -115,7 +120,7 @@ class Theirs:
             ):
                 if produced >= new:
                     break
-        return time.perf_counter() - start
+        return clock() - start
 
     def decode_rate(
         self, prompt: list[int], new: int, clock: Callable[[], float] = time.perf_counter
@@ -145,8 +150,10 @@ def _prefill_rate(engine: Ours | Theirs, prompt: list[int]) -> float:
     return len(prompt) / engine.generate([prompt], 1)
 
 
-def _batch_rate(engine: Ours | Theirs, prompts: list[list[int]], new: int) -> float:
-    return len(prompts) * new / engine.generate(prompts, new)
+def _batch_rate(
+    engine: Ours | Theirs, prompts: list[list[int]], new: int, clock: Callable[[], float]
+) -> float:
+    return len(prompts) * new / engine.generate(prompts, new, clock)
 
 
 def _peak_rss(kind: str, path: Path, threads: int, ctx: int, tokens: int) -> float:
@@ -193,8 +200,8 @@ def main() -> int:
     parser.add_argument(
         "--cpu-time",
         action="store_true",
-        help="decode: tokens per CPU second of this process (time.process_time), not wall "
-        "time; needs --threads 1 (each engine then computes on one thread, and other "
+        help="decode and batch: tokens per CPU second of this process (time.process_time), not "
+        "wall time; needs --threads 1 (each engine then computes on one thread, and other "
         "processes on a loaded machine barely move the figure)",
     )
     args = parser.parse_args()
@@ -224,7 +231,7 @@ def main() -> int:
     runs: dict[str, Callable[[Ours | Theirs], float]] = {
         "decode": lambda e: _decode_rate(e, code, args.tokens, clock),
         "prefill": lambda e: _prefill_rate(e, long_prompt),
-        "batch": lambda e: _batch_rate(e, batch, args.tokens // 4),
+        "batch": lambda e: _batch_rate(e, batch, args.tokens // 4, clock),
     }
     parts = [p.strip() for p in args.parts.split(",") if p.strip()]
     unknown = sorted(set(parts) - set(runs))
@@ -258,7 +265,8 @@ def main() -> int:
         "decode": f"batch-1 greedy decode, tok/{'CPU-s' if args.cpu_time else 's'} "
         f"({args.tokens} tokens)",
         "prefill": f"prefill, prompt tok/s ({len(long_prompt)} tokens)",
-        "batch": f"{args.batch} concurrent, total tok/s (llama.cpp: sequential)",
+        "batch": f"{args.batch} concurrent, total tok/{'CPU-s' if args.cpu_time else 's'} "
+        "(llama.cpp: sequential)",
     }
     for name in rows:
         a = statistics.median(x for x, _ in figures[name])
