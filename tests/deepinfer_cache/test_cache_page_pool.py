@@ -1,7 +1,6 @@
 """PagePool and the disk tier's reads into reused memory: a page's buffer is reused only after
-every view of it is gone (never while the caller holds it), reused pages never leak old bytes
-(a corrupt block is still a miss), and reads through per-stream descriptors return the same
-blocks as through the shared one."""
+every view of it is gone (never while the caller holds it), and reused pages never leak old
+bytes (a corrupt block is still a miss)."""
 
 from __future__ import annotations
 
@@ -122,24 +121,6 @@ def test_a_reused_buffer_never_serves_old_bytes_for_a_corrupt_block(tmp_path) ->
     assert got[1] is None  # a miss, never a stale or damaged page
     assert all(torch.equal(got[i], page_of(i)) for i in (0, 2, 3))
     assert tier.page_pool.stats.reused > 0
-    tier.close()
-
-
-@pytest.mark.parametrize("own", [True, False])
-def test_streams_read_the_same_blocks_with_or_without_own_descriptors(tmp_path, own) -> None:
-    tier = open_tier(tmp_path / "c", max_read_bytes=3 * 4096)  # runs of 3: several per stream
-    tier._own_readahead = own
-    fill(tier, range(30))  # several segments of 8 slots
-    ids = [*range(30), 5, 99, 29, 0]
-    got = tier.get_many([key(i) for i in ids])
-    for i, p in zip(ids, got):
-        assert (p is None) if i == 99 else torch.equal(p, page_of(i))
-    out = torch.empty((len(ids), *PAGE), dtype=torch.bfloat16)
-    ok = tier.get_many_into([key(i) for i in ids], out)
-    assert ok == [i != 99 for i in ids]
-    assert all(torch.equal(out[j], page_of(i)) for j, i in enumerate(ids) if i != 99)
-    futs = tier.get_many_async([key(i) for i in ids])
-    assert [f.result() is not None for f in futs] == [i != 99 for i in ids]
     tier.close()
 
 

@@ -373,12 +373,18 @@ class SegmentDiskTier(SegmentWrites, SegmentReads, SegmentMaintenance):
                 s.users -= 1
             close = s.retired and not s.users and s.fd is not None
             fd, s.fd = (s.fd, None) if close else (None, s.fd)
-        if fd is not None:
+            spare, s.spare = (s.spare, []) if s.retired else ([], s.spare)
+        for f in [*spare, *([] if fd is None else [fd])]:
             with contextlib.suppress(OSError):
-                os.close(fd)
+                os.close(f)
 
     def _close_fds(self) -> None:
         for s in list(self._segments.values()):
+            with self._lock:
+                spare, s.spare = s.spare, []
+            for f in spare:
+                with contextlib.suppress(OSError):
+                    os.close(f)
             if s.fd is not None:
                 with contextlib.suppress(OSError):
                     os.close(s.fd)

@@ -36,6 +36,7 @@ import xxhash
 
 from ..disk_format import CorruptBlockError
 from ..io_workers import IOWorkers
+from ..lockfile import DirectoryLock
 from ..page_pool import PagePool
 from ..segment_format import (
     RECORD_HEADER_BYTES,
@@ -55,6 +56,7 @@ _PIECE_BYTES = 256 << 10
 # many bytes, so that a large request is still read by several threads; each new stream's
 # readahead starts small, so streams much shorter than this cost 4 KiB folios again.
 _STREAM_BYTES = 64 << 20
+_SPARE_DESCRIPTIONS = 2  # idle descriptions kept per segment for later streams
 
 if TYPE_CHECKING:
     from .segment_disk import SegmentCounters
@@ -86,6 +88,7 @@ class SegmentReads:
         _failed: deque[bytes]
         _quarantine: str
         _readers: IOWorkers
+        _dirlock: DirectoryLock
         page_pool: PagePool
 
         def _fd(self, s: _Segment) -> int: ...
@@ -150,7 +153,7 @@ class SegmentReads:
     ) -> list[list[torch.Tensor | None]]:
         """Read the runs of one stream in order, through one set of open file descriptions
         (``_Descriptions``), so the kernel sees one sequential reader."""
-        fds = _Descriptions(self._own_readahead)
+        fds = _Descriptions(self, self._own_readahead)
         try:
             return [
                 self._read_run(
@@ -286,10 +289,10 @@ class SegmentReads:
         nread = 0
         own = fds is None
         if fds is None:
-            fds = _Descriptions(self._own_readahead)
+            fds = _Descriptions(self, self._own_readahead)
         try:
             try:
-                fd: int | None = fds.of(seg.id, self._fd(seg))
+                fd: int | None = fds.of(seg, self._fd(seg))
             except OSError:
                 fd = None
             for lo in range(0, len(todo), per_read):
@@ -356,6 +359,23 @@ class SegmentReads:
     def _as_page(self, row: torch.Tensor) -> torch.Tensor:
         return row.view(self.dtype).reshape(self.page_shape)
 
+    def _spare_description(self, seg: _Segment) -> int | None:
+        """An idle description of ``seg`` left by an earlier stream, or None."""
+        with self._lock:
+            return seg.spare.pop() if seg.spare else None
+
+    def _keep_description(self, seg: _Segment, fd: int) -> None:
+        """Keep a stream's description of ``seg`` for the next stream (its readahead state
+        then continues a scan read in request-sized pieces), or close it: the segment was
+        retired (its file must be freed), the tier closed, or enough are kept."""
+        with self._lock:
+            keep = not seg.retired and self._dirlock.held and len(seg.spare) < _SPARE_DESCRIPTIONS
+            if keep:
+                seg.spare.append(fd)
+        if not keep:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
     def _lost(self, key: bytes, r: Rec, raw: bytes) -> None:
         """A record failed its check: forget it, keep a copy in quarantine, zero its header."""
         with self._lock:
@@ -397,37 +417,41 @@ def _fan_out(
 
 
 class _Descriptions:
-    """The open file descriptions one read stream uses, one per segment, closed when it ends.
+    """The open file descriptions one read stream uses, one per segment; handed back to the
+    tier (kept idle for a later stream, or closed) when the stream ends.
 
     The kernel keeps readahead state per open file description: a stream read through its own
     is one sequential reader (a growing window of large folios) while other threads read
     other streams of the same segment; through the tier's shared descriptor their reads
     interleave and look random. With ``own`` False the shared descriptor is used."""
 
-    __slots__ = ("_fds", "own")
+    __slots__ = ("_fds", "_tier", "own")
 
-    def __init__(self, own: bool) -> None:
+    def __init__(self, tier: SegmentReads, own: bool) -> None:
+        self._tier = tier
         self.own = own
-        self._fds: dict[int, int] = {}
+        self._fds: dict[int, tuple[_Segment, int]] = {}
 
-    def of(self, segment: int, shared: int) -> int:
-        """This stream's descriptor for ``segment`` (``shared`` is the tier's, held open by
-        the caller while this runs)."""
+    def of(self, seg: _Segment, shared: int) -> int:
+        """This stream's descriptor for ``seg`` (``shared`` is the tier's, held open by the
+        caller while this runs)."""
         if not self.own:
             return shared
-        fd = self._fds.get(segment)
+        got = self._fds.get(seg.id)
+        if got is not None:
+            return got[1]
+        fd = self._tier._spare_description(seg)
         if fd is None:
             fd = _own_description(shared)
             if fd == shared:  # no /proc: share it, and stop trying for this stream
                 self.own = False
                 return shared
-            self._fds[segment] = fd
+        self._fds[seg.id] = (seg, fd)
         return fd
 
     def close(self) -> None:
-        for fd in self._fds.values():
-            with contextlib.suppress(OSError):
-                os.close(fd)
+        for seg, fd in self._fds.values():
+            self._tier._keep_description(seg, fd)
         self._fds.clear()
 
 

@@ -52,6 +52,7 @@ class _Segment:
         "path",
         "retired",
         "slots",
+        "spare",
         "users",
     )
 
@@ -66,6 +67,9 @@ class _Segment:
         self.dirty = False
         self.retired = False
         self.lock = threading.Lock()
+        # Idle read-only descriptions kept for the next read stream (``segment_read``): their
+        # readahead state goes on where the last stream ended.
+        self.spare: list[int] = []
 
 
 class SegmentWrites:
