@@ -3,7 +3,7 @@
 `sample_next_tokens` is the one sampling entry point of the engine. Per row it records the raw
 log-probabilities when the request reports them, rewrites the logits of requests that ask for
 penalties, bias, bans, a structured-output mask or their own processors
-(``logits_processing``), then draws with ``deepinfer_kernels.sample``. Requests that use none
+(``deepinfer_kernels.sampling.process_logits`` over ``logits_processing``'s rows), then draws with ``deepinfer_kernels.sample``. Requests that use none
 of these take exactly the path they took before.
 """
 
@@ -13,10 +13,10 @@ from collections.abc import Sequence as Seq
 
 import torch
 
-from deepinfer.engine.logits_processing import process_rows, rows_for_block, rows_for_step
+from deepinfer.engine.logits_processing import rows_for_block, rows_for_step
 from deepinfer.engine.sampling_params import SamplingParams
 from deepinfer.engine.sequence import Sequence
-from deepinfer_kernels.sampling import sample_with_generators
+from deepinfer_kernels.sampling import process_logits, rescue_dead_rows, sample_with_generators
 
 
 def raw_logprobs(logits: torch.Tensor) -> torch.Tensor:
@@ -72,27 +72,22 @@ def prepare_logits(seqs: Seq[Sequence], logits: torch.Tensor) -> torch.Tensor:
     if not todo:
         return logits
     out = logits.float().cpu().clone()
-    out[todo] = process_rows(rows_for_step([seqs[i] for i in todo]), out[todo])
-    rescue_dead_rows([seqs[i] for i in todo], out, todo)
+    processed = process_logits(out[todo], rows_for_step([seqs[i] for i in todo]))
+    end_dead_rows([seqs[i] for i in todo], processed, mark=True)
+    out[todo] = processed
     return out
 
 
-def rescue_dead_rows(
-    seqs: Seq[Sequence], logits: torch.Tensor, rows: Seq[int], *, mark: bool = True
-) -> None:
-    """A row whose processing allowed no token at all (a grammar in its error state, a
-    ``logits_processor`` that masked everything) would make ``sample`` refuse the whole batch:
-    that request alone is ended instead, by allowing only its EOS token (``mark``: the request
-    finishes when that token is appended, even with ``ignore_eos``; a verify block leaves it
-    unmarked, as its later positions may never be emitted)."""
-    dead = ~torch.isfinite(logits[list(rows)]).any(dim=-1)
-    for k in dead.nonzero().flatten().tolist():
-        seq, row = seqs[k], rows[k]
-        eos = seq.state.eos_token_id if seq.state is not None else None
-        logits[row] = float("-inf")
-        logits[row, eos if eos is not None else 0] = 0.0
-        if mark and seq.state is not None:
-            seq.state.dead_end = True
+def end_dead_rows(seqs: Seq[Sequence], logits: torch.Tensor, *, mark: bool) -> None:
+    """A row (of ``seqs[k]``) that allows no token at all would make ``sample`` refuse the
+    whole batch: ``rescue_dead_rows`` allows only that request's EOS token instead (``mark``:
+    the request finishes when that token is appended, even with ``ignore_eos``; a verify block
+    leaves it unmarked, as its later positions may never be emitted)."""
+    eos = [s.state.eos_token_id if s.state is not None else None for s in seqs]
+    for k in rescue_dead_rows(logits, eos):
+        state = seqs[k].state
+        if mark and state is not None:
+            state.dead_end = True
 
 
 def prepare_verify_logits(
@@ -118,6 +113,6 @@ def prepare_verify_logits(
         if out is logits:
             out = logits.float().cpu().clone()
         width = out.shape[1]
-        out[b] = process_rows(rows_for_block(seq, drafts[b], width), out[b])
-        rescue_dead_rows([seq] * width, out[b], range(width), mark=False)
+        out[b] = process_logits(out[b], rows_for_block(seq, drafts[b], width))
+        end_dead_rows([seq] * width, out[b], mark=False)
     return out

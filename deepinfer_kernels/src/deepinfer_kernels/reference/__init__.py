@@ -27,6 +27,10 @@ from deepinfer_kernels.reference.logits import (
     apply_logit_bias_reference,
     gather_logprobs_reference,
 )
+from deepinfer_kernels.reference.logits_pipe import (
+    process_logits_reference,
+    rescue_dead_rows_reference,
+)
 from deepinfer_kernels.reference.mla import mla_paged_attention as mla_paged_attention_reference
 from deepinfer_kernels.reference.mla import write_latent_kv as write_latent_kv_reference
 from deepinfer_kernels.reference.moe import fused_moe as fused_moe_reference
@@ -70,6 +74,8 @@ __all__: list[str] = [
     "apply_logit_bias_reference",
     "apply_penalties_reference",
     "gather_logprobs_reference",
+    "process_logits_reference",
+    "rescue_dead_rows_reference",
     "apply_token_bitmask_reference",
     "gather_blocks_reference",
     "greedy_verify_reference",

@@ -1,9 +1,15 @@
 """Token sampling with per-request temperature, top-k, top-p and min-p; penalties, logit bias
-and token masks applied to logits before it (grammar masks from ``GrammarCompiler``);
+and token masks applied to logits before it (one pipeline per batch: ``process_logits``) (grammar masks from ``GrammarCompiler``);
 log-probabilities gathered after it."""
 
 from deepinfer_kernels.sampling.grammar import GrammarCompiler, GrammarMatcher
 from deepinfer_kernels.sampling.logit_bias import apply_logit_bias, token_bitmask
+from deepinfer_kernels.sampling.logits_pipe import (
+    RowProcessor,
+    RowTransforms,
+    process_logits,
+    rescue_dead_rows,
+)
 from deepinfer_kernels.sampling.logprobs import gather_logprobs
 from deepinfer_kernels.sampling.penalties import apply_penalties, pad_token_ids
 from deepinfer_kernels.sampling.per_row_generators import sample_with_generators
@@ -14,12 +20,16 @@ from deepinfer_kernels.sampling.token_mask import apply_token_bitmask, unpack_bi
 __all__ = [
     "GrammarCompiler",
     "GrammarMatcher",
+    "RowProcessor",
+    "RowTransforms",
     "StructuredOutputsParams",
     "apply_logit_bias",
     "apply_penalties",
     "apply_token_bitmask",
     "gather_logprobs",
     "pad_token_ids",
+    "process_logits",
+    "rescue_dead_rows",
     "sample",
     "sample_with_generators",
     "sampling_probs",
