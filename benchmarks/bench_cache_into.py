@@ -10,11 +10,11 @@ per GB (all threads) and wall GB/s, as ranges over the rounds:
   per block, each piece hashed with streaming XXH3-64 right after its read);
 * ``into``: ``get_many_into`` as shipped (no read-ahead hint; each stream of adjacent runs
   read in order by one thread through its own open file description);
-* ``into, session 13``: as shipped until session 13 (every run announced with
+* ``into session 13``: as shipped until session 13 (every run announced with
   ``POSIX_FADV_WILLNEED``, runs read in parallel through the tier's one shared descriptor);
-  ``into, WILLNEED`` and ``into, shared descriptor``: one of the two old choices each;
-* ``into, calling thread``: every stream read in the calling thread (no reader threads);
-* ``get_many, released``: the store's read, 16 blocks per call, pages released after use (the
+  ``into WILLNEED`` and ``into shared descriptor``: one of the two old choices each;
+* ``into calling thread``: every stream read in the calling thread (no reader threads);
+* ``get_many released``: the store's read, 16 blocks per call, pages released after use (the
   tier's page pool reuses their memory);
 * ``raw warm`` / ``into warm``: the same reads from a page cache that holds every byte.
 
@@ -65,16 +65,23 @@ def main() -> None:
     ap.add_argument("--blocks", type=int, default=256)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--dir", default=None, help="a directory on the disk to measure")
+    ap.add_argument(
+        "--only",
+        default=None,
+        help="comma-separated variant names to run (raw is always run: it is the baseline); "
+        "e.g. count page-cache folios of one variant: perf stat -e "
+        "filemap:mm_filemap_add_to_page_cache ... --rounds 1 --only into, minus --only raw",
+    )
     args = ap.parse_args()
     n = args.blocks
     root = tempfile.mkdtemp(prefix="bench_cache_into_", dir=args.dir)
     try:
-        _run(root, n, args.rounds)
+        _run(root, n, args.rounds, None if args.only is None else args.only.split(","))
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
 
-def _run(root: str, n: int, rounds: int) -> None:
+def _run(root: str, n: int, rounds: int, only: list[str] | None) -> None:
     pages = [torch.randn(PAGE).to(torch.bfloat16) for _ in range(STAGE)]
     raw = os.path.join(root, "raw.bin")
     with open(raw, "wb") as f:
@@ -172,21 +179,31 @@ def _run(root: str, n: int, rounds: int) -> None:
         "raw": lambda: raw_read(True),
         "raw 256K preads + xxh3": raw_pieces,
         "into": into,
-        "into, session 13": lambda: into(hint="willneed", own=False),
-        "into, WILLNEED": lambda: into(hint="willneed"),
-        "into, shared descriptor": lambda: into(own=False),
-        "into, calling thread": lambda: into(inline=True),
-        "get_many, released": get_many_released,
+        "into session 13": lambda: into(hint="willneed", own=False),
+        "into WILLNEED": lambda: into(hint="willneed"),
+        "into shared descriptor": lambda: into(own=False),
+        "into calling thread": lambda: into(inline=True),
+        "get_many released": get_many_released,
         "raw warm": lambda: raw_read(False),
         "into warm": lambda: into(cold=False),
     }
+    if only is not None:
+        unknown = sorted(set(only) - set(variants))
+        if unknown:
+            raise SystemExit(f"--only: unknown variants {unknown}; known: {list(variants)}")
+        variants = {k: fn for k, fn in variants.items() if k == "raw" or k in only}
     got: dict[str, list[tuple[float, float]]] = {k: [] for k in variants}
+    for fn in variants.values():  # one untimed round: first-use costs are not a read's cost
+        fn()
     for _ in range(rounds):
         for name, fn in variants.items():
             got[name].append(fn())
     tier.close()
     gb = n * BLOCK / 1e9
-    print(f"{n} blocks of 2 MiB, {rounds} alternated rounds; process CPU (all threads) per GB")
+    print(
+        f"{n} blocks of 2 MiB, {rounds} alternated rounds after an untimed one; "
+        "process CPU (all threads) per GB"
+    )
     base = [c for _, c in got["raw"]]
     base_wall = [w for w, _ in got["raw"]]
     for name, runs in got.items():
