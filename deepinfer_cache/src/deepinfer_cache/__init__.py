@@ -39,6 +39,7 @@ from .index import MatchResult, PrefixIndex
 from .lockfile import CacheLockedError
 from .meta import BlockMeta
 from .page_pool import PagePool, PagePoolStats
+from .pool_cache import build_pool_cache, pool_model_key
 from .results import FetchResult, LookupResult
 from .retention import RetentionPolicy
 from .sizing import REFERENCE_MODELS, ModelKV, SizingResult, ssd_capacity
@@ -100,12 +101,14 @@ __all__ = [
     "TierStats",
     "TieredKVStore",
     "__version__",
+    "build_pool_cache",
     "build_store",
     "check_key_hash",
     "default_kv_directory",
     "hash_blocks_from",
     "hash_token_blocks",
     "iter_block_hashes",
+    "pool_model_key",
     "ssd_capacity",
     "torch_gather",
     "torch_scatter",
