@@ -7,8 +7,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from deepinfer.engine.logits_processor import LogitsProcessor
-from deepinfer_kernels.sampling import StructuredOutputsParams
+from deepinfer_kernels.sampling import LogitsProcessor, StructuredOutputsParams
 
 # The logprobs a request may ask for per position (vLLM's default cap is 20).
 MAX_LOGPROBS = 20

@@ -117,3 +117,10 @@ def test_bad_input_is_named() -> None:
         RowTransforms(min_tokens=-1)
     with pytest.raises(ValueError, match="fallback_ids"):
         rescue_dead_rows(torch.zeros(2, 4), [0])
+
+
+def test_a_plain_function_is_a_logits_processor() -> None:
+    from deepinfer_kernels.sampling import LogitsProcessor
+
+    assert isinstance(_boost_last_seen, LogitsProcessor)
+    assert not isinstance(3, LogitsProcessor)

@@ -5,7 +5,7 @@ log-probabilities gathered after it."""
 from deepinfer_kernels.sampling.grammar import GrammarCompiler, GrammarMatcher
 from deepinfer_kernels.sampling.logit_bias import apply_logit_bias, token_bitmask
 from deepinfer_kernels.sampling.logits_pipe import (
-    RowProcessor,
+    LogitsProcessor,
     RowTransforms,
     process_logits,
     rescue_dead_rows,
@@ -20,7 +20,7 @@ from deepinfer_kernels.sampling.token_mask import apply_token_bitmask, unpack_bi
 __all__ = [
     "GrammarCompiler",
     "GrammarMatcher",
-    "RowProcessor",
+    "LogitsProcessor",
     "RowTransforms",
     "StructuredOutputsParams",
     "apply_logit_bias",

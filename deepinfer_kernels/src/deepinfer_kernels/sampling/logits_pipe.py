@@ -25,9 +25,10 @@ Example::
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
 
 import torch
 
@@ -35,9 +36,25 @@ from deepinfer_kernels.sampling.logit_bias import apply_logit_bias, token_bitmas
 from deepinfer_kernels.sampling.penalties import apply_penalties, pad_token_ids
 from deepinfer_kernels.sampling.token_mask import apply_token_bitmask
 
-# A row processor gets the history (ids, not the prompt) and the row's float32 logits [V], and
-# returns the logits to sample from (vLLM's per-request logits processor form).
-RowProcessor = Callable[[tuple[int, ...], torch.Tensor], torch.Tensor]
+
+@runtime_checkable
+class LogitsProcessor(Protocol):
+    """A caller's own rewrite of one row (vLLM's per-request logits processor form).
+
+    Called once per position with the ids generated so far (``history``, not the prompt) and
+    that position's float32 logits ``[V]`` (after penalties, bias and masks, before
+    temperature); returns the logits to sample from, and may edit ``logits`` in place and
+    return it. It must be deterministic in its inputs: under speculative decoding it is called
+    for each position of a verify block with the draft tokens before that position appended.
+
+    Example::
+
+        def no_digits(output_token_ids, logits):
+            logits[digit_ids] = float("-inf")
+            return logits
+    """
+
+    def __call__(self, output_token_ids: Seq[int], logits: torch.Tensor) -> torch.Tensor: ...
 
 
 @dataclass(frozen=True)
@@ -54,7 +71,7 @@ class RowTransforms:
     min_tokens_banned: Seq[int] = ()  # -inf while len(history) < min_tokens (EOS, stop ids)
     allowed_token_ids: Seq[int] | None = None
     bitmask: torch.Tensor | None = None  # int32 [W]; narrower than the vocabulary: rest banned
-    processors: Seq[RowProcessor] = ()
+    processors: Seq[LogitsProcessor] = ()
 
     def __post_init__(self) -> None:
         if self.repetition_penalty <= 0:
