@@ -68,6 +68,23 @@ def test_pool_keeps_at_most_max_bytes_idle() -> None:
     assert none.idle_bytes() == 0
 
 
+def test_a_page_freed_while_the_pool_is_locked_does_not_deadlock() -> None:
+    # What a garbage collection inside ``take`` does: the finalizer runs in the thread that
+    # holds the pool's lock.
+    pool = PagePool(4096, 1 << 20)
+    pages = pool.take(2)
+
+    def free_under_lock() -> None:
+        with pool._lock:
+            pages.clear()
+
+    t = threading.Thread(target=free_under_lock, daemon=True)
+    t.start()
+    t.join(timeout=10)
+    assert not t.is_alive(), "giving a page back under the pool's lock deadlocked"
+    assert pool.stats.returned == 2 and pool.idle_bytes() == 2 * 4096
+
+
 @pytest.mark.parametrize(
     ("kw", "name"),
     [

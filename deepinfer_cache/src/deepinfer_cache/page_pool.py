@@ -46,7 +46,10 @@ class PagePool:
         self.max_bytes = max_bytes
         self.stats = PagePoolStats()
         self._idle: list[np.ndarray] = []
-        self._lock = threading.Lock()
+        # Re-entrant: a page can die inside ``take`` (a garbage collection run by one of its
+        # allocations frees a cycle holding a page), and its finalizer then gives the buffer
+        # back in the same thread while the lock is held.
+        self._lock = threading.RLock()
 
     def take(self, n: int) -> list[torch.Tensor]:
         """``n`` pages (contiguous uint8 CPU tensors of ``page_bytes``), idle buffers first.
@@ -77,7 +80,8 @@ class PagePool:
         return torch.from_numpy(lent)
 
     def _give_back(self, buf: np.ndarray) -> None:
-        # Runs in whichever thread freed the last view; takes only this pool's lock.
+        # Runs in whichever thread freed the last view (possibly inside ``take``); takes only
+        # this pool's lock.
         with self._lock:
             self.stats.returned += 1
             if (len(self._idle) + 1) * self.page_bytes <= self.max_bytes:
