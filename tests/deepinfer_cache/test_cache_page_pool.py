@@ -11,7 +11,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 
-from deepinfer_cache import BlockMeta, SegmentDiskTier
+from deepinfer_cache import BlockMeta, SegmentDiskTier, TieredKVStore
 from deepinfer_cache.page_pool import PagePool
 from deepinfer_cache.segment_format import RECORD_HEADER_BYTES
 
@@ -196,3 +196,21 @@ def test_random_reads_and_drops_never_change_a_held_page(tmp_path_factory, ops) 
         for i, p in held:
             assert torch.equal(p, page_of(i)), f"held block {i} changed"
     tier.close()
+
+
+def test_fetched_pages_held_by_the_caller_survive_later_fetches(tmp_path) -> None:
+    disk = open_tier(tmp_path / "c", read_pool_bytes=8 * 48)
+    with TieredKVStore([disk], block_size=4) as store:
+        prompts = [list(range(100 * p, 100 * p + 16)) for p in range(6)]  # 4 blocks each
+        kvs = [torch.randn(4, *PAGE).to(torch.bfloat16) for _ in prompts]
+        for t, kv in zip(prompts, kvs):
+            store.store(t, kv)
+        assert store.flush()
+        held = store.fetch(prompts[0], promote=False, device="cpu").result()
+        assert held.num_blocks == 4
+        for _ in range(5):  # later fetches recycle the pool's buffers
+            for t, kv in zip(prompts[1:], kvs[1:]):
+                got = store.fetch(t, promote=False, device="cpu").result()
+                assert all(torch.equal(p, kv[i]) for i, p in enumerate(got.pages))
+        assert all(torch.equal(p, kvs[0][i]) for i, p in enumerate(held.pages))
+        assert disk.page_pool.stats.reused > 0
