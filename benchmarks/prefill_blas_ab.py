@@ -11,7 +11,12 @@ against ``--new`` tokens, so the decode steps' share is the difference.
 With ``--threads 1`` it times CPU seconds of this process (robust to other processes on a
 loaded machine); with more threads, wall time.
 
+``--gemm-only`` times just the GEMMs: SmolLM2's four prefill shapes (QKV 960, O 576, gate/up
+3072 over K = 576; down 576 over K = 1536) at ``--rows`` rows, both backends alternated
+``--repeats`` times, each round two calls a shape.
+
     .venv/bin/python benchmarks/prefill_blas_ab.py --threads 1 --repeats 4
+    .venv/bin/python benchmarks/prefill_blas_ab.py --threads 1 --gemm-only --repeats 12
 """
 
 from __future__ import annotations
@@ -30,7 +35,11 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=4)
     parser.add_argument("--new", type=int, default=16, help="new tokens per prompt")
     parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--gemm-only", action="store_true", help="time the GEMMs alone")
+    parser.add_argument("--rows", type=int, default=1222, help="--gemm-only: rows of x")
     args = parser.parse_args()
+    if args.gemm_only:
+        return _gemm_only(args.threads, args.rows, args.repeats)
     sys.path.insert(0, str(Path(__file__).parent))
     from vs_llamacpp import CODE_PROMPT, Ours
 
@@ -79,6 +88,33 @@ def main() -> int:
     pre = sorted(a / b for a, b in zip(first["mkl"], first["openblas"], strict=True))
     print(f"prefill step, MKL / OpenBLAS time: {statistics.median(pre):.2f}x "
           f"({pre[0]:.2f}-{pre[-1]:.2f})")  # fmt: skip
+    return 0
+
+
+def _gemm_only(threads: int, rows: int, repeats: int) -> int:
+    import torch
+
+    from deepinfer_kernels.quant.dense_gemm import DenseGemm
+
+    torch.set_num_threads(threads)
+    clock = time.process_time if threads == 1 else time.perf_counter
+    gemms = {"mkl": DenseGemm("mkl"), "openblas": DenseGemm("openblas")}
+    shapes = [(960, 576), (576, 576), (3072, 576), (576, 1536)]
+    operands = [(torch.randn(rows, k), torch.randn(n, k)) for n, k in shapes]
+    flops = 2 * 2 * rows * sum(n * k for n, k in shapes)
+    times: dict[str, list[float]] = {b: [] for b in gemms}
+    for r in range(repeats):
+        for b in gemms if r % 2 == 0 else list(gemms)[::-1]:
+            start = clock()
+            for x, w in operands:
+                gemms[b](x, w, None)
+                gemms[b](x, w, None)
+            times[b].append(clock() - start)
+    for b in gemms:
+        print(f"{b}: {flops / statistics.median(times[b]) / 1e9:.1f} GFLOP/s (median)")
+    ratios = sorted(a / b for a, b in zip(times["mkl"], times["openblas"], strict=True))
+    print(f"{rows} rows, MKL / OpenBLAS time: {statistics.median(ratios):.2f}x "
+          f"({ratios[0]:.2f}-{ratios[-1]:.2f})")  # fmt: skip
     return 0
 
 
