@@ -91,7 +91,11 @@ def test_openblas_follows_torch_thread_count() -> None:
         for threads in (1, 2, 1):
             torch.set_num_threads(threads)
             gemm(x, w, None)
-            assert gemm._openblas.num_threads == threads  # type: ignore[union-attr]
+            assert gemm._openblas.get_num_threads() == threads  # type: ignore[union-attr]
+        # The limit is process-wide: moved by someone else, it is set back at the next call.
+        gemm._openblas.set_num_threads(2)  # type: ignore[union-attr]
+        gemm(x, w, None)
+        assert gemm._openblas.get_num_threads() == 1  # type: ignore[union-attr]
     finally:
         torch.set_num_threads(before)
 

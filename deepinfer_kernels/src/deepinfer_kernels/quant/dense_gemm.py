@@ -83,7 +83,6 @@ class DenseGemm:
         else:
             chosen = "mkl" if backend == "mkl" else "openblas"
         self.backend: Backend = chosen
-        self._threads = 0  # OpenBLAS's thread count as last set by this object
         self._run: Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor] = (
             self._openblas_gemm if chosen == "openblas" else self._mkl_gemm
         )
@@ -98,10 +97,11 @@ class DenseGemm:
     def _openblas_gemm(
         self, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None
     ) -> torch.Tensor:
+        # Read back each call (0.6 us): the limit is process-wide, and another DenseGemm or
+        # library may have moved it since.
         threads = torch.get_num_threads()
-        if threads != self._threads:
+        if self._openblas.get_num_threads() != threads:  # type: ignore[union-attr]
             self._openblas.set_num_threads(threads)  # type: ignore[union-attr]
-            self._threads = threads
         flat = x.detach().reshape(-1, x.shape[-1])
         if not flat.is_contiguous():
             flat = flat.contiguous()
