@@ -1,4 +1,5 @@
-"""The BF16 row path of the quantised product at 1-4 x rows (gguf_blocks.h ``bf16_rows_split``).
+"""The BF16 and F16 row path of the quantised product at 1-4 x rows (gguf_blocks.h
+``bf16_rows_split``; F16 where the CPU has F16C, else the in-order path, same checks).
 
 It reads 16 weights per 32-byte load as their even and odd halves and multiplies them with x
 split the same way, so a wrong pairing of weight and activation would still give plausible
@@ -27,11 +28,17 @@ def _compiled() -> None:
         pytest.skip("no C compiler")
 
 
-def bf16_weight(rows: int, cols: int, seed: int) -> tuple[QuantWeight, torch.Tensor]:
-    """A BF16 weight over the bytes of a random bf16 matrix, and its exact fp32 values."""
+HALF = {torch.bfloat16: QuantType.BF16, torch.float16: QuantType.F16}
+
+
+def bf16_weight(
+    rows: int, cols: int, seed: int, dtype: torch.dtype = torch.bfloat16
+) -> tuple[QuantWeight, torch.Tensor]:
+    """A BF16 (F16) weight over the bytes of a random bf16 (fp16) matrix, and its exact fp32
+    values."""
     g = torch.Generator().manual_seed(seed)
-    values = (torch.randn(rows, cols, generator=g) * 0.05).to(torch.bfloat16)
-    return QuantWeight(values.view(torch.uint8), QuantType.BF16, cols), values.float()
+    values = (torch.randn(rows, cols, generator=g) * 0.05).to(dtype)
+    return QuantWeight(values.view(torch.uint8), HALF[dtype], cols), values.float()
 
 
 def check_close(y: torch.Tensor, x: torch.Tensor, wf: torch.Tensor, bias: torch.Tensor | None):
@@ -48,14 +55,15 @@ def check_close(y: torch.Tensor, x: torch.Tensor, wf: torch.Tensor, bias: torch.
     rows=st.integers(1, 37),
     cols=st.one_of(st.integers(1, 200), st.sampled_from([32, 64, 576, 1536])),
     x_rows=st.integers(1, 4),
+    dtype=st.sampled_from(list(HALF)),
     seed=st.integers(0, 2**16),
     data=st.data(),
 )
 def test_one_hot_rows_return_each_weight_exactly(
-    rows: int, cols: int, x_rows: int, seed: int, data: st.DataObject
+    rows: int, cols: int, x_rows: int, dtype: torch.dtype, seed: int, data: st.DataObject
 ) -> None:
     """x = e_k gives column k of the weight bit for bit: each weight meets its own x[k]."""
-    w, wf = bf16_weight(rows, cols, seed)
+    w, wf = bf16_weight(rows, cols, seed, dtype)
     ks = data.draw(st.lists(st.integers(0, cols - 1), min_size=x_rows, max_size=x_rows))
     x = torch.zeros(x_rows, cols)
     x[range(x_rows), ks] = 1.0
@@ -70,25 +78,27 @@ def test_one_hot_rows_return_each_weight_exactly(
     x_rows=st.integers(1, 4),
     with_bias=st.booleans(),
     strided=st.booleans(),
+    dtype=st.sampled_from(list(HALF)),
     seed=st.integers(0, 2**16),
 )
 def test_random_rows_match_the_float64_product(
-    rows: int, cols: int, x_rows: int, with_bias: bool, strided: bool, seed: int
+    rows: int, cols: int, x_rows: int, with_bias: bool, strided: bool, dtype: torch.dtype, seed: int
 ) -> None:
-    w, wf = bf16_weight(rows, cols, seed)
+    w, wf = bf16_weight(rows, cols, seed, dtype)
     g = torch.Generator().manual_seed(seed + 1)
     x = torch.randn(x_rows, cols + 7 if strided else cols, generator=g)[:, :cols]
     bias = torch.randn(rows, generator=g) if with_bias else None
     check_close(quant_linear(x, w, bias), x, wf, bias)
 
 
+@pytest.mark.parametrize("dtype", list(HALF))
 @pytest.mark.parametrize("x_rows", [1, 2, 3, 4])
-def test_rows_past_the_split_buffer_take_the_in_order_path(x_rows: int) -> None:
+def test_rows_past_the_split_buffer_take_the_in_order_path(x_rows: int, dtype: torch.dtype) -> None:
     """K = 8200: one x row fits the split buffer, four do not (4 * 8200 > 32768); both paths
     give the float64 product to fp32 rounding, and the same one-hot columns."""
     cols = 8200
     assert cols <= SPLIT_MAX_FLOATS < 4 * cols
-    w, wf = bf16_weight(9, cols, seed=x_rows)
+    w, wf = bf16_weight(9, cols, seed=x_rows, dtype=dtype)
     x = torch.randn(x_rows, cols, generator=torch.Generator().manual_seed(7))
     check_close(quant_linear(x, w), x, wf, None)
     hot = torch.zeros(x_rows, cols)
