@@ -339,6 +339,7 @@ class SegmentDiskTier(SegmentWrites, SegmentReads, SegmentMaintenance):
         self._sync()
         self._checkpoint()
         self._close_fds()
+        self.page_pool.clear()  # idle buffers only: pages callers hold stay theirs
         self._dirlock.release()
 
     # ------------------------------------------------------------------ deferred work
