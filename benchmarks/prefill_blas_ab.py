@@ -54,7 +54,7 @@ def main() -> int:
     def use(backend: str) -> None:
         os.environ["DEEPINFER_DENSE_GEMM"] = backend
         default_dense_gemm.cache_clear()
-        assert default_dense_gemm().backend == backend
+        assert default_dense_gemm().backend_for(args.threads) == backend
 
     def run(new: int) -> tuple[float, list[list[int]]]:
         params = SamplingParams(temperature=0, max_tokens=new, ignore_eos=True)

@@ -100,12 +100,16 @@ def test_openblas_follows_torch_thread_count() -> None:
         torch.set_num_threads(before)
 
 
-def test_auto_choice_is_fixed_by_the_cpu_vendor() -> None:
-    assert DenseGemm("auto", vendor="GenuineIntel").backend == "mkl"
-    amd = DenseGemm("auto", vendor="AuthenticAMD").backend
+def test_auto_choice_is_fixed_by_the_cpu_vendor_and_thread_count() -> None:
+    intel = DenseGemm("auto", vendor="GenuineIntel")
+    assert (intel.backend_for(1), intel.backend_for(2)) == ("mkl", "mkl")
+    amd = DenseGemm("auto", vendor="AuthenticAMD")
     has_openblas = len(_backends()) == 2
-    assert amd == ("openblas" if has_openblas else "mkl")
-    assert DenseGemm("mkl").backend == "mkl"
+    assert amd.backend_for(1) == ("openblas" if has_openblas else "mkl")
+    assert amd.backend_for(2) == "mkl"  # MKL shares torch's thread pool
+    assert {DenseGemm("mkl").backend_for(t) for t in (1, 4)} == {"mkl"}
+    if has_openblas:
+        assert {DenseGemm("openblas").backend_for(t) for t in (1, 4)} == {"openblas"}
 
 
 def test_bad_backend_names_the_argument() -> None:

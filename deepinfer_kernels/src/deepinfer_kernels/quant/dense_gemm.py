@@ -8,10 +8,13 @@ of its time in one fp32 GEMM per projection. Which BLAS runs that GEMM matters:
   kernels) 65-72, and 16 prompts of 76 tokens, 16 new tokens each, took 1.10-1.19x less CPU
   time through OpenBLAS (``benchmarks/prefill_blas_ab.py``).
 * On Intel CPUs MKL's own kernels are the reference point, so MKL stays there.
+* With more than one torch thread MKL stays too (it shares torch's OpenMP pool; see
+  :class:`DenseGemm`): ``auto`` takes OpenBLAS for one-thread processes only.
 
 Both compute the same fp32 products of the same exact weights; they differ only in summation
 order (results agree to fp32 rounding, as any two BLAS calls do). The choice is fixed per
-process (``auto``: OpenBLAS when numpy's BLAS is OpenBLAS and the CPU is not Intel's;
+process and thread count (``auto``: OpenBLAS at one thread when numpy's BLAS is OpenBLAS and
+the CPU is not Intel's;
 ``DEEPINFER_DENSE_GEMM=mkl|openblas`` overrides it), so a run's numerics do not depend on
 timing. OpenBLAS is held to torch's intra-op thread count at every call (through threadpoolctl,
 the ``blas`` extra; without it the GEMM stays on MKL): two thread pools of different sizes
@@ -22,7 +25,6 @@ from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -69,7 +71,8 @@ class DenseGemm:
         gemm = DenseGemm("openblas")  # or "mkl", or "auto" (see the module docstring)
         y = gemm(torch.randn(300, 576), torch.randn(960, 576), None)  # [300, 960]
 
-    ``backend="openblas"`` on a numpy without OpenBLAS raises ``ValueError``."""
+    ``backend="openblas"`` on a numpy without OpenBLAS raises ``ValueError``; an explicit
+    backend runs at every thread count."""
 
     def __init__(self, backend: str = "auto", vendor: str | None = None) -> None:
         if backend not in BACKENDS:
@@ -77,21 +80,26 @@ class DenseGemm:
         self._openblas = None if backend == "mkl" else _openblas_controller()
         if backend == "openblas" and self._openblas is None:
             raise ValueError("backend: 'openblas' requested, but numpy's BLAS is not OpenBLAS")
+        one: Backend
+        many: Backend
         if backend == "auto":
             intel = (cpu_vendor() if vendor is None else vendor) == "GenuineIntel"
-            chosen: Backend = "openblas" if self._openblas is not None and not intel else "mkl"
+            one = "openblas" if self._openblas is not None and not intel else "mkl"
+            # Several threads stay on MKL: it runs on torch's own OpenMP pool, while OpenBLAS
+            # brings a second pool whose threads and torch's spinning ones contend for the
+            # cores (2 threads, loaded: OpenBLAS used 1.15-1.6x the CPU for the same layers).
+            many = "mkl"
         else:
-            chosen = "mkl" if backend == "mkl" else "openblas"
-        self.backend: Backend = chosen
-        self._run: Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor] = (
-            self._openblas_gemm if chosen == "openblas" else self._mkl_gemm
-        )
+            one = many = "mkl" if backend == "mkl" else "openblas"
+        self._choice: dict[bool, Backend] = {True: one, False: many}
+
+    def backend_for(self, threads: int) -> Backend:
+        """The BLAS a call runs on with ``threads`` torch intra-op threads."""
+        return self._choice[threads <= 1]
 
     def __call__(self, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        return self._run(x, w, bias)
-
-    @staticmethod
-    def _mkl_gemm(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        if self.backend_for(torch.get_num_threads()) == "openblas":
+            return self._openblas_gemm(x, w, bias)
         return F.linear(x, w, bias)
 
     def _openblas_gemm(
