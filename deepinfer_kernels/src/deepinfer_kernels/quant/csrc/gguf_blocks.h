@@ -499,35 +499,21 @@ static inline void split_even_odd(const float *x, int64_t xs, int R, int64_t kp,
 
 /* acc_even += even weights of the 16 bf16 weights at p * x_even, acc_odd likewise (x_even:
  * 8 floats, then x_odd). Each 32 bytes are loaded and used at once: decoding a whole block
- * into registers before its FMAs ran 10-20% slower from DRAM. With f16 (F16 rows, F16C) the
- * 16 weights are converted in order (two vcvtph2ps) and x is not split: "even" is then
- * weights 0-7 and "odd" 8-15. */
+ * into registers before its FMAs ran 10-20% slower from DRAM. */
 static inline __attribute__((always_inline)) void bf16_fma16(const uint8_t *p, const float *x,
-                                                             __m256 *acc_even, __m256 *acc_odd,
-                                                             const int f16) {
-    __m256 w_even, w_odd;
-#if defined(__F16C__)
-    if (f16) {
-        w_even = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
-        w_odd = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 16)));
-    } else
-#endif
-    {
-        (void)f16;
-        __m256i v = _mm256_loadu_si256((const __m256i *)p);
-        w_even = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
-        w_odd = _mm256_castsi256_ps(_mm256_and_si256(v, _mm256_set1_epi32(-65536)));
-    }
-    *acc_even = _mm256_fmadd_ps(w_even, _mm256_loadu_ps(x), *acc_even);
-    *acc_odd = _mm256_fmadd_ps(w_odd, _mm256_loadu_ps(x + 8), *acc_odd);
+                                                             __m256 *acc_even, __m256 *acc_odd) {
+    __m256i v = _mm256_loadu_si256((const __m256i *)p);
+    *acc_even = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_slli_epi32(v, 16)), _mm256_loadu_ps(x),
+                                *acc_even);
+    *acc_odd = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_and_si256(v, _mm256_set1_epi32(-65536))),
+                               _mm256_loadu_ps(x + 8), *acc_odd);
 }
 
 /* out[t] = W . x[t] for one BF16 row and R (1 to 4) x rows, xp their split (kp apart). */
 static inline __attribute__((always_inline)) void bf16_split_dot(const uint8_t *row, int64_t K,
                                                                  const float *xp, int64_t kp,
                                                                  const float *x, int64_t xs,
-                                                                 const int R, const int f16,
-                                                                 float *out) {
+                                                                 const int R, float *out) {
     const int A = R == 1 ? 8 : R == 2 ? 4 : 2; /* accumulators per x row */
     __m256 acc[4][8];
     for (int t = 0; t < R; t++)
@@ -539,8 +525,7 @@ static inline __attribute__((always_inline)) void bf16_split_dot(const uint8_t *
             __builtin_prefetch(p + BF16_PREFETCH_BYTES);
             __builtin_prefetch(p + 64 + BF16_PREFETCH_BYTES);
             for (int h = 0; h < 4; h++)
-                bf16_fma16(p + 32 * h, xp + 32 * b + 16 * h, &acc[0][2 * h], &acc[0][2 * h + 1],
-                           f16);
+                bf16_fma16(p + 32 * h, xp + 32 * b + 16 * h, &acc[0][2 * h], &acc[0][2 * h + 1]);
         }
     }
     for (; b < blocks; b++) {
@@ -549,7 +534,7 @@ static inline __attribute__((always_inline)) void bf16_split_dot(const uint8_t *
         for (int t = 0; t < R; t++)
             for (int h = 0; h < 2; h++)
                 bf16_fma16(p + 32 * h, xp + t * kp + 32 * b + 16 * h, &acc[t][(2 * h) % A],
-                           &acc[t][(2 * h + 1) % A], f16);
+                           &acc[t][(2 * h + 1) % A]);
     }
     for (int t = 0; t < R; t++) {
         for (int i = 4; i < A; i++) acc[t][i - 4] = _mm256_add_ps(acc[t][i - 4], acc[t][i]);
@@ -557,60 +542,40 @@ static inline __attribute__((always_inline)) void bf16_split_dot(const uint8_t *
                                           _mm256_add_ps(acc[t][2], acc[t][3]))
                           : _mm256_add_ps(acc[t][0], acc[t][1]);
         float r = hsum256(s);
-        for (int64_t k = 32 * blocks; k < K; k++)
-            r += weight_at(row, f16 ? T_F16 : T_BF16, k) * x[t * xs + k];
+        for (int64_t k = 32 * blocks; k < K; k++) r += weight_at(row, T_BF16, k) * x[t * xs + k];
         out[t] = r;
     }
 }
 
-/* fused_rows() for BF16 rows on split x rows (F16 rows on x itself). */
+/* fused_rows() for BF16 rows on split x rows. */
 static inline __attribute__((always_inline)) void bf16_split_rows(
     const uint8_t *rows, int64_t row_bytes, int64_t count, int64_t K, const float *xp, int64_t kp,
-    const float *x, int64_t xs, const int R, const int f16, float *y, int64_t N, int64_t n0,
-    const float *bias) {
+    const float *x, int64_t xs, const int R, float *y, int64_t N, int64_t n0, const float *bias) {
     for (int64_t r = 0; r < count; r++) {
         float out[4];
-        bf16_split_dot(rows + r * row_bytes, K, xp, kp, x, xs, R, f16, out);
+        bf16_split_dot(rows + r * row_bytes, K, xp, kp, x, xs, R, out);
         float b = bias ? bias[r] : 0.0f;
         for (int t = 0; t < R; t++) y[t * N + n0 + r] = out[t] + b;
     }
 }
 
-/* The BF16 (F16, with F16C) rows of fused_rows_dispatch() on this path; 0 when it does not
- * take them (another type, or R * K past the split buffer: fused_rows_dispatch then does).
- * F16 rows gained the same from the prefetching and the 8 accumulators: 0.76-0.84x the time
- * of a bf16-exact fp16 file widened onto the bf16 panels before. */
-static int bf16_rows_split(const uint8_t *rows, int64_t row_bytes, int64_t count, int qtype,
-                           int64_t K, const float *x, int64_t xs, int R, float *y, int64_t N,
-                           int64_t n0, const float *bias) {
-#if defined(__F16C__)
-    const int f16 = qtype == T_F16;
-#else
-    const int f16 = 0;
-#endif
-    if ((qtype != T_BF16 && !f16) || R < 1 || R > FUSED_MAX_ROWS ||
-        (int64_t)R * K > BF16_SPLIT_MAX_FLOATS)
-        return 0;
+/* The BF16 rows of fused_rows_dispatch() on the split path; 0 when R * K is past the split
+ * buffer (the caller then takes fused_rows_dispatch). */
+static int bf16_rows_split(const uint8_t *rows, int64_t row_bytes, int64_t count, int64_t K,
+                           const float *x, int64_t xs, int R, float *y, int64_t N, int64_t n0,
+                           const float *bias) {
+    if (R < 1 || R > FUSED_MAX_ROWS || (int64_t)R * K > BF16_SPLIT_MAX_FLOATS) return 0;
     int64_t kp = K / 32 * 32;
-    float xp[f16 ? 8 : R * kp + 8] __attribute__((aligned(64)));
+    float xp[R * kp + 8] __attribute__((aligned(64)));
     /* The stream's first lines, before the loop's prefetches reach past them. */
     for (int64_t o = 0; o < BF16_PREFETCH_BYTES && o < count * row_bytes; o += 64)
         __builtin_prefetch(rows + o);
-    if (f16) { /* in order: x as it is */
-        switch (R) {
-        case 1: bf16_split_rows(rows, row_bytes, count, K, x, xs, x, xs, 1, 1, y, N, n0, bias); break;
-        case 2: bf16_split_rows(rows, row_bytes, count, K, x, xs, x, xs, 2, 1, y, N, n0, bias); break;
-        case 3: bf16_split_rows(rows, row_bytes, count, K, x, xs, x, xs, 3, 1, y, N, n0, bias); break;
-        default: bf16_split_rows(rows, row_bytes, count, K, x, xs, x, xs, 4, 1, y, N, n0, bias); break;
-        }
-        return 1;
-    }
     split_even_odd(x, xs, R, kp, xp);
     switch (R) {
-    case 1: bf16_split_rows(rows, row_bytes, count, K, xp, kp, x, xs, 1, 0, y, N, n0, bias); break;
-    case 2: bf16_split_rows(rows, row_bytes, count, K, xp, kp, x, xs, 2, 0, y, N, n0, bias); break;
-    case 3: bf16_split_rows(rows, row_bytes, count, K, xp, kp, x, xs, 3, 0, y, N, n0, bias); break;
-    default: bf16_split_rows(rows, row_bytes, count, K, xp, kp, x, xs, 4, 0, y, N, n0, bias); break;
+    case 1: bf16_split_rows(rows, row_bytes, count, K, xp, kp, x, xs, 1, y, N, n0, bias); break;
+    case 2: bf16_split_rows(rows, row_bytes, count, K, xp, kp, x, xs, 2, y, N, n0, bias); break;
+    case 3: bf16_split_rows(rows, row_bytes, count, K, xp, kp, x, xs, 3, y, N, n0, bias); break;
+    default: bf16_split_rows(rows, row_bytes, count, K, xp, kp, x, xs, 4, y, N, n0, bias); break;
     }
     return 1;
 }
@@ -665,8 +630,8 @@ static void project_rows(const uint8_t *rows, int64_t row_bytes, int64_t count, 
                          int64_t K, const float *x, int64_t T, int64_t xs, float *buf, float *y,
                          int64_t N, int64_t n0, const float *bias) {
 #if defined(__AVX2__) && defined(__FMA__)
-    if (T <= FUSED_MAX_ROWS &&
-        bf16_rows_split(rows, row_bytes, count, qtype, K, x, xs, (int)T, y, N, n0,
+    if (T <= FUSED_MAX_ROWS && qtype == T_BF16 &&
+        bf16_rows_split(rows, row_bytes, count, K, x, xs, (int)T, y, N, n0,
                         bias ? bias + n0 : NULL))
         return;
     if (T <= FUSED_MAX_ROWS && fused_type(qtype)) {
