@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from deepinfer_kernels.quant import GEMV_MAX_ROWS, QuantType, QuantWeight, dequantize, quant_linear
-from deepinfer_kernels.quant.dense_gemm import DenseGemm, cpu_vendor, default_dense_gemm
+from deepinfer_kernels.quant.dense_gemm import DenseGemm, cpu_vendor
 from deepinfer_kernels.testing.quant import product_tolerance, quant_weights, random_quant_rows
 
 
@@ -74,13 +74,47 @@ def test_openblas_and_mkl_agree_on_a_block_format_prefill() -> None:
     torch.testing.assert_close(openblas(x, wf, None), DenseGemm("mkl")(x, wf, None))
 
 
-@settings(max_examples=10, deadline=None)
-@given(w=quant_weights(max_rows=40), rows=st.integers(GEMV_MAX_ROWS + 1, 64))
-def test_quant_linear_past_the_gemv_rows_runs_the_default_gemm(w: QuantWeight, rows: int) -> None:
-    """More than ``GEMV_MAX_ROWS`` rows: ``quant_linear`` is the process's GEMM on the exact
-    dequantised weights, bit for bit."""
+@settings(max_examples=12, deadline=None)
+@given(
+    w=quant_weights(max_rows=40),
+    rows=st.integers(GEMV_MAX_ROWS + 1, 64),
+    threads=st.sampled_from([1, 2]),
+    with_bias=st.booleans(),
+    data=st.data(),
+)
+def test_quant_linear_past_the_gemv_rows(
+    w: QuantWeight, rows: int, threads: int, with_bias: bool, data: st.DataObject
+) -> None:
+    """More than ``GEMV_MAX_ROWS`` rows, at 1 and 2 threads: within fp32 rounding of the
+    float64 product of gguf's values (on OpenBLAS each thread dequantises and multiplies its
+    share of the rows), and one-hot rows return the dequantised weights bit for bit."""
+    wf = dequantize(w)
     x = torch.randn(rows, w.cols)
-    assert torch.equal(quant_linear(x, w), default_dense_gemm()(x, dequantize(w), None))
+    b = torch.randn(w.rows) if with_bias else None
+    ks = data.draw(st.lists(st.integers(0, w.cols - 1), min_size=rows, max_size=rows))
+    hot = torch.zeros(rows, w.cols)
+    hot[range(rows), ks] = 1.0
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads)
+        _assert_close(quant_linear(x, w, b), x, wf, b)
+        assert torch.equal(quant_linear(hot, w), wf[:, ks].t())
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_in_region_sgemm_keeps_openblas_at_one_thread_only_inside() -> None:
+    gemm = DenseGemm("openblas")
+    sgemm = gemm.in_region_sgemm()
+    if sgemm is None:
+        pytest.skip("numpy's OpenBLAS exports no ILP64 cblas_sgemm")
+    controller = gemm._openblas
+    controller.set_num_threads(2)
+    with sgemm.one_thread() as address:
+        assert address == sgemm.address != 0
+        assert controller.get_num_threads() == 1
+    assert controller.get_num_threads() == 2
+    assert DenseGemm("mkl").in_region_sgemm() is None
 
 
 def test_openblas_follows_torch_thread_count() -> None:

@@ -20,7 +20,10 @@ import torch
 from deepinfer_kernels.quant.formats import QuantType, row_bytes
 
 SOURCE = Path(__file__).parent / "csrc" / "quant_gemv.c"
-ABI = "1|deepinfer_quant_linear(piipiiiipp)i|deepinfer_quant_dequantize(piiip)i"
+ABI = (
+    "2|deepinfer_quant_linear(piipiiiipp)i|deepinfer_quant_dequantize(piiip)i"
+    "|deepinfer_quant_linear_sgemm(ppiipiiiipp)i"
+)
 _P, _I = ctypes.c_void_p, ctypes.c_int64
 
 
@@ -70,6 +73,8 @@ class QuantGemvKernel:
         lib.deepinfer_quant_linear.restype = ctypes.c_int
         lib.deepinfer_quant_dequantize.argtypes = [_P, _I, _I, _I, _P]
         lib.deepinfer_quant_dequantize.restype = ctypes.c_int
+        lib.deepinfer_quant_linear_sgemm.argtypes = [_P, _P, _I, _I, _P, _I, _I, _I, _I, _P, _P]
+        lib.deepinfer_quant_linear_sgemm.restype = ctypes.c_int
         self._lib = lib
 
     def linear(
@@ -93,6 +98,31 @@ class QuantGemvKernel:
         )  # fmt: skip
         if rc != 0:
             raise RuntimeError(f"deepinfer_quant_linear failed with code {rc}")
+        return y
+
+    def linear_sgemm(
+        self,
+        x: torch.Tensor,
+        data: torch.Tensor,
+        qtype: QuantType,
+        cols: int,
+        bias: torch.Tensor | None,
+        sgemm: int,
+    ) -> torch.Tensor:
+        """:meth:`linear` for many rows on ``sgemm``, the address of a single-threaded ILP64
+        ``cblas_sgemm`` (see ``quant.dense_gemm``): each OpenMP thread dequantises its share
+        of ``W``'s rows and multiplies all of ``x`` by it."""
+        if not self.available():
+            raise RuntimeError(f"the quantised CPU kernel is unavailable: {self.error}")
+        rows, n = x.shape[0], data.shape[0]
+        y = torch.empty(rows, n, dtype=torch.float32)
+        rc = self._lib.deepinfer_quant_linear_sgemm(
+            sgemm, x.data_ptr(), rows, x.stride(0), data.data_ptr(), n, cols,
+            row_bytes(qtype, cols), int(qtype),
+            None if bias is None else bias.data_ptr(), y.data_ptr(),
+        )  # fmt: skip
+        if rc != 0:
+            raise RuntimeError(f"deepinfer_quant_linear_sgemm failed with code {rc}")
         return y
 
     def dequantize(self, data: torch.Tensor, qtype: QuantType, cols: int) -> torch.Tensor:

@@ -23,8 +23,11 @@ would oversubscribe the cores.
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import functools
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
 
@@ -63,6 +66,55 @@ def _openblas_controller() -> Any | None:
     return None
 
 
+class SingleThreadSgemm:
+    """numpy's OpenBLAS ILP64 ``cblas_sgemm`` as an address for C callers
+    (``QuantGemvKernel.linear_sgemm``), and a context that holds OpenBLAS to one thread
+    around such calls (each caller thread runs its own share)."""
+
+    # ILP64 names only: the C side passes 64-bit integers.
+    NAMES = ("scipy_cblas_sgemm64_", "cblas_sgemm64_")
+
+    def __init__(self, controller: Any) -> None:
+        lib = controller.dynlib
+        prefix = "scipy_" if hasattr(lib, "scipy_cblas_sgemm64_") else ""
+        self.address: int = (
+            ctypes.cast(
+                next(getattr(lib, n) for n in self.NAMES if hasattr(lib, n)), ctypes.c_void_p
+            ).value
+            or 0
+        )
+        self._get = getattr(lib, f"{prefix}openblas_get_num_threads64_")
+        self._set = getattr(lib, f"{prefix}openblas_set_num_threads64_")
+        self._get.restype, self._get.argtypes = ctypes.c_int, []
+        self._set.restype, self._set.argtypes = None, [ctypes.c_int]
+
+    @classmethod
+    def find(cls, controller: Any | None) -> SingleThreadSgemm | None:
+        """The sgemm of ``controller``'s library, or None when it exports no ILP64 CBLAS."""
+        if controller is None:
+            return None
+        lib = controller.dynlib
+        if not any(hasattr(lib, n) for n in cls.NAMES):
+            return None
+        try:
+            found = cls(controller)
+        except AttributeError:  # no thread-count symbols of the same naming
+            return None
+        return found if found.address else None
+
+    @contextlib.contextmanager
+    def one_thread(self) -> Iterator[int]:
+        """OpenBLAS at one thread inside (process-wide), its previous count restored after."""
+        before = self._get()
+        if before != 1:
+            self._set(1)
+        try:
+            yield self.address
+        finally:
+            if before != 1:
+                self._set(before)
+
+
 class DenseGemm:
     """``y = x W^T (+ b)`` for fp32 CPU tensors ``x [T, K]`` and ``w [N, K]``, on ``backend``.
 
@@ -92,6 +144,14 @@ class DenseGemm:
         else:
             one = many = "mkl" if backend == "mkl" else "openblas"
         self._choice: dict[bool, Backend] = {True: one, False: many}
+        # The in-region path (each torch thread runs its share on a one-thread sgemm) has no
+        # second pool, so it takes OpenBLAS at every thread count where one thread does.
+        self.sgemm = SingleThreadSgemm.find(self._openblas) if one == "openblas" else None
+
+    def in_region_sgemm(self) -> SingleThreadSgemm | None:
+        """The sgemm for ``QuantGemvKernel.linear_sgemm`` (OpenBLAS chosen and exporting an
+        ILP64 CBLAS), or None: then dequantise and call this object."""
+        return self.sgemm
 
     def backend_for(self, threads: int) -> Backend:
         """The BLAS a call runs on with ``threads`` torch intra-op threads."""

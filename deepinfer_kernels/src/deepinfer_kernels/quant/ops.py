@@ -73,8 +73,17 @@ def quant_linear_impl(
                 flat = flat.contiguous()
             b = None if bias is None else bias.to(torch.float32).contiguous()
             return kernel.linear(flat, data, kind, cols, b).view(*lead, data.shape[0])
+        gemm = default_dense_gemm()
+        sgemm = gemm.in_region_sgemm()
+        if kernel is not None and sgemm is not None and flat.shape[0] > 0:
+            if flat.stride(-1) != 1:
+                flat = flat.contiguous()
+            b = None if bias is None else bias.to(torch.float32).contiguous()
+            with sgemm.one_thread() as address:
+                y = kernel.linear_sgemm(flat, data, kind, cols, b, address)
+            return y.view(*lead, data.shape[0])
         w = dequantize_impl(data, qtype, cols)
-        return default_dense_gemm()(x, w, None if bias is None else bias.to(torch.float32))
+        return gemm(x, w, None if bias is None else bias.to(torch.float32))
     w = dequantize_reference(data, kind).to(x.device)
     y = F.linear(x.to(torch.float32), w, None if bias is None else bias.to(torch.float32))
     return y.to(x.dtype)

@@ -13,7 +13,8 @@
 #include "gguf_panel.h"
 
 const char *deepinfer_abi_quant_gemv(void) {
-    return "1|deepinfer_quant_linear(piipiiiipp)i|deepinfer_quant_dequantize(piiip)i";
+    return "2|deepinfer_quant_linear(piipiiiipp)i|deepinfer_quant_dequantize(piiip)i"
+           "|deepinfer_quant_linear_sgemm(ppiipiiiipp)i";
 }
 
 /* y[M, N] (contiguous) = x[M, K] (row stride x_stride) W^T + bias.
@@ -39,6 +40,47 @@ int deepinfer_quant_linear(const float *x, int64_t M, int64_t x_stride, const ui
             project_rows(w + lo * row_bytes, row_bytes, hi - lo, (int)qtype, K, x, M, x_stride,
                          row, y, N, lo, bias);
             free(row);
+        }
+    }
+    return failed ? -2 : 0;
+}
+
+/* A CBLAS sgemm with 64-bit integers (OpenBLAS's ILP64 interface, e.g. numpy's
+ * scipy_cblas_sgemm64_): order, transA, transB, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc. */
+typedef void (*cblas_sgemm64_fn)(int, int, int, int64_t, int64_t, int64_t, float, const float *,
+                                 int64_t, const float *, int64_t, float, float *, int64_t);
+
+/* y[M, N] (contiguous) = x[M, K] (row stride x_stride) W^T + bias on a caller-given sgemm, for
+ * many rows (prefill). Each OpenMP thread (torch's pool) dequantises its share of W's rows into
+ * its own fp32 buffer and multiplies all of x by it, writing its columns of y (ldc = N), so
+ * the sgemm must run single-threaded: no second thread pool competes with torch's, and each
+ * thread's share is used while it is still in cache. Returns 0, -1 for an unknown type, -2
+ * when a thread could not get its buffer (y is then incomplete). */
+int deepinfer_quant_linear_sgemm(void *sgemm, const float *x, int64_t M, int64_t x_stride,
+                                 const uint8_t *w, int64_t N, int64_t K, int64_t row_bytes,
+                                 int64_t qtype, const float *bias, float *y) {
+    if (!known_type(qtype)) return -1;
+    cblas_sgemm64_fn gemm = (cblas_sgemm64_fn)sgemm;
+    int failed = 0;
+#pragma omp parallel reduction(| : failed)
+    {
+        int64_t lo, hi;
+        thread_share(N, &lo, &hi);
+        if (hi > lo) {
+            size_t bytes = ((size_t)(hi - lo) * (size_t)K * sizeof(float) + 63) / 64 * 64;
+            float *wf = (float *)aligned_alloc(64, bytes);
+            if (wf == NULL) {
+                failed = 1;
+            } else {
+                for (int64_t n = lo; n < hi; n++)
+                    dequant_row(w + n * row_bytes, (int)qtype, K, wf + (n - lo) * K);
+                /* 101 CblasRowMajor, 111 CblasNoTrans, 112 CblasTrans */
+                gemm(101, 111, 112, M, hi - lo, K, 1.0f, x, x_stride, wf, K, 0.0f, y + lo, N);
+                free(wf);
+                if (bias != NULL)
+                    for (int64_t m = 0; m < M; m++)
+                        for (int64_t n = lo; n < hi; n++) y[m * N + n] += bias[n];
+            }
         }
     }
     return failed ? -2 : 0;
