@@ -4,21 +4,24 @@ A prefill step (more than ``GEMV_MAX_ROWS`` rows) dequantises each weight once a
 of its time in one fp32 GEMM per projection. Which BLAS runs that GEMM matters:
 
 * torch's MKL takes its non-Intel dispatch on AMD CPUs (``mkl_blas_def_sgemm_kernel_0_zen``
-  in a profile). On a 2-core AMD EPYC (Zen 3) its sgemm reached 49-68 GFLOP/s a core on SmolLM2's prefill shapes, numpy's OpenBLAS (Haswell
-  kernels) 65-72, and 16 prompts of 76 tokens, 16 new tokens each, took 1.10-1.19x less CPU
-  time through OpenBLAS (``benchmarks/prefill_blas_ab.py``).
+  in a profile). On a 2-core AMD EPYC (Zen 3), one thread, its sgemm reached 49-68 GFLOP/s on
+  SmolLM2's prefill shapes, numpy's OpenBLAS (Haswell kernels) 59-75 (1.20x the speed).
 * On Intel CPUs MKL's own kernels are the reference point, so MKL stays there.
-* With more than one torch thread MKL stays too (it shares torch's OpenMP pool; see
-  :class:`DenseGemm`): ``auto`` takes OpenBLAS for one-thread processes only.
+
+``quant_linear`` runs OpenBLAS inside torch's own OpenMP region
+(:class:`SingleThreadSgemm`, ``QuantGemvKernel.linear_sgemm``): each thread dequantises its
+share of ``W``'s rows and multiplies all of ``x`` by it on a one-thread ``cblas_sgemm``. So
+there is no second thread pool (numpy's OpenBLAS next to torch's OpenMP pool used 1.15-1.6x
+the CPU of MKL at 2 threads), and each share is multiplied while still in cache: at 2 threads
+the prefill shapes ran 1.61x (1.32-1.92) MKL's speed (loaded). :class:`DenseGemm`'s own call
+(a dense ``W``, numpy's matmul) takes OpenBLAS at one thread only, for that reason.
 
 Both compute the same fp32 products of the same exact weights; they differ only in summation
 order (results agree to fp32 rounding, as any two BLAS calls do). The choice is fixed per
-process and thread count (``auto``: OpenBLAS at one thread when numpy's BLAS is OpenBLAS and
-the CPU is not Intel's;
+process (``auto``: OpenBLAS when numpy's BLAS is OpenBLAS and the CPU is not Intel's;
 ``DEEPINFER_DENSE_GEMM=mkl|openblas`` overrides it), so a run's numerics do not depend on
-timing. OpenBLAS is held to torch's intra-op thread count at every call (through threadpoolctl,
-the ``blas`` extra; without it the GEMM stays on MKL): two thread pools of different sizes
-would oversubscribe the cores.
+timing. Finding numpy's OpenBLAS and its thread limit needs threadpoolctl (the ``blas`` extra,
+installed by ``make setup``); without it the GEMM stays on MKL.
 """
 
 from __future__ import annotations
@@ -137,9 +140,9 @@ class DenseGemm:
         if backend == "auto":
             intel = (cpu_vendor() if vendor is None else vendor) == "GenuineIntel"
             one = "openblas" if self._openblas is not None and not intel else "mkl"
-            # Several threads stay on MKL: it runs on torch's own OpenMP pool, while OpenBLAS
-            # brings a second pool whose threads and torch's spinning ones contend for the
-            # cores (2 threads, loaded: OpenBLAS used 1.15-1.6x the CPU for the same layers).
+            # numpy's matmul at several threads stays on MKL: MKL runs on torch's own OpenMP
+            # pool, while OpenBLAS brings a second pool whose threads and torch's spinning
+            # ones contend for the cores (2 threads, loaded: 1.15-1.6x the CPU).
             many = "mkl"
         else:
             one = many = "mkl" if backend == "mkl" else "openblas"
