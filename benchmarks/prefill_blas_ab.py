@@ -11,9 +11,9 @@ against ``--new`` tokens, so the decode steps' share is the difference.
 With ``--threads 1`` it times CPU seconds of this process (robust to other processes on a
 loaded machine); with more threads, wall time.
 
-``--gemm-only`` times just the GEMMs: SmolLM2's four prefill shapes (QKV 960, O 576, gate/up
-3072 over K = 576; down 576 over K = 1536) at ``--rows`` rows, both backends alternated
-``--repeats`` times, each round two calls a shape.
+``--gemm-only`` times just ``quant_linear`` (dequantisation + GEMM) on SmolLM2's four prefill
+shapes of Q4_1 weights (QKV 960, O 576, gate/up 3072 over K = 576; down 576 over K = 1536) at
+``--rows`` rows, both backends alternated ``--repeats`` times, each round two calls a shape.
 
     .venv/bin/python benchmarks/prefill_blas_ab.py --threads 1 --repeats 4
     .venv/bin/python benchmarks/prefill_blas_ab.py --threads 1 --gemm-only --repeats 12
@@ -94,26 +94,33 @@ def main() -> int:
 def _gemm_only(threads: int, rows: int, repeats: int) -> int:
     import torch
 
-    from deepinfer_kernels.quant.dense_gemm import DenseGemm
+    from deepinfer_kernels.quant import QuantType, QuantWeight, quant_linear
+    from deepinfer_kernels.quant.dense_gemm import default_dense_gemm
+    from deepinfer_kernels.testing.quant import random_quant_rows
 
     torch.set_num_threads(threads)
     clock = time.process_time if threads == 1 else time.perf_counter
-    gemms = {"mkl": DenseGemm("mkl"), "openblas": DenseGemm("openblas")}
     shapes = [(960, 576), (576, 576), (3072, 576), (576, 1536)]
-    operands = [(torch.randn(rows, k), torch.randn(n, k)) for n, k in shapes]
+    operands = [
+        (torch.randn(rows, k), QuantWeight(random_quant_rows(QuantType.Q4_1, n, k, seed=n + k),
+                                           QuantType.Q4_1, k))
+        for n, k in shapes
+    ]  # fmt: skip
     flops = 2 * 2 * rows * sum(n * k for n, k in shapes)
-    times: dict[str, list[float]] = {b: [] for b in gemms}
+    times: dict[str, list[float]] = {"mkl": [], "openblas": []}
     for r in range(repeats):
-        for b in gemms if r % 2 == 0 else list(gemms)[::-1]:
+        for b in times if r % 2 == 0 else list(times)[::-1]:
+            os.environ["DEEPINFER_DENSE_GEMM"] = b
+            default_dense_gemm.cache_clear()
             start = clock()
-            for x, w in operands:
-                gemms[b](x, w, None)
-                gemms[b](x, w, None)
+            for x, w in operands:  # dequantise + GEMM, as quant_linear runs a prefill
+                quant_linear(x, w)
+                quant_linear(x, w)
             times[b].append(clock() - start)
-    for b in gemms:
+    for b in times:
         print(f"{b}: {flops / statistics.median(times[b]) / 1e9:.1f} GFLOP/s (median)")
     ratios = sorted(a / b for a, b in zip(times["mkl"], times["openblas"], strict=True))
-    print(f"{rows} rows, MKL / OpenBLAS time: {statistics.median(ratios):.2f}x "
+    print(f"{rows} rows, {threads} threads, MKL / OpenBLAS time: {statistics.median(ratios):.2f}x "
           f"({ratios[0]:.2f}-{ratios[-1]:.2f})")  # fmt: skip
     return 0
 
