@@ -24,7 +24,7 @@ from deepinfer.engine import (
 from deepinfer.engine.cache_setup import PrefixCacheConfig
 from deepinfer.llm import LLM
 
-__version__ = "0.13.0"
+__version__ = "0.14.0"
 
 __all__ = [
     "LLM",

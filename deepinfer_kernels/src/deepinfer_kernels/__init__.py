@@ -14,7 +14,7 @@ Example::
     tokens = sample(torch.randn(2, 50), temperature=0.7, top_k=20, top_p=0.9)
 """
 
-__version__ = "0.9.0"
+__version__ = "0.10.0"
 
 from deepinfer_kernels.attention import (
     PagedAttentionPlan,
