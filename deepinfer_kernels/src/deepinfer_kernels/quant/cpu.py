@@ -84,45 +84,29 @@ class QuantGemvKernel:
         qtype: QuantType,
         cols: int,
         bias: torch.Tensor | None,
+        sgemm: int | None = None,
     ) -> torch.Tensor:
         """``x [M, K] @ W^T + bias`` for contiguous fp32 CPU ``x`` rows and uint8 ``data``
-        (operands already validated by the op)."""
+        (operands already validated by the op). With ``sgemm``, the address of a
+        single-threaded ILP64 ``cblas_sgemm`` (see ``quant.dense_gemm``), many rows run on it:
+        each OpenMP thread dequantises its share of ``W``'s rows and multiplies all of ``x``
+        by it."""
         if not self.available():
             raise RuntimeError(f"the quantised CPU kernel is unavailable: {self.error}")
         rows, n = x.shape[0], data.shape[0]
         y = torch.empty(rows, n, dtype=torch.float32)
-        rc = self._lib.deepinfer_quant_linear(
+        args = (
             x.data_ptr(), rows, x.stride(0), data.data_ptr(), n, cols,
             row_bytes(qtype, cols), int(qtype),
             None if bias is None else bias.data_ptr(), y.data_ptr(),
         )  # fmt: skip
+        if sgemm is None:
+            name, rc = "deepinfer_quant_linear", self._lib.deepinfer_quant_linear(*args)
+        else:
+            name = "deepinfer_quant_linear_sgemm"
+            rc = self._lib.deepinfer_quant_linear_sgemm(sgemm, *args)
         if rc != 0:
-            raise RuntimeError(f"deepinfer_quant_linear failed with code {rc}")
-        return y
-
-    def linear_sgemm(
-        self,
-        x: torch.Tensor,
-        data: torch.Tensor,
-        qtype: QuantType,
-        cols: int,
-        bias: torch.Tensor | None,
-        sgemm: int,
-    ) -> torch.Tensor:
-        """:meth:`linear` for many rows on ``sgemm``, the address of a single-threaded ILP64
-        ``cblas_sgemm`` (see ``quant.dense_gemm``): each OpenMP thread dequantises its share
-        of ``W``'s rows and multiplies all of ``x`` by it."""
-        if not self.available():
-            raise RuntimeError(f"the quantised CPU kernel is unavailable: {self.error}")
-        rows, n = x.shape[0], data.shape[0]
-        y = torch.empty(rows, n, dtype=torch.float32)
-        rc = self._lib.deepinfer_quant_linear_sgemm(
-            sgemm, x.data_ptr(), rows, x.stride(0), data.data_ptr(), n, cols,
-            row_bytes(qtype, cols), int(qtype),
-            None if bias is None else bias.data_ptr(), y.data_ptr(),
-        )  # fmt: skip
-        if rc != 0:
-            raise RuntimeError(f"deepinfer_quant_linear_sgemm failed with code {rc}")
+            raise RuntimeError(f"{name} failed with code {rc}")
         return y
 
     def dequantize(self, data: torch.Tensor, qtype: QuantType, cols: int) -> torch.Tensor:

@@ -9,7 +9,7 @@ of its time in one fp32 GEMM per projection. Which BLAS runs that GEMM matters:
 * On Intel CPUs MKL's own kernels are the reference point, so MKL stays there.
 
 ``quant_linear`` runs OpenBLAS inside torch's own OpenMP region
-(:class:`SingleThreadSgemm`, ``QuantGemvKernel.linear_sgemm``): each thread dequantises its
+(:class:`SingleThreadSgemm`, ``QuantGemvKernel.linear(sgemm=...)``): each thread dequantises its
 share of ``W``'s rows and multiplies all of ``x`` by it on a one-thread ``cblas_sgemm``. So
 there is no second thread pool (numpy's OpenBLAS next to torch's OpenMP pool used 1.15-1.6x
 the CPU of MKL at 2 threads), and each share is multiplied while still in cache: at 2 threads
@@ -71,7 +71,7 @@ def _openblas_controller() -> Any | None:
 
 class SingleThreadSgemm:
     """numpy's OpenBLAS ILP64 ``cblas_sgemm`` as an address for C callers
-    (``QuantGemvKernel.linear_sgemm``), and a context that holds OpenBLAS to one thread
+    (``QuantGemvKernel.linear(sgemm=...)``), and a context that holds OpenBLAS to one thread
     around such calls (each caller thread runs its own share)."""
 
     # ILP64 names only: the C side passes 64-bit integers.
@@ -152,7 +152,7 @@ class DenseGemm:
         self.sgemm = SingleThreadSgemm.find(self._openblas) if one == "openblas" else None
 
     def in_region_sgemm(self) -> SingleThreadSgemm | None:
-        """The sgemm for ``QuantGemvKernel.linear_sgemm`` (OpenBLAS chosen and exporting an
+        """The sgemm for ``QuantGemvKernel.linear(sgemm=...)`` (OpenBLAS chosen and exporting an
         ILP64 CBLAS), or None: then dequantise and call this object."""
         return self.sgemm
 

@@ -80,7 +80,7 @@ def quant_linear_impl(
                 flat = flat.contiguous()
             b = None if bias is None else bias.to(torch.float32).contiguous()
             with sgemm.one_thread() as address:
-                y = kernel.linear_sgemm(flat, data, kind, cols, b, address)
+                y = kernel.linear(flat, data, kind, cols, b, sgemm=address)
             return y.view(*lead, data.shape[0])
         w = dequantize_impl(data, qtype, cols)
         return gemm(x, w, None if bias is None else bias.to(torch.float32))
