@@ -42,6 +42,7 @@ from pathlib import Path
 
 import torch
 
+from .cache_root import cache_root
 from .hashing import DEFAULT_KEY_HASH, check_key_hash
 from .lockfile import CacheLockedError
 from .store import TieredKVStore
@@ -112,8 +113,7 @@ class PrefixCacheConfig:
 
 def default_kv_directory(model_key: str) -> Path:
     """``$DEEPINFER_CACHE_DIR/kv/<model_key>`` (default ``~/.cache/deepinfer/kv/<model_key>``)."""
-    env = os.environ.get("DEEPINFER_CACHE_DIR")
-    return (Path(env) if env else Path.home() / ".cache" / "deepinfer") / "kv" / model_key
+    return cache_root() / "kv" / model_key
 
 
 def build_store(

@@ -35,6 +35,8 @@ from pathlib import Path
 import numpy as np
 import xxhash
 
+from .cache_root import cache_root
+
 SOURCE = Path(__file__).parent / "csrc" / "chain_hash.c"
 CFLAGS = ("-O2", "-shared", "-fPIC", "-std=c11")
 COMPILE_TIMEOUT_S = 60
@@ -47,8 +49,7 @@ class NativeHashUnavailable(RuntimeError):
 
 def default_build_dir() -> Path:
     """``$DEEPINFER_CACHE_DIR/cache_native``, else ``~/.cache/deepinfer/cache_native``."""
-    env = os.environ.get("DEEPINFER_CACHE_DIR")
-    return (Path(env) if env else Path.home() / ".cache" / "deepinfer") / "cache_native"
+    return cache_root() / "cache_native"
 
 
 def _library_name(cc: str, source: Path, flags: tuple[str, ...]) -> str:
