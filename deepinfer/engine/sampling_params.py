@@ -7,7 +7,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from deepinfer_kernels.sampling import LogitsProcessor, StructuredOutputsParams
+from deepinfer_kernels.sampling import (
+    LogitsProcessor,
+    StructuredOutputsParams,
+    penalties_active,
+)
 
 # The logprobs a request may ask for per position (vLLM's default cap is 20).
 MAX_LOGPROBS = 20
@@ -184,10 +188,8 @@ class SamplingParams:
 
     @property
     def needs_penalties(self) -> bool:
-        return (
-            self.presence_penalty != 0.0
-            or self.frequency_penalty != 0.0
-            or self.repetition_penalty != 1.0
+        return penalties_active(
+            self.presence_penalty, self.frequency_penalty, self.repetition_penalty
         )
 
     @property

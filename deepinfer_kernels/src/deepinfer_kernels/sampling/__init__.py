@@ -11,7 +11,7 @@ from deepinfer_kernels.sampling.logits_pipe import (
     rescue_dead_rows,
 )
 from deepinfer_kernels.sampling.logprobs import gather_logprobs
-from deepinfer_kernels.sampling.penalties import apply_penalties, pad_token_ids
+from deepinfer_kernels.sampling.penalties import apply_penalties, pad_token_ids, penalties_active
 from deepinfer_kernels.sampling.per_row_generators import sample_with_generators
 from deepinfer_kernels.sampling.sample import sample, sampling_probs
 from deepinfer_kernels.sampling.structured import StructuredOutputsParams
@@ -28,6 +28,7 @@ __all__ = [
     "apply_token_bitmask",
     "gather_logprobs",
     "pad_token_ids",
+    "penalties_active",
     "process_logits",
     "rescue_dead_rows",
     "sample",

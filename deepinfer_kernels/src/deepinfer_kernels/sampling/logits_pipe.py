@@ -33,7 +33,7 @@ from typing import Protocol, runtime_checkable
 import torch
 
 from deepinfer_kernels.sampling.logit_bias import apply_logit_bias, token_bitmask
-from deepinfer_kernels.sampling.penalties import apply_penalties, pad_token_ids
+from deepinfer_kernels.sampling.penalties import apply_penalties, pad_token_ids, penalties_active
 from deepinfer_kernels.sampling.token_mask import apply_token_bitmask
 
 
@@ -88,10 +88,8 @@ class RowTransforms:
 
     @property
     def needs_penalties(self) -> bool:
-        return (
-            self.presence_penalty != 0.0
-            or self.frequency_penalty != 0.0
-            or self.repetition_penalty != 1.0
+        return penalties_active(
+            self.presence_penalty, self.frequency_penalty, self.repetition_penalty
         )
 
     def bias_entries(self, vocab: int) -> list[tuple[int, float]]:

@@ -77,6 +77,14 @@ def _id_matrix(
     return t
 
 
+def penalties_active(
+    presence_penalty: float, frequency_penalty: float, repetition_penalty: float
+) -> bool:
+    """Whether :func:`apply_penalties` with these values changes any logit (0, 0 and 1 are
+    its identity), so callers can skip it for rows that ask for none."""
+    return presence_penalty != 0.0 or frequency_penalty != 0.0 or repetition_penalty != 1.0
+
+
 def apply_penalties(
     logits: Any,
     prompt_ids: Any,
