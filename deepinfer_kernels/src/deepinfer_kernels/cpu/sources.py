@@ -47,6 +47,19 @@ QUANT_DECODER_LAYER = CSource(
         CSignature("deepinfer_qdecoder_mlp", "pppppppppppfpiiii"),
     ),
 )
+DSPARK_DRAFT = CSource(
+    CSRC / "dspark_draft.c",
+    1,
+    (
+        # anchor_embed, mask_embed, context, ctx_stride, valid, k_cos, k_sin, layers,
+        # head_norm_w, head_eps, head_w, head_qtype, head_row_bytes, markov_in,
+        # markov_out_panels, vocab_ids, conf_w, conf_b, anchor_ids, tokens, conf, hidden_out,
+        # eps, B, G, W, m, L, H, hq, hkv, d, I, V, r
+        CSignature("deepinfer_dspark_greedy_draft", "pppipppppfpiippppfppppfiiiiiiiiiiii", "i"),
+        # features, shift, scale, proj_panels, norm_w, eps, kv_panels, out, T, F, H, C
+        CSignature("deepinfer_dspark_context_kv", "pppppfppiiii", "i"),
+    ),
+)
 PAGED_ATTENTION_TILES = CSource(
     CSRC / "paged_attention_tiles.c",
     1,
@@ -54,6 +67,21 @@ PAGED_ATTENTION_TILES = CSource(
         # q, q_stride, q_rows, row_start, k_cache, v_cache, page_ids, keep, o, lse, num_tiles,
         # max_q, num_pages, key_len, block_size, hq, hkv, d, scale, soft_cap
         CSignature("deepinfer_paged_attention_tiles", "pipippppppiiiiiiiiff", "i"),
+    ),
+)
+# quant/cpu.py's QuantGemvKernel loads this file with its own copy of the ABI string; the
+# torch-free wrappers (cpu/numpy_ops.py) load it through this entry (a test keeps the two equal).
+# Not in ALL_SOURCES: it is built on first use, as before.
+QUANT_GEMV = CSource(
+    CSRC.parent.parent / "quant" / "csrc" / "quant_gemv.c",
+    2,
+    (
+        # x, M, x_stride, w, N, K, row_bytes, qtype, bias, y
+        CSignature("deepinfer_quant_linear", "piipiiiipp", "i"),
+        # w, N, K, qtype, out
+        CSignature("deepinfer_quant_dequantize", "piiip", "i"),
+        # sgemm, x, M, x_stride, w, N, K, row_bytes, qtype, bias, y
+        CSignature("deepinfer_quant_linear_sgemm", "ppiipiiiipp", "i"),
     ),
 )
 VEC_MATH = CSource(
@@ -68,6 +96,7 @@ ALL_SOURCES: tuple[CSource, ...] = (
     BF16_WEIGHT_LINEAR,
     DECODER_LAYER,
     QUANT_DECODER_LAYER,
+    DSPARK_DRAFT,
     PAGED_ATTENTION_TILES,
     VEC_MATH,
 )
