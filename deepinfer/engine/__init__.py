@@ -13,14 +13,61 @@ Example::
         print([out.new_token_ids for out in engine.step()])
 """
 
-from deepinfer.engine.client import EngineClient, LocalClient
-from deepinfer.engine.config import EngineConfig, SpeculativeConfig
-from deepinfer.engine.engine import LLMEngine
-from deepinfer.engine.logits_processor import LogitsProcessor
-from deepinfer.engine.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
-from deepinfer.engine.prefix_cache import PrefixCache
-from deepinfer.engine.sampling_params import SamplingParams
-from deepinfer_kernels.sampling import StructuredOutputsParams
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from deepinfer.engine.client import EngineClient, LocalClient
+    from deepinfer.engine.config import EngineConfig, SpeculativeConfig
+    from deepinfer.engine.engine import LLMEngine
+    from deepinfer.engine.logits_processor import LogitsProcessor
+    from deepinfer.engine.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
+    from deepinfer.engine.prefix_cache import PrefixCache
+    from deepinfer.engine.sampling_params import SamplingParams
+    from deepinfer_kernels.sampling import StructuredOutputsParams
+
+# PEP 562 lazy re-exports ({name: module}): the torch-free parts (`stop_strings`) import without
+# torch, for the lean CPU runtime (`deepinfer.lean`).
+_EXPORTS = {
+    "EngineClient": "deepinfer.engine.client",
+    "LocalClient": "deepinfer.engine.client",
+    "EngineConfig": "deepinfer.engine.config",
+    "SpeculativeConfig": "deepinfer.engine.config",
+    "LLMEngine": "deepinfer.engine.engine",
+    "LogitsProcessor": "deepinfer.engine.logits_processor",
+    "CompletionOutput": "deepinfer.engine.outputs",
+    "Logprob": "deepinfer.engine.outputs",
+    "RequestMetrics": "deepinfer.engine.outputs",
+    "RequestOutput": "deepinfer.engine.outputs",
+    "PrefixCache": "deepinfer.engine.prefix_cache",
+    "SamplingParams": "deepinfer.engine.sampling_params",
+    "StructuredOutputsParams": "deepinfer_kernels.sampling",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        return _submodule(name)
+    value = getattr(import_module(module), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def _submodule(name: str) -> Any:
+    """``package.name`` for a submodule not imported yet (the eager package had imported them
+    all), else the usual ``AttributeError``."""
+    try:
+        return import_module(f"{__name__}.{name}")
+    except ModuleNotFoundError as exc:
+        if exc.name != f"{__name__}.{name}":
+            raise
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+
 
 __all__ = [
     "CompletionOutput",

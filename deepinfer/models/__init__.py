@@ -12,23 +12,83 @@ Example::
     print(loaded.tokenizer.decode([int(loaded.model.compute_logits(hidden[0, -1]).argmax())]))
 """
 
-from deepinfer.models.attention_metadata import AttentionMetadata
-from deepinfer.models.chat_template import ChatTemplate, ChatTemplateError
-from deepinfer.models.config import LlamaConfig, RopeScaling
-from deepinfer.models.convert import cache_root, convert_gguf
-from deepinfer.models.deepseek import DeepseekModel
-from deepinfer.models.deepseek_config import DeepseekConfig
-from deepinfer.models.families import config_from_hf, model_class
-from deepinfer.models.gguf_loader import load_gguf
-from deepinfer.models.kv_pool import KVPool, OutOfBlocksError
-from deepinfer.models.llama import LlamaModel
-from deepinfer.models.loader import LoadedModel, build_model, load_model
-from deepinfer.models.qwen import Qwen3Model
-from deepinfer.models.registry import default_model_path
-from deepinfer.models.safetensors_loader import load_hf_dir, save_hf_dir
-from deepinfer.models.spec_adapter import LlamaTargetAdapter
-from deepinfer.models.tokenizer import IncrementalDetokenizer, Tokenizer
-from deepinfer_kernels.cpu import CpuKernels
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from deepinfer.models.attention_metadata import AttentionMetadata
+    from deepinfer.models.chat_template import ChatTemplate, ChatTemplateError
+    from deepinfer.models.config import LlamaConfig, RopeScaling
+    from deepinfer.models.convert import cache_root, convert_gguf
+    from deepinfer.models.deepseek import DeepseekModel
+    from deepinfer.models.deepseek_config import DeepseekConfig
+    from deepinfer.models.families import config_from_hf, model_class
+    from deepinfer.models.gguf_loader import load_gguf
+    from deepinfer.models.kv_pool import KVPool, OutOfBlocksError
+    from deepinfer.models.llama import LlamaModel
+    from deepinfer.models.loader import LoadedModel, build_model, load_model
+    from deepinfer.models.qwen import Qwen3Model
+    from deepinfer.models.registry import default_model_path
+    from deepinfer.models.safetensors_loader import load_hf_dir, save_hf_dir
+    from deepinfer.models.spec_adapter import LlamaTargetAdapter
+    from deepinfer.models.tokenizer import IncrementalDetokenizer, Tokenizer
+    from deepinfer_kernels.cpu import CpuKernels
+
+# PEP 562 lazy re-exports ({name: module}): the torch-free parts (config, tokenizer, chat
+# template, registry) import without torch, for the lean CPU runtime (`deepinfer.lean`).
+_EXPORTS = {
+    "AttentionMetadata": "deepinfer.models.attention_metadata",
+    "ChatTemplate": "deepinfer.models.chat_template",
+    "ChatTemplateError": "deepinfer.models.chat_template",
+    "LlamaConfig": "deepinfer.models.config",
+    "RopeScaling": "deepinfer.models.config",
+    "cache_root": "deepinfer.models.convert",
+    "convert_gguf": "deepinfer.models.convert",
+    "DeepseekModel": "deepinfer.models.deepseek",
+    "DeepseekConfig": "deepinfer.models.deepseek_config",
+    "config_from_hf": "deepinfer.models.families",
+    "model_class": "deepinfer.models.families",
+    "load_gguf": "deepinfer.models.gguf_loader",
+    "KVPool": "deepinfer.models.kv_pool",
+    "OutOfBlocksError": "deepinfer.models.kv_pool",
+    "LlamaModel": "deepinfer.models.llama",
+    "LoadedModel": "deepinfer.models.loader",
+    "build_model": "deepinfer.models.loader",
+    "load_model": "deepinfer.models.loader",
+    "Qwen3Model": "deepinfer.models.qwen",
+    "default_model_path": "deepinfer.models.registry",
+    "load_hf_dir": "deepinfer.models.safetensors_loader",
+    "save_hf_dir": "deepinfer.models.safetensors_loader",
+    "LlamaTargetAdapter": "deepinfer.models.spec_adapter",
+    "IncrementalDetokenizer": "deepinfer.models.tokenizer",
+    "Tokenizer": "deepinfer.models.tokenizer",
+    "CpuKernels": "deepinfer_kernels.cpu",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        return _submodule(name)
+    value = getattr(import_module(module), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def _submodule(name: str) -> Any:
+    """``package.name`` for a submodule not imported yet (the eager package had imported them
+    all), else the usual ``AttributeError``."""
+    try:
+        return import_module(f"{__name__}.{name}")
+    except ModuleNotFoundError as exc:
+        if exc.name != f"{__name__}.{name}":
+            raise
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+
 
 __all__ = [
     "AttentionMetadata",

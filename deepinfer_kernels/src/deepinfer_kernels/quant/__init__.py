@@ -10,7 +10,9 @@ Example::
     y = quant_linear(torch.randn(2, 32), QuantWeight(raw, QuantType.Q4_0, cols=32))
 """
 
-from deepinfer_kernels.quant.cpu import QuantGemvKernel
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
 from deepinfer_kernels.quant.formats import (
     BLOCK_GEOMETRY,
     QK_K,
@@ -19,7 +21,33 @@ from deepinfer_kernels.quant.formats import (
     quant_type,
     row_bytes,
 )
-from deepinfer_kernels.quant.ops import GEMV_MAX_ROWS, dequantize, quant_linear
+
+if TYPE_CHECKING:
+    from deepinfer_kernels.quant.cpu import QuantGemvKernel
+    from deepinfer_kernels.quant.ops import GEMV_MAX_ROWS, dequantize, quant_linear
+
+# PEP 562 lazy re-exports of the torch parts ({name: module}): the formats above import no
+# torch, so a torch-free process can read block geometry (``deepinfer_kernels.cpu.numpy_ops``).
+_EXPORTS = {
+    "QuantGemvKernel": "cpu",
+    "GEMV_MAX_ROWS": "ops",
+    "dequantize": "ops",
+    "quant_linear": "ops",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+
 
 __all__ = [
     "BLOCK_GEOMETRY",

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import IntEnum
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # imported where a QuantWeight is built: the format table needs no torch
+    import torch
 
 QK_K = 256  # elements per super-block of the k-quants
 
@@ -87,6 +89,8 @@ class QuantWeight:
         object.__setattr__(self, "qtype", quant_type(self.qtype))
         if not isinstance(self.cols, int) or isinstance(self.cols, bool):
             raise TypeError(f"cols: expected an int, got {type(self.cols).__name__}")
+        import torch
+
         expected = row_bytes(self.qtype, self.cols)
         d = self.data
         if not isinstance(d, torch.Tensor) or d.dtype != torch.uint8 or d.dim() != 2:
