@@ -8,16 +8,16 @@ raw sequential file I/O on the same disk, and ``torch.Tensor.copy_``; then both 
 Reads start from a cold page cache (``posix_fadvise(DONTNEED)`` on every file first), for the
 raw baseline and for the tier alike.
 
-The segment read ratio's baseline (#20 item 7, "a cold raw sequential read of the same
-bytes") reads each 2 MiB block into a fresh destination, as a real reader must and as
-``get_many`` does (it returns a new page per block): the page faults of fresh memory are part
-of reading a block. Until deepinfer-cache 0.4 the baseline re-read one 2 MiB buffer that stayed
-in the CPU cache, which no reader returning pages can do; that figure is still printed
-("reused 2 MiB buffer"). ``get_many_into`` (into a reused 16-block staging buffer) is compared
-with the raw read into the same kind of staging buffer. Since the tier reads pages into its
-``PagePool`` (deepinfer-cache, #20 session 14), ``get_many`` in requests of 16 blocks whose
-pages are released (what ``fetch`` does after copying them to the device) is compared with
-the strict baseline too: a raw read into one reused buffer, as ``dd`` or ``fio`` measure it.
+The format comparison (``--only segments``) writes every file, then reads each variant cold
+in ``--rounds`` rounds (order rotated each round) and reports round 1 (the first read after
+writing) apart from the steady rounds 2.., where the #20 item 7 target is checked: the
+store's own read (``get_many``, 16 blocks a call, pages released, as ``fetch`` uses it) >= 0.8
+of a cold raw read into one reused 2 MiB buffer (as ``dd`` or ``fio`` measure it), same round.
+Round 1 costs more for every reader on a VM that hands freed memory back to its host (free
+page reporting): the page cache then fills with memory that faults on the host when first
+touched (``benchmarks/results/cache.md``, session 15). Also shown: the raw read into a reused
+16-block stage (``get_many_into``'s baseline) and into fresh 2 MiB blocks (a reader returning
+new pages), and both formats' ``get_many`` of every block at once with every page kept.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ import shutil
 import tempfile
 import time
 import zlib
+from collections.abc import Callable
 
 import torch
 import xxhash
@@ -71,34 +72,33 @@ def raw_read(path: str, n: int, chunk_blocks: int = 1) -> float:
     return time.perf_counter() - t0
 
 
-def raw_read_fresh(path: str, n: int) -> float:
-    """Cold sequential read of ``n`` 2 MiB blocks, each into a fresh destination tensor that
-    is kept (what ``get_many`` returns): the fair baseline for a reader that returns pages."""
-    drop_cache(path)
-    t0 = time.perf_counter()
+def raw_read_into_buffer(path: str, n: int) -> None:
+    """Sequential read of ``n`` 2 MiB blocks into one reused 2 MiB buffer (the caller drops
+    the page cache first and times it)."""
+    buf = bytearray(2 * MIB)
+    with open(path, "rb", buffering=0) as f:
+        for _ in range(n):
+            f.readinto(buf)
+
+
+def raw_read_into_stage(path: str, n: int, rows: list[memoryview]) -> None:
+    """Sequential read of ``n`` 2 MiB blocks, one read per block, into the caller's reused
+    (already faulted-in) rows of a staging buffer: the baseline of ``get_many_into``."""
+    with open(path, "rb", buffering=0) as f:
+        for i in range(n):
+            f.readinto(rows[i % len(rows)])
+
+
+def raw_read_into_fresh(path: str, n: int) -> None:
+    """Sequential read of ``n`` 2 MiB blocks, each into a fresh tensor kept until the end
+    (what a reader returning new pages pays: first-touch faults)."""
     kept = []
     with open(path, "rb", buffering=0) as f:
         for _ in range(n):
             dest = torch.empty(2 * MIB, dtype=torch.uint8)
             f.readinto(memoryview(dest.numpy()))
             kept.append(dest)
-    t = time.perf_counter() - t0
     del kept
-    return t
-
-
-def raw_read_staged(path: str, n: int, stage_blocks: int = 16) -> float:
-    """Cold sequential read of ``n`` 2 MiB blocks into the rows of a reused (already faulted
-    in) ``stage_blocks``-block staging buffer, one read per block: the baseline of
-    ``get_many_into``."""
-    drop_cache(path)
-    stage = torch.zeros((stage_blocks, 2 * MIB), dtype=torch.uint8)
-    rows = [memoryview(stage[i].numpy()) for i in range(stage_blocks)]
-    t0 = time.perf_counter()
-    with open(path, "rb", buffering=0) as f:
-        for i in range(n):
-            f.readinto(rows[i % stage_blocks])
-    return time.perf_counter() - t0
 
 
 def key(i: int) -> bytes:
@@ -160,103 +160,143 @@ def drop_dir(path: str) -> None:
                 drop_cache(os.path.join(root, name))
 
 
-def bench_segments(directory: str, n: int, threads: int) -> None:
-    """SegmentDiskTier against the raw baselines and DiskTier, all in this run, reads cold."""
+def bench_segments(directory: str, n: int, threads: int, rounds: int = 3) -> None:
+    """SegmentDiskTier against the raw baselines and DiskTier, all in this run, reads cold.
+
+    Every file is written first; then ``rounds`` rounds each read every variant once, each
+    after ``drop_cache`` of its files (ours and raw alike), in an order rotated each round.
+    Round 1 is the first read after writing, which costs more for every reader on this VM
+    (freed memory handed back to the hypervisor is slow to touch again; see
+    ``benchmarks/results/cache.md``, session 15); rounds 2.. are the steady state, where the
+    targets are checked. Ratios are against the same round's raw read into a reused 2 MiB
+    buffer (``dd``/``fio``'s way) unless they say otherwise."""
     pages = [torch.randn(PAGE).to(torch.bfloat16) for _ in range(min(n, 16))]
     pages = [pages[i % len(pages)] for i in range(n)]
     nbytes = n * 2 * MIB
+    gb = nbytes / 1e9
     raw = os.path.join(directory, "raw.bin")
     t_raw_w = raw_write(raw, pages)
     meta = BlockMeta(None, "chat", 4e9)
-    times: dict[str, tuple[float, float, float, float, float]] = {}
-    cpu: dict[str, float] = {}  # process CPU (all threads, user + system) of a cold read
+    tiers: dict[str, DiskTier | SegmentDiskTier] = {}
+    t_write: dict[str, float] = {}
     for name, cls in (("DiskTier", DiskTier), ("SegmentDiskTier", SegmentDiskTier)):
-        tier_dir = os.path.join(directory, name)
         kw = {"max_read_bytes": 8 * MIB} if cls is SegmentDiskTier else {}
         tier = cls(
-            tier_dir, PAGE, torch.bfloat16, 4 * nbytes, io_threads=threads, queue_depth=64, **kw
+            os.path.join(directory, name),
+            PAGE,
+            torch.bfloat16,
+            4 * nbytes,
+            io_threads=threads,
+            queue_depth=64,
+            **kw,
         )
         t0 = time.perf_counter()
         for i, p in enumerate(pages):
             assert tier.put(key(i), p, meta, block=True)
         assert tier.flush()
-        t_w = time.perf_counter() - t0
-        drop_dir(tier_dir)
-        t0 = time.perf_counter()
-        got = tier.get_many([key(i) for i in range(n)])
-        t_r = time.perf_counter() - t0
-        assert all(g is not None for g in got)
-        del got
-        t_into = t_r16 = float("nan")
-        if isinstance(tier, SegmentDiskTier):
-            # The store's read as ``fetch`` uses it: requests of 16 blocks, each page used
-            # (copied to the device) and released, so the tier's page pool reuses its memory.
-            # One request first, untimed, as the raw baselines allocate their buffer untimed.
-            assert all(g is not None for g in tier.get_many([key(i) for i in range(16)]))
-            drop_dir(tier_dir)
+        t_write[name] = time.perf_counter() - t0
+        tiers[name] = tier
+    seg = tiers["SegmentDiskTier"]
+    assert isinstance(seg, SegmentDiskTier)
+    seg_dir = os.path.join(directory, "SegmentDiskTier")
+    stage = torch.zeros((16, *PAGE), dtype=torch.bfloat16)
+    raw_stage = torch.zeros((16, 2 * MIB), dtype=torch.uint8)
+    raw_rows = [memoryview(raw_stage[i].numpy()) for i in range(16)]
+    keys = [key(i) for i in range(n)]
+
+    def kept(tier: DiskTier | SegmentDiskTier) -> Callable[[], None]:
+        def go() -> None:  # every block at once, every page kept (fresh memory beyond the pool)
+            got = tier.get_many(keys)
+            assert all(g is not None for g in got)
+
+        return go
+
+    def released() -> None:  # the store's read as ``fetch`` uses it: 16 a call, pages released
+        for lo in range(0, n, 16):
+            got = seg.get_many(keys[lo : lo + 16])
+            assert all(g is not None for g in got)
+            del got
+
+    def into() -> None:  # into a reused 16-block staging buffer
+        for lo in range(0, n, 16):
+            ks = keys[lo : lo + 16]
+            assert all(seg.get_many_into(ks, stage[: len(ks)]))
+
+    raw_drop = lambda: drop_cache(raw)  # noqa: E731
+    variants: dict[str, tuple[Callable[[], object], Callable[[], None]]] = {
+        "raw, reused 2 MiB buffer": (lambda: raw_read_into_buffer(raw, n), raw_drop),
+        "raw into a 16-block stage": (lambda: raw_read_into_stage(raw, n, raw_rows), raw_drop),
+        "raw into fresh 2 MiB blocks": (lambda: raw_read_into_fresh(raw, n), raw_drop),
+        "DiskTier get_many, all kept": (
+            kept(tiers["DiskTier"]),
+            lambda: drop_dir(os.path.join(directory, "DiskTier")),
+        ),
+        "Segment get_many, all kept": (kept(seg), lambda: drop_dir(seg_dir)),
+        "Segment get_many, 16 a call, released": (released, lambda: drop_dir(seg_dir)),
+        "Segment get_many_into, 16-block stage": (into, lambda: drop_dir(seg_dir)),
+    }
+    # Untimed: one request, so that the page pool holds a request's pages as the raw loops
+    # hold their buffers (the files are dropped again before every timed read).
+    assert all(g is not None for g in seg.get_many(keys[:16]))
+    wall: dict[str, list[float]] = {k: [] for k in variants}
+    cpu: dict[str, list[float]] = {k: [] for k in variants}  # process CPU, all threads
+    names = list(variants)
+    for r in range(rounds):
+        for name in names[r % len(names) :] + names[: r % len(names)]:
+            fn, drop = variants[name]
+            drop()
             t0, c0 = time.perf_counter(), time.process_time()
-            for lo in range(0, n, 16):
-                got = tier.get_many([key(i) for i in range(lo, min(n, lo + 16))])
-                assert all(g is not None for g in got)
-                del got
-            t_r16 = time.perf_counter() - t0
-            cpu["SegmentDiskTier get_many, 16 per call"] = time.process_time() - c0
-            # Into a reused 16-block staging buffer (already faulted in), as the raw read
-            # reuses its buffer: payloads land there with no intermediate copy.
-            stage = torch.zeros((16, *PAGE), dtype=torch.bfloat16)
-            drop_dir(tier_dir)
-            t0, c0 = time.perf_counter(), time.process_time()
-            for lo in range(0, n, 16):
-                ks = [key(i) for i in range(lo, min(n, lo + 16))]
-                assert all(tier.get_many_into(ks, stage[: len(ks)]))
-            t_into = time.perf_counter() - t0
-            cpu["SegmentDiskTier get_many_into"] = time.process_time() - c0
+            fn()
+            wall[name].append(time.perf_counter() - t0)
+            cpu[name].append(time.process_time() - c0)
+    for tier in tiers.values():
         tier.close()
+    t_open = {}
+    for name, cls in (("DiskTier", DiskTier), ("SegmentDiskTier", SegmentDiskTier)):
         t0 = time.perf_counter()
-        tier = cls(tier_dir, PAGE, torch.bfloat16, 4 * nbytes)
-        t_open = time.perf_counter() - t0
+        tier = cls(os.path.join(directory, name), PAGE, torch.bfloat16, 4 * nbytes)
+        t_open[name] = time.perf_counter() - t0
         assert len(tier.recovered()) == n
         tier.close()
-        times[name] = (t_w, t_r, t_open, t_into, t_r16)
-    drop_cache(raw)
-    c0 = time.process_time()
-    t_raw_fresh = raw_read_fresh(raw, n)
-    cpu["raw into fresh 2 MiB blocks"] = time.process_time() - c0
-    c0 = time.process_time()
-    t_raw_staged = raw_read_staged(raw, n)
-    cpu["raw into a 16-block stage"] = time.process_time() - c0
-    c0 = time.process_time()
-    t_raw_r = raw_read(raw, n)
-    cpu["raw, reused 2 MiB buffer"] = time.process_time() - c0
-    t_raw_r16 = raw_read(raw, n, 16)
-    gb = nbytes / 1e9
-    print(f"disk formats ({n} x 2 MiB, {threads} writer threads, fsync, cold reads, get_many)")
+
+    base = wall["raw, reused 2 MiB buffer"]
+    steady = range(1, rounds)
+    print(
+        f"disk formats ({n} x 2 MiB, {threads} writer threads, fsync; reads cold, {rounds} "
+        "rounds, order rotated; round 1 = first read after writing, rounds 2.. = steady)"
+    )
     print(f"  raw sequential write  {gb / t_raw_w:6.2f} GB/s")
-    print(f"  raw sequential read   {gb / t_raw_fresh:6.2f} GB/s (cold, into fresh 2 MiB blocks)")
-    print(f"  raw sequential read   {gb / t_raw_staged:6.2f} GB/s (cold, into a 16-block stage)")
-    print(f"  raw sequential read   {gb / t_raw_r:6.2f} GB/s (cold, reused 2 MiB buffer)")
-    print(f"  raw sequential read   {gb / t_raw_r16:6.2f} GB/s (cold, reused 32 MiB buffer)")
-    for name, (t_w, t_r, t_open, t_into, t_r16) in times.items():
+    for name in t_write:
         print(
-            f"  {name:16s} write {gb / t_w:6.2f} GB/s ({t_raw_w / t_w:.2f} of raw)  "
-            f"read {gb / t_r:6.2f} GB/s ({t_raw_fresh / t_r:.2f} of raw into fresh blocks; "
-            f"{t_raw_r / t_r:.2f} of the reused 2 MiB buffer)  reopen {t_open * 1e3:.1f} ms"
+            f"  {name:16s} write {gb / t_write[name]:6.2f} GB/s ({t_raw_w / t_write[name]:.2f} "
+            f"of raw)  reopen {t_open[name] * 1e3:.1f} ms"
         )
-        if t_r16 == t_r16:
-            print(
-                f"  {name:16s} read, 16 blocks per get_many, pages released (page pool) "
-                f"{gb / t_r16:6.2f} GB/s ({t_raw_r / t_r16:.2f} of the reused 2 MiB buffer, "
-                f"{t_raw_staged / t_r16:.2f} of raw into a 16-block stage)"
+    print(
+        "  read (wall GB/s; ratio = raw reused 2 MiB buffer's time / this one's, same round; "
+        "CPU s per GB)"
+    )
+    for name in variants:
+        w, c = wall[name], cpu[name]
+        ratios = [base[i] / w[i] for i in range(rounds)]
+        line = (
+            f"    {name:38s} first {gb / w[0]:5.2f} GB/s ratio {ratios[0]:.2f} CPU {c[0] / gb:.2f}"
+        )
+        if rounds > 1:
+            rs = [ratios[i] for i in steady]
+            cs = [c[i] / gb for i in steady]
+            line += (
+                f" | steady {gb / max(w[i] for i in steady):5.2f}-"
+                f"{gb / min(w[i] for i in steady):5.2f} GB/s ratio {min(rs):.2f}-{max(rs):.2f} "
+                f"CPU {min(cs):.2f}-{max(cs):.2f}"
             )
-        if t_into == t_into:
-            print(
-                f"  {name:16s} read into a reused buffer (get_many_into) {gb / t_into:6.2f} GB/s "
-                f"({t_raw_staged / t_into:.2f} of raw into a 16-block stage, "
-                f"{t_raw_r / t_into:.2f} of the reused 2 MiB buffer)"
-            )
-    # Under CPU load the wall ratios follow CPU: what each read costs is the steadier figure.
-    for what, c in cpu.items():
-        print(f"  CPU per GB read cold  {what:30s} {c / gb:6.3f} s")
+        print(line)
+    if rounds > 1:
+        target = [base[i] / wall["Segment get_many, 16 a call, released"][i] for i in steady]
+        print(
+            f"  target (#20 item 7: the store's read >= 0.8 of a cold raw read, steady rounds): "
+            f"{min(target):.2f}-{max(target):.2f} -> "
+            f"{'met' if min(target) >= 0.8 else 'met in some rounds' if max(target) >= 0.8 else 'not met'}"
+        )
 
 
 def bench_checksum(reps: int = 50) -> None:
@@ -302,13 +342,19 @@ def main() -> None:
     ap.add_argument("--host-blocks", type=int, default=64)
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--only", choices=["all", "segments"], default="all")
+    ap.add_argument(
+        "--rounds",
+        type=int,
+        default=3,
+        help="cold read rounds of the segment comparison (round 1: first read after writing)",
+    )
     args = ap.parse_args()
     torch.set_num_threads(1)
     base = tempfile.mkdtemp(prefix="bench_cache_", dir=args.dir)
     try:
         if args.only != "segments":
             bench_disk(base, args.blocks, args.threads)
-        bench_segments(base, args.blocks, args.threads)
+        bench_segments(base, args.blocks, args.threads, max(1, args.rounds))
     finally:
         shutil.rmtree(base, ignore_errors=True)
     if args.only != "segments":

@@ -8,7 +8,9 @@ scratch buffer and the payloads straight into their destination (a page from the
 still in the CPU cache; runs are read in parallel on the reader threads, each through its own
 open file description (see ``_own_readahead``). Every record is checked (header CRC, its
 segment/slot/key, XXH3-64 of the payload) before its page is returned; a record that fails is
-forgotten, a copy is kept in ``quarantine/`` and it is a miss.
+forgotten, a copy is kept in ``quarantine/`` and it is a miss. Where the C reader
+(``native_read.py``) is available, a whole run's reads and payload hashes are one call without
+the GIL, in the same pieces; the headers and digests are still checked here, record by record.
 
 Why no ``POSIX_FADV_WILLNEED`` and why a descriptor per run (measured, Linux 6.18 / ext4,
 ``benchmarks/results/cache.md`` session 14): the kernel's own readahead of a sequential reader
@@ -31,12 +33,14 @@ from collections.abc import Sequence
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 import xxhash
 
 from ..disk_format import CorruptBlockError
 from ..io_workers import IOWorkers
 from ..lockfile import DirectoryLock
+from ..native_read import RecordReader, record_reader
 from ..page_pool import PagePool
 from ..segment_format import (
     RECORD_HEADER_BYTES,
@@ -70,6 +74,7 @@ class SegmentReads:
     # ``benchmarks/bench_cache_into.py`` can measure the alternatives in the same process.
     _read_hint: str = "none"  # "willneed": announce every run with POSIX_FADV_WILLNEED
     _own_readahead: bool = True  # each run reads through its own open file description
+    _native_read: bool = True  # read and hash runs in C when it is available (native_read.py)
 
     if TYPE_CHECKING:
         dtype: torch.dtype
@@ -295,6 +300,10 @@ class SegmentReads:
                 fd: int | None = fds.of(seg, self._fd(seg))
             except OSError:
                 fd = None
+            reader = record_reader() if self._native_read else None
+            if reader is not None and fd is not None:
+                nread = self._read_run_native(reader, fd, keys, recs, todo, dest, out)
+                todo = []  # read above
             for lo in range(0, len(todo), per_read):
                 part = todo[lo : lo + per_read]
                 if pieces:  # one large record: read and hash it piece by piece
@@ -355,6 +364,59 @@ class SegmentReads:
             self.counters.blocks_read += nread
             self.counters.read_seconds += time.perf_counter() - t0
         return out
+
+    def _read_run_native(
+        self,
+        reader: RecordReader,
+        fd: int,
+        keys: Sequence[bytes],
+        recs: list[Rec | None],
+        todo: list[int],
+        dest: Sequence[torch.Tensor],
+        out: list[torch.Tensor | None],
+    ) -> int:
+        """``_read_run``'s reads in one C call (``native_read.py``): the records of ``todo``
+        (consecutive slots) read and their payloads hashed without the GIL, then every header
+        checked and every digest compared here, as the Python loop does. Returns how many
+        records passed."""
+        first = recs[todo[0]]
+        assert first is not None
+        n = len(todo)
+        raw_heads = bytearray(n * RECORD_HEADER_BYTES)
+        heads = np.frombuffer(raw_heads, dtype=np.uint8)  # writable: over a bytearray
+        # Large pages are read in pieces (each hashed while still in the core's cache), small
+        # ones about _HOT_BYTES of records a read, as the Python loop reads them.
+        hot = _PIECE_BYTES if self.page_bytes > _PIECE_BYTES else _HOT_BYTES
+        done, digests, _error = reader(
+            fd,
+            slot_offset(first[1], self.record_bytes),
+            self.record_bytes,
+            RECORD_HEADER_BYTES,
+            [dest[i].data_ptr() for i in todo],
+            self.page_bytes,
+            heads,
+            _PIECE_BYTES,
+            hot,
+        )
+        # A failed read (``_error``) leaves the records it did not finish not done: each is a
+        # miss below, as when the Python loop's read raises.
+        hv = memoryview(raw_heads)
+        nread = 0
+        for j, i in enumerate(todo):
+            r = recs[i]
+            assert r is not None
+            head = hv[j * RECORD_HEADER_BYTES : (j + 1) * RECORD_HEADER_BYTES]
+            payload = _bytes_of(dest[i])
+            try:
+                if not done[j]:
+                    raise CorruptBlockError("record beyond the end of its segment")
+                check_record_parts(head, payload, self.geometry, r[0], r[1], keys[i], digests[j])
+            except CorruptBlockError:
+                self._lost(keys[i], r, bytes(head) + bytes(payload))
+                continue
+            out[i] = self._as_page(dest[i])
+            nread += 1
+        return nread
 
     def _as_page(self, row: torch.Tensor) -> torch.Tensor:
         return row.view(self.dtype).reshape(self.page_shape)

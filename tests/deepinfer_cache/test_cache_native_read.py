@@ -1,0 +1,228 @@
+"""The C run reader (``native_read.py``, #20 item 7) against a Python reference, and the
+segment tier's reads through it against its pure-Python loop: same pages, a corrupt or
+truncated record is a miss (never a reused buffer's old bytes), in every position."""
+
+from __future__ import annotations
+
+import os
+import warnings
+from pathlib import Path
+
+import hypothesis.strategies as st
+import numpy as np
+import pytest
+import torch
+import xxhash
+from _segment_tier_helpers import fill, key, open_tier, page_of
+from hypothesis import HealthCheck, given, settings
+
+from deepinfer_cache import native_read
+from deepinfer_cache.native_hash import NativeHashUnavailable
+from deepinfer_cache.native_read import RecordReader, load_record_reader
+from deepinfer_cache.segment_format import RECORD_HEADER_BYTES
+from deepinfer_cache.tiers import segment_read
+
+
+@pytest.fixture(scope="module")
+def reader(tmp_path_factory: pytest.TempPathFactory) -> RecordReader:
+    try:
+        return load_record_reader(tmp_path_factory.mktemp("native"))
+    except NativeHashUnavailable as exc:  # no compiler here: the Python loop is all there is
+        pytest.skip(f"no native reader: {exc}")
+
+
+def _read(
+    reader: RecordReader,
+    fd: int,
+    offset: int,
+    n: int,
+    slot: int,
+    head: int,
+    page: int,
+    piece: int,
+    hot: int,
+):
+    pages = [np.full(page, 0xEE, dtype=np.uint8) for _ in range(n)]
+    heads = np.zeros(n * head, dtype=np.uint8)
+    done, digests, error = reader(
+        fd,
+        offset,
+        slot,
+        head,
+        [p.__array_interface__["data"][0] for p in pages],
+        page,
+        heads,
+        piece,
+        hot,
+    )
+    return pages, heads, done, digests, error
+
+
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    n=st.integers(1, 7),
+    head=st.sampled_from([1, 16, 128]),
+    page=st.integers(1, 5000),
+    pad=st.sampled_from([0, 1, 300, 4096]),
+    piece=st.sampled_from([1, 7, 256, 1024, 1 << 18]),
+    hot=st.sampled_from([1, 100, 4096, 1 << 20]),
+    offset=st.sampled_from([0, 3, 4096]),
+    cut=st.one_of(st.none(), st.integers(0, 10**6)),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_reads_and_digests_equal_a_python_reference(
+    reader: RecordReader, tmp_path: Path, n, head, page, pad, piece, hot, offset, cut, seed
+) -> None:
+    slot = head + page + pad
+    size = offset + n * slot
+    if cut is not None:  # the file ends somewhere inside the run
+        size = offset + cut % (n * slot + 1)
+    data = np.random.default_rng(seed).integers(0, 256, size=size, dtype=np.uint8)
+    path = tmp_path / f"run-{seed}-{n}-{page}.bin"
+    path.write_bytes(data.tobytes())
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        pages, heads, done, digests, error = _read(
+            reader, fd, offset, n, slot, head, page, piece, hot
+        )
+    finally:
+        os.close(fd)
+        path.unlink()
+    assert error is None
+    for i in range(n):
+        at = offset + i * slot
+        whole = at + head + page <= size
+        assert done[i] == whole, (i, size)
+        if whole:
+            body = data[at + head : at + head + page]
+            assert digests[i] == xxhash.xxh3_64_intdigest(body.tobytes())
+            assert np.array_equal(pages[i], body)
+            assert np.array_equal(heads[i * head : (i + 1) * head], data[at : at + head])
+
+
+def test_a_failed_read_is_reported_and_nothing_is_done(
+    reader: RecordReader, tmp_path: Path
+) -> None:
+    fd = os.open(tmp_path, os.O_RDONLY)  # a directory: preadv fails with EISDIR
+    try:
+        _, _, done, _, error = _read(reader, fd, 0, 3, 4096, 128, 1000, 256, 4096)
+    finally:
+        os.close(fd)
+    assert isinstance(error, OSError) and error.errno is not None
+    assert done == [False, False, False]
+
+
+def test_bad_arguments_are_refused(reader: RecordReader) -> None:
+    with pytest.raises(ValueError, match="heads"):
+        reader(0, 0, 4096, 128, [1, 2], 1000, np.zeros(128, dtype=np.uint8), 256, 4096)
+    with pytest.raises(ValueError, match="unusable"):  # slot smaller than header + page
+        reader(0, 0, 100, 128, [1], 1000, np.zeros(128, dtype=np.uint8), 256, 4096)
+
+
+def test_switched_off_by_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    native_read.record_reader.cache_clear()
+    try:
+        monkeypatch.setenv("DEEPINFER_CACHE_NATIVE", "0")
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # switched off on purpose: no warning
+            assert native_read.record_reader() is None
+    finally:
+        native_read.record_reader.cache_clear()
+
+
+# ------------------------------------------------------------------ the tier, both paths
+BIG = (2, 16, 1024)  # 64 KiB of bf16: read in several pieces once pieces are made small
+
+
+def _big_page(i: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(i)
+    return torch.randn(BIG, generator=g).to(torch.bfloat16)
+
+
+def _flip(path: str, at: int) -> None:
+    with open(path, "r+b") as f:
+        f.seek(at)
+        b = f.read(1)
+        f.seek(at)
+        f.write(bytes([b[0] ^ 0x5A]))
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_the_tier_serves_the_same_pages_either_way(tmp_path: Path, native: bool) -> None:
+    tier = open_tier(tmp_path / "t", segment_bytes=64 * 4096)
+    if native and native_read.record_reader() is None:
+        pytest.skip("no native reader here")
+    tier._native_read = native
+    fill(tier, range(40))
+    got = tier.get_many([key(i) for i in (*range(40), 99)])
+    assert got[-1] is None
+    assert all(g is not None and torch.equal(g, page_of(i)) for i, g in enumerate(got[:-1]))
+    assert tier.counters.blocks_read == 40
+    tier.close()
+
+
+@settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    native=st.booleans(),
+    count=st.integers(1, 9),
+    bad=st.data(),
+    where=st.sampled_from(["header", "payload start", "payload middle", "payload end", "truncate"]),
+    piece=st.sampled_from([4096, 1 << 18]),
+)
+def test_a_damaged_record_is_a_miss_in_any_position(
+    tmp_path_factory: pytest.TempPathFactory,
+    monkeypatch: pytest.MonkeyPatch,
+    native,
+    count,
+    bad,
+    where,
+    piece,
+) -> None:
+    if native and native_read.record_reader() is None:
+        native = False
+    monkeypatch.setattr(segment_read, "_PIECE_BYTES", piece)  # 64 KiB pages: 16 pieces or 1
+    path = tmp_path_factory.mktemp("dmg")
+    page_bytes = 2 * 16 * 1024 * 2
+    from deepinfer_cache import BlockMeta, SegmentDiskTier
+
+    tier = SegmentDiskTier(
+        path,
+        BIG,
+        torch.bfloat16,
+        1 << 24,
+        segment_bytes=64 * (page_bytes + 4096),
+        read_pool_bytes=1 << 22,
+    )
+    tier._native_read = native
+    for i in range(count):
+        assert tier.put(key(i), _big_page(i), BlockMeta(None, "chat", 4e9), block=True)
+    assert tier.flush()
+    # Fill the pool with buffers that held other blocks' bytes.
+    for _ in range(2):
+        assert all(g is not None for g in tier.get_many([key(i) for i in range(count)]))
+    j = bad.draw(st.integers(0, count - 1))
+    seg, off = tier.location_of(key(j))
+    if where == "truncate":
+        if j != count - 1:
+            j = count - 1
+            seg, off = tier.location_of(key(j))
+        os.truncate(seg, off + RECORD_HEADER_BYTES + page_bytes // 2)
+    else:
+        at = {
+            "header": 40,
+            "payload start": RECORD_HEADER_BYTES,
+            "payload middle": RECORD_HEADER_BYTES + page_bytes // 2 + 3,
+            "payload end": RECORD_HEADER_BYTES + page_bytes - 1,
+        }[where]
+        _flip(seg, off + at)
+    got = tier.get_many([key(i) for i in range(count)])
+    assert got[j] is None  # a miss: never the damaged bytes nor a reused buffer's old ones
+    for i, g in enumerate(got):
+        if i != j:
+            assert g is not None and torch.equal(g, _big_page(i))
+    assert tier.get(key(j)) is None  # forgotten: it stays a miss
+    tier.close()
