@@ -25,6 +25,8 @@ from deepinfer.models.llama import LlamaModel
 from deepinfer.models.spec_adapter import LlamaTargetAdapter
 from deepinfer.speculative.speculator import DSparkSpeculator
 from deepinfer_kernels.cpu import ModuleLinear
+from deepinfer_kernels.cpu.dspark_draft import DSparkDraftKernel
+from deepinfer_kernels.quant.formats import QuantType, QuantWeight
 from deepinfer_spec import (
     DraftGate,
     DSparkDrafter,
@@ -34,6 +36,7 @@ from deepinfer_spec import (
     load_speculator,
     profile_target,
 )
+from deepinfer_spec.native_draft import native_draft_kernel
 
 SHIPPED_DRAFTER = Path(__file__).resolve().parents[1] / "data" / "dspark-smollm2"
 
@@ -114,4 +117,26 @@ def build_speculator(
         )
     except ValueError as exc:
         raise ValueError(f"speculative: {exc}") from exc
+    kernel = native_draft_for(spec.drafter, model)
+    if kernel is not None:
+        spec.drafter.use_native(kernel)
     return DSparkSpeculator.over(spec)
+
+
+def native_draft_for(drafter: DSparkDrafter, model: LlamaModel) -> DSparkDraftKernel | None:
+    """The drafter's greedy block as one compiled call (``deepinfer_spec.native_draft``) over
+    ``model``'s own head rows of the draft vocabulary (a GGUF head keeps its block format, a
+    dense one its fp32 values) and final norm; ``None`` where it cannot run (not a CPU model,
+    weights that are not bf16 values, no compiler, ``DEEPINFER_CPU_KERNELS=0``)."""
+    if model.norm.weight.device.type != "cpu":
+        return None
+    ids = drafter.draft_vocab_ids
+    index = torch.arange(drafter.vocab_size) if ids is None else ids.cpu()
+    head = model.embed_tokens if model.lm_head is None else model.lm_head
+    table = getattr(head, "table", None)
+    if table is not None:  # a head kept in a GGUF block format (deepinfer.models.quant_layers)
+        rows = table().select_rows(index)
+    else:
+        dense = model.lm_head_weight.detach()[index].float().contiguous()
+        rows = QuantWeight(dense.view(torch.uint8), QuantType.F32, int(dense.shape[1]))
+    return native_draft_kernel(drafter, rows, model.norm.weight, model.norm.eps)

@@ -30,9 +30,10 @@ from deepinfer_spec.calibration import (
 from deepinfer_spec.config import DSparkConfig
 from deepinfer_spec.decoder import RequestState, SpecDecoder, StepOutput
 from deepinfer_spec.draft_mask import DraftConstraints, DraftGrammar, DraftMask
-from deepinfer_spec.drafter import DSparkDrafter
+from deepinfer_spec.drafter import DSparkDrafter, NativeDraft
 from deepinfer_spec.lazy_context import LazyContext
 from deepinfer_spec.linear import LinearFn, module_linear
+from deepinfer_spec.native_draft import native_draft_kernel
 from deepinfer_spec.policy import TargetProfiler, choose_policy
 from deepinfer_spec.propose import Draft, propose
 from deepinfer_spec.recompute_target import RecomputeTarget
@@ -71,6 +72,7 @@ __all__ = [
     "DraftMask",
     "LazyContext",
     "LinearFn",
+    "NativeDraft",
     "RecomputeTarget",
     "RequestState",
     "RowResult",
@@ -91,6 +93,7 @@ __all__ = [
     "fastest_linear",
     "load_speculator",
     "module_linear",
+    "native_draft_kernel",
     "profile_target",
     "propose",
     "priced_gate",

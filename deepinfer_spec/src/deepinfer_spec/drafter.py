@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Sequence
-from typing import cast
+from typing import Protocol, cast, runtime_checkable
 
 import torch
 from torch import nn
@@ -19,6 +19,23 @@ from deepinfer_spec.adapter import ScoringTarget, SupportsLayerWeights, Supports
 from deepinfer_spec.config import DSparkConfig
 from deepinfer_spec.layers import DraftLayer, RMSNorm, RopeTables, rope_tables
 from deepinfer_spec.linear import LinearFn, module_linear
+
+
+@runtime_checkable
+class NativeDraft(Protocol):
+    """A compiled greedy proposal and context projection of one drafter's weights
+    (``deepinfer_kernels.cpu.dspark_draft.DSparkDraftKernel``)."""
+
+    def greedy(
+        self,
+        anchor_embed: torch.Tensor,
+        anchor_ids: torch.Tensor,
+        context: torch.Tensor,
+        valid: torch.Tensor | None,
+        num_tokens: int,
+    ) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+    def context_kv(self, features: torch.Tensor) -> torch.Tensor: ...
 
 
 class DSparkDrafter(nn.Module):
@@ -58,6 +75,7 @@ class DSparkDrafter(nn.Module):
         # A plain attribute, bypassing nn.Module registration on purpose (see class docstring).
         object.__setattr__(self, "_target", target)
         object.__setattr__(self, "_linear", module_linear)
+        object.__setattr__(self, "_native", None)
         rank = config.markov_rank
         feature_dim = len(config.target_layer_ids) * hidden
         # Per-dimension standardisation of the raw target features. A Llama residual stream has
@@ -115,6 +133,20 @@ class DSparkDrafter(nn.Module):
         if fn is not None and not callable(fn):
             raise TypeError(f"fn: expected a LinearFn or None, got {type(fn).__name__}")
         object.__setattr__(self, "_linear", module_linear if fn is None else fn)
+
+    @property
+    def native(self) -> NativeDraft | None:
+        """The compiled greedy proposal (:meth:`use_native`), or ``None``."""
+        return cast("NativeDraft | None", self.__dict__["_native"])
+
+    def use_native(self, kernel: NativeDraft | None) -> None:
+        """Run greedy proposals without a logits hook, and the context entries, through
+        ``kernel`` (``deepinfer_spec.native_draft.native_draft_kernel``: one compiled call
+        each); ``None`` goes back to the modules. The kernel holds packed copies of the
+        weights: call this again after changing them (training, ``load_state_dict``)."""
+        if kernel is not None and not isinstance(kernel, NativeDraft):
+            raise TypeError(f"kernel: expected a NativeDraft or None, got {type(kernel).__name__}")
+        object.__setattr__(self, "_native", kernel)
 
     @property
     def feature_dim(self) -> int:

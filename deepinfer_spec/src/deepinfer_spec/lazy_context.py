@@ -127,7 +127,11 @@ class LazyContext:
             return
         lengths = [sum(int(f.shape[0]) for f in chunks) for _, chunks in todo]
         flat = torch.cat([f for _, chunks in todo for f in chunks]).to(self.device)
-        entries = self.drafter.context_kv(self.drafter.project_context(flat))
+        native = self.drafter.native
+        if native is not None and not torch.is_grad_enabled():  # one compiled call
+            entries = native.context_kv(flat)
+        else:
+            entries = self.drafter.context_kv(self.drafter.project_context(flat))
         if len(todo) == 1:
             ragged = entries[None]
         else:  # pad the entries (not the wider raw rows) to [B, T, D]

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from deepinfer_spec.drafter import DSparkDrafter
+from deepinfer_spec.drafter import DSparkDrafter, NativeDraft
 
 
 @dataclass(frozen=True)
@@ -80,6 +80,15 @@ def propose(
         or not 0 < num_tokens <= full
     ):
         raise ValueError(f"num_tokens: expected an int in [1, {full}] or None, got {num_tokens!r}")
+    native = drafter.native
+    if (
+        native is not None
+        and temperature == 0
+        and logits_hook is None
+        and context_is_kv
+        and not torch.is_grad_enabled()
+    ):
+        return _native_greedy(drafter, native, anchor_ids, context, context_valid, num_tokens)
     hidden = drafter.backbone(anchor_ids, context, context_valid, context_is_kv=context_is_kv)
     if num_tokens is not None and num_tokens < full:
         hidden = hidden[:, :num_tokens]
@@ -111,4 +120,25 @@ def propose(
         tokens[:, k] = prev
     # The confidences need every code but feed nothing back: one product for the whole block.
     conf = torch.sigmoid(drafter.confidence_logit(hidden, torch.stack(codes, dim=1)).float())
+    return Draft(token_ids=tokens, probs=probs, confidence=conf)
+
+
+def _native_greedy(
+    drafter: DSparkDrafter,
+    native: NativeDraft,
+    anchor_ids: torch.Tensor,
+    context: torch.Tensor,
+    context_valid: torch.Tensor,
+    num_tokens: int | None,
+) -> Draft:
+    """The greedy block as one compiled call (``DSparkDrafter.use_native``): the same tokens
+    as the modules' path up to fp32 rounding of near-ties, the confidences to rounding."""
+    gamma = drafter.config.gamma if num_tokens is None else num_tokens
+    if tuple(context_valid.shape) != tuple(context.shape[:2]) or context_valid.dtype != torch.bool:
+        raise ValueError(f"context_valid: expected bool {list(context.shape[:2])}")
+    valid = None if bool(context_valid.all()) else context_valid
+    anchor = drafter.target.embed(anchor_ids)
+    tokens, conf = native.greedy(anchor, anchor_ids, context, valid, gamma)
+    probs = torch.zeros(tokens.shape[0], gamma, drafter.vocab_size)
+    probs.scatter_(2, tokens[..., None], 1.0)
     return Draft(token_ids=tokens, probs=probs, confidence=conf)

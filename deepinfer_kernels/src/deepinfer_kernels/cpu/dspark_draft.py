@@ -186,13 +186,13 @@ def dspark_greedy_draft_reference(
     tokens = torch.empty(batch, num_tokens, dtype=torch.int64)
     conf = torch.empty(batch, num_tokens)
     prev = anchor_ids.to(torch.int64)
-    for k in range(num_tokens):
+    for j in range(num_tokens):
         e = w.markov_in[prev]
-        index = torch.argmax(base[:, k] + e @ w.markov_out.T, dim=-1)
+        index = torch.argmax(base[:, j] + e @ w.markov_out.T, dim=-1)
         prev = index if w.vocab_ids is None else w.vocab_ids[index]
-        tokens[:, k] = prev
-        z = torch.cat((x[:, k], e), -1) @ w.conf_w + w.conf_b
-        conf[:, k] = torch.sigmoid(z)
+        tokens[:, j] = prev
+        z = torch.cat((x[:, j], e), -1) @ w.conf_w + w.conf_b
+        conf[:, j] = torch.sigmoid(z)
     return tokens, conf, x
 
 
