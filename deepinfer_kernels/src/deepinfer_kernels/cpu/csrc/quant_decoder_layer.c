@@ -24,6 +24,7 @@
 
 #include "../../quant/csrc/gguf_blocks.h"
 #include "../../quant/csrc/gguf_panel.h"
+#include "../../quant/csrc/gguf_tile_rows.h"
 #include "add_rms_norm.c"
 #include "rope_kv_write.c"
 #include "vec_math.h"
@@ -31,6 +32,12 @@
 /* y[T, N] = x[T, K] W^T (+ bias) for the segmented block weight (w, seg) of N rows. */
 static void block_linear(const float *x, const uint8_t *w, const int64_t *seg, const float *bias,
                          float *y, int64_t T, int64_t N, int64_t K) {
+#if defined(__AVX2__) && defined(__FMA__)
+    if (tile_row_product(seg, T)) { /* 5-16 rows: each block decoded once (gguf_tile_rows.h) */
+        tile_linear(x, K, w, seg, bias, y, T, N, K);
+        return;
+    }
+#endif
     if (!few_row_product(seg, T)) { /* dequantised panels, register-blocked (gguf_panel.h) */
         panel_linear(x, K, w, seg, bias, y, T, N, K);
         return;

@@ -11,6 +11,7 @@
  */
 #include "gguf_blocks.h"
 #include "gguf_panel.h"
+#include "gguf_tile_rows.h"
 
 const char *deepinfer_abi_quant_gemv(void) {
     return "2|deepinfer_quant_linear(piipiiiipp)i|deepinfer_quant_dequantize(piiip)i"
@@ -24,6 +25,12 @@ int deepinfer_quant_linear(const float *x, int64_t M, int64_t x_stride, const ui
                            const float *bias, float *y) {
     if (!known_type(qtype)) return -1;
     const int64_t seg[4] = {1, qtype, N, row_bytes};
+#if defined(__AVX2__) && defined(__FMA__)
+    if (tile_row_product(seg, M)) { /* 5-16 rows: each block decoded once (gguf_tile_rows.h) */
+        tile_linear(x, x_stride, w, seg, bias, y, M, N, K);
+        return 0;
+    }
+#endif
     if (!few_row_product(seg, M)) { /* dequantised panels, register-blocked (gguf_panel.h) */
         panel_linear(x, x_stride, w, seg, bias, y, M, N, K);
         return 0;
