@@ -1,14 +1,16 @@
 """Where the engine's CPU goes in a DSpark generation with every step drafting, against plain.
 
-One greedy generation of the chat prompt of ``vs_transformers.py`` per engine (plain, and
-``--drafts k`` forced on every step with no gate), one torch thread, profiled with
+One greedy generation of the chat prompt of ``vs_transformers.py`` per configuration and
+round, alternated over ``--repeats`` rounds: plain decoding, and ``--drafts k`` forced on every
+step with no gate, once with the drafter's compiled greedy block (``DSparkDrafter.use_native``,
+what the engine runs) and once on its torch modules. One torch thread, profiled with
 ``cProfile`` on the thread's CPU clock (a loaded machine's preemption does not count; the
-profiler's own per-call cost does, so Python-heavy parts read a little high). Printed: CPU ms
-of the whole run and of the engine's step parts (the model forward, the speculator's
-``propose`` / ``accept``, the drafter context's view, the target's logits at verified rows),
-and per step.
+profiler's own per-call cost does, so Python-heavy parts read a little high). Printed per
+decode step: CPU ms of the engine's step and its parts (the model forward, the plain step's
+head and argmax, the speculator's ``propose`` / ``accept`` and what they call), medians over
+rounds with their range, and a drafting step against a plain one.
 
-    .venv/bin/python benchmarks/engine_spec_split.py --tokens 40 --drafts 1
+    .venv/bin/python benchmarks/engine_spec_split.py --tokens 40 --drafts 1 --repeats 3
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 import argparse
 import cProfile
 import pstats
+import statistics
 import time
 
 import torch
@@ -28,12 +31,17 @@ from deepinfer.models import load_model
 PARTS = (
     ("engine step", "deepinfer/engine/engine.py", "step"),
     ("model forward", "deepinfer/engine/model_runner.py", "forward"),
+    ("plain: head + argmax (sample)", "deepinfer/engine/model_runner.py", "sample"),
     ("speculator propose", "deepinfer/speculative/speculator.py", "propose"),
+    ("  plan (context catch-up, gate)", "deepinfer_spec/batch_step.py", "plan"),
     ("  drafter context view", "deepinfer_spec/lazy_context.py", "view"),
+    ("    context entries (flush)", "deepinfer_spec/lazy_context.py", "_flush"),
     ("  draft block", "deepinfer_spec/step.py", "draft_block"),
+    ("    proposal", "deepinfer_spec/propose.py", "propose"),
     ("speculator accept", "deepinfer/speculative/speculator.py", "accept"),
     ("  target logits at verified rows", "deepinfer/speculative/speculator.py", "_verify_logits"),
     ("  verify block", "deepinfer_spec/step.py", "verify_block"),
+    ("  context push", "deepinfer_spec/lazy_context.py", "push"),
 )
 
 
@@ -51,6 +59,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--tokens", type=int, default=40)
     p.add_argument("--drafts", type=int, default=1, help="drafts verified on every step")
+    p.add_argument("--repeats", type=int, default=3)
     args = p.parse_args()
     torch.set_num_threads(1)
     loaded = load_model()
@@ -58,27 +67,56 @@ def main() -> None:
     cfg = EngineConfig(num_blocks=1024, max_num_seqs=4)
     params = SamplingParams(temperature=0, max_tokens=args.tokens, ignore_eos=True)
     forced = SpeculativeConfig("dspark", num_speculative_tokens=args.drafts, draft_gate=False)
-    for label, spec in (("plain", None), (f"{args.drafts} drafts", forced)):
-        llm = LLM(loaded, engine_config=cfg, enable_prefix_caching=False, speculative=spec)
+    plain = LLM(loaded, engine_config=cfg, enable_prefix_caching=False)
+    spec = LLM(loaded, engine_config=cfg, enable_prefix_caching=False, speculative=forced)
+    speculator = spec.engine.speculator
+    assert speculator is not None
+    drafter = speculator.drafter  # type: ignore[attr-defined]
+    native = drafter.native
+    configs = {"plain": (plain, None), f"{args.drafts} drafts, compiled block": (spec, native)}
+    configs[f"{args.drafts} drafts, torch modules"] = (spec, None)
+    if native is None:
+        print("the compiled block is unavailable here: both drafting rows run the modules")
+    per_step: dict[str, dict[str, list[float]]] = {name: {} for name in configs}
+    steps_of: dict[str, int] = {}
+    for llm, _ in configs.values():
         llm.generate([ids], params)  # warm-up: packed weights, bound steps
-        speculator = llm.engine.speculator
-        steps0 = speculator.stats.num_steps if speculator is not None else 0  # type: ignore[attr-defined]
-        profile = cProfile.Profile(time.thread_time)
-        profile.enable()
-        llm.generate([ids], params)
-        profile.disable()
-        stats = pstats.Stats(profile)
-        steps = args.tokens - 1
-        tau = ""
-        if speculator is not None:
-            st = speculator.stats  # type: ignore[attr-defined]
-            steps = st.num_steps - steps0
-            tau = f", {args.tokens - 1} decode tokens in {steps} drafting steps"
-        print(f"{label}{tau}:")
-        for name, suffix, func in PARTS:
-            ms = cumulative_ms(stats, suffix, func)
-            if ms:
-                print(f"  {name:36s} {ms:8.1f} ms CPU ({ms / max(1, steps):.2f} per decode step)")
+    for _ in range(args.repeats):
+        for name, (llm, kernel) in configs.items():
+            if llm is spec:
+                drafter.use_native(kernel)
+            steps0 = speculator.stats.num_steps  # type: ignore[attr-defined]
+            profile = cProfile.Profile(time.thread_time)
+            profile.enable()
+            llm.generate([ids], params)
+            profile.disable()
+            stats = pstats.Stats(profile)
+            steps = args.tokens - 1
+            if llm is spec:
+                steps = speculator.stats.num_steps - steps0  # type: ignore[attr-defined]
+            steps_of[name] = steps
+            for label, suffix, func in PARTS:
+                ms = cumulative_ms(stats, suffix, func)
+                per_step[name].setdefault(label, []).append(ms / max(1, steps))
+    drafter.use_native(native)
+    base = statistics.median(per_step["plain"]["engine step"])
+    for name, parts in per_step.items():
+        print(f"{name} ({steps_of[name]} decode steps for {args.tokens - 1} tokens):")
+        for label, values in parts.items():
+            if max(values) > 0:
+                med = statistics.median(values)
+                print(
+                    f"  {label:34s} {med:7.2f} ms CPU per step ({min(values):.2f}-"
+                    f"{max(values):.2f}); {med / base:.2f} of a plain step"
+                )
+    for name in list(configs)[1:]:
+        ratios = [
+            d / b for d, b in zip(per_step[name]["engine step"], per_step["plain"]["engine step"])
+        ]
+        print(
+            f"{name}: a drafting step is {statistics.median(ratios):.2f}x a plain step "
+            f"({min(ratios):.2f}-{max(ratios):.2f}, per round)"
+        )
 
 
 if __name__ == "__main__":
