@@ -16,11 +16,20 @@ import xxhash
 from _segment_tier_helpers import fill, key, open_tier, page_of
 from hypothesis import HealthCheck, given, settings
 
-from deepinfer_cache import native_read
+from deepinfer_cache import BlockMeta, SegmentDiskTier, native_read
+from deepinfer_cache.disk_format import CorruptBlockError
 from deepinfer_cache.native_hash import NativeHashUnavailable
 from deepinfer_cache.native_read import RecordReader, load_record_reader
-from deepinfer_cache.segment_format import RECORD_HEADER_BYTES
+from deepinfer_cache.segment_format import (
+    RECORD_HEADER_BYTES,
+    Geometry,
+    check_record_parts,
+    encode_record_header,
+)
+from deepinfer_cache.segment_run_check import check_run_heads
 from deepinfer_cache.tiers import segment_read
+
+_GEOMETRY = Geometry(torch.uint8, (64,), "test", 64, 4096)
 
 
 @pytest.fixture(scope="module")
@@ -187,8 +196,6 @@ def test_a_damaged_record_is_a_miss_in_any_position(
     monkeypatch.setattr(segment_read, "_PIECE_BYTES", piece)  # 64 KiB pages: 16 pieces or 1
     path = tmp_path_factory.mktemp("dmg")
     page_bytes = 2 * 16 * 1024 * 2
-    from deepinfer_cache import BlockMeta, SegmentDiskTier
-
     tier = SegmentDiskTier(
         path,
         BIG,
@@ -226,3 +233,62 @@ def test_a_damaged_record_is_a_miss_in_any_position(
             assert g is not None and torch.equal(g, _big_page(i))
     assert tier.get(key(j)) is None  # forgotten: it stays a miss
     tier.close()
+
+
+# ------------------------------------------------------------------ headers checked in one pass
+def _heads_of(n: int, seed: int, page_bytes: int) -> tuple[bytearray, list[bytes], list[int]]:
+    rng = np.random.default_rng(seed)
+    keys = [rng.bytes(16) for _ in range(n)]
+    digests = [int(rng.integers(0, 2**63)) for _ in range(n)]
+    heads = bytearray()
+    for j in range(n):
+        meta = BlockMeta(rng.bytes(16) if j % 2 else None, "chat" if j % 3 else "agent", 4e9)
+        heads += encode_record_header(keys[j], meta, page_bytes, digests[j], 7, 40 + j)
+    return heads, keys, digests
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    n=st.integers(1, 12),
+    seed=st.integers(0, 2**32 - 1),
+    damage=st.lists(
+        st.tuples(st.integers(0, 11), st.integers(0, RECORD_HEADER_BYTES - 1), st.integers(1, 255)),
+        max_size=4,
+    ),
+    wrong_digest=st.one_of(st.none(), st.integers(0, 11)),
+)
+def test_one_pass_header_check_agrees_with_the_per_record_check(
+    n, seed, damage, wrong_digest
+) -> None:
+    page_bytes = 64
+    heads, keys, digests = _heads_of(n, seed, page_bytes)
+    for j, at, x in damage:  # flip bits anywhere in any header (magic, fields, CRC, padding)
+        if j < n:
+            heads[j * RECORD_HEADER_BYTES + at] ^= x
+    if wrong_digest is not None and wrong_digest < n:
+        digests[wrong_digest] ^= 1
+    got = check_run_heads(
+        heads, page_bytes=page_bytes, segment=7, first_slot=40, keys=keys, digests=digests
+    )
+    for j in range(n):
+        head = memoryview(heads)[j * RECORD_HEADER_BYTES : (j + 1) * RECORD_HEADER_BYTES]
+        try:
+            check_record_parts(head, bytes(page_bytes), _GEOMETRY, 7, 40 + j, keys[j], digests[j])
+            want = True
+        except CorruptBlockError:
+            want = False
+        assert got[j] == want, (j, damage)
+    if not damage and wrong_digest is None:
+        assert all(got)
+
+
+def test_one_pass_header_check_names_what_it_needs() -> None:
+    heads, keys, digests = _heads_of(2, 1, 64)
+    with pytest.raises(ValueError, match="digests"):
+        check_run_heads(heads, page_bytes=64, segment=7, first_slot=40, keys=keys, digests=[1])
+    assert not any(
+        check_run_heads(heads, page_bytes=64, segment=7, first_slot=41, keys=keys, digests=digests)
+    )  # each record names its own slot
+    assert (
+        check_run_heads(heads, page_bytes=64, segment=7, first_slot=40, keys=[], digests=[]) == []
+    )

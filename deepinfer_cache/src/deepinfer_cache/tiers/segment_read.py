@@ -49,6 +49,7 @@ from ..segment_format import (
     is_blank,
     slot_offset,
 )
+from ..segment_run_check import check_run_heads
 from ._locations import LocationTable, Rec
 
 _HOT_BYTES = 1 << 20  # bytes read per preadv before they are checked (fits a core's L2)
@@ -377,8 +378,9 @@ class SegmentReads:
     ) -> int:
         """``_read_run``'s reads in one C call (``native_read.py``): the records of ``todo``
         (consecutive slots) read and their payloads hashed without the GIL, then every header
-        checked and every digest compared here, as the Python loop does. Returns how many
-        records passed."""
+        checked and every digest compared here in one pass (``check_run_heads``: the same
+        conditions as the Python loop's ``check_record_parts``). Returns how many records
+        passed."""
         first = recs[todo[0]]
         assert first is not None
         n = len(todo)
@@ -400,22 +402,25 @@ class SegmentReads:
         )
         # A failed read (``_error``) leaves the records it did not finish not done: each is a
         # miss below, as when the Python loop's read raises.
+        ok = check_run_heads(
+            raw_heads,
+            page_bytes=self.page_bytes,
+            segment=first[0],
+            first_slot=first[1],
+            keys=[keys[i] for i in todo],
+            digests=digests,
+        )
         hv = memoryview(raw_heads)
         nread = 0
         for j, i in enumerate(todo):
+            if done[j] and ok[j]:
+                out[i] = self._as_page(dest[i])
+                nread += 1
+                continue
             r = recs[i]
             assert r is not None
             head = hv[j * RECORD_HEADER_BYTES : (j + 1) * RECORD_HEADER_BYTES]
-            payload = _bytes_of(dest[i])
-            try:
-                if not done[j]:
-                    raise CorruptBlockError("record beyond the end of its segment")
-                check_record_parts(head, payload, self.geometry, r[0], r[1], keys[i], digests[j])
-            except CorruptBlockError:
-                self._lost(keys[i], r, bytes(head) + bytes(payload))
-                continue
-            out[i] = self._as_page(dest[i])
-            nread += 1
+            self._lost(keys[i], r, bytes(head) + bytes(_bytes_of(dest[i])))
         return nread
 
     def _as_page(self, row: torch.Tensor) -> torch.Tensor:
