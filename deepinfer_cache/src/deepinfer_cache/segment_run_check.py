@@ -45,7 +45,9 @@ _ROW = np.dtype(
     ]
 )
 _CRC_SPAN = RECORD_HEADER_BYTES - 4  # the CRC covers everything before it
+_NAME_AT = 92  # offset of the 32-byte retention name in a header
 assert _ROW.itemsize == RECORD_HEADER_BYTES
+assert _ROW.fields is not None and _ROW.fields["retention"][1] == _NAME_AT
 
 
 def check_run_heads(
@@ -83,7 +85,7 @@ def check_run_heads(
     view = memoryview(heads).cast("B")
     crcs = rows["crc"].tolist()
     rlens = rows["rlen"].tolist()
-    result = ok.tolist()
+    result: list[bool] = ok.tolist()
     for j in range(n):
         if not result[j]:
             continue
@@ -91,7 +93,7 @@ def check_run_heads(
         if zlib.crc32(view[at : at + _CRC_SPAN]) != crcs[j]:
             result[j] = False
             continue
-        name_at = at + _ROW.fields["retention"][1]
+        name_at = at + _NAME_AT
         try:
             bytes(view[name_at : name_at + rlens[j]]).decode()
         except UnicodeDecodeError:
