@@ -13,6 +13,14 @@ from typing import NoReturn
 
 from deepinfer.cli_errors import error_line, package_version
 from deepinfer.cli_options import add_prefix_cache_args
+from deepinfer.lean.cli import (
+    add_runtime_args,
+    lean_sampling,
+    print_stats,
+    run_lean_generate,
+    unsupported_option,
+)
+from deepinfer.lean.model import KernelsUnavailable
 
 EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 1, 2, 130
 
@@ -97,7 +105,10 @@ def _add_sampling_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json-schema", default=None, help="constrain the output to this JSON schema")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(*, with_serve: bool = True) -> argparse.ArgumentParser:
+    """The command line's parser. ``with_serve=False`` leaves ``serve`` out: its options
+    import the engine's configuration (torch), which ``generate`` on the lean runtime must not
+    load (:func:`main` leaves it out when another command is given)."""
     parser = _Parser(prog="deepinfer", description=__doc__)
     parser.add_argument(
         "--version", action="version", version=f"%(prog)s {package_version('deepinfer')}"
@@ -110,6 +121,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--json", action="store_true", help="print one JSON object per prompt")
     _add_model_args(gen)
     _add_sampling_args(gen)
+    add_runtime_args(gen)
 
     chat = sub.add_parser("chat", help="interactive chat (reads stdin; empty line or EOF ends)")
     chat.add_argument("--system", default="You are a helpful assistant.")
@@ -144,9 +156,10 @@ def build_parser() -> argparse.ArgumentParser:
         const=None,
         help="plain decoding (no DSpark)",
     )
-    from deepinfer.serve.server import add_serve_parser  # the server keeps its own options
+    if with_serve:
+        from deepinfer.serve.server import add_serve_parser  # the server keeps its own options
 
-    add_serve_parser(sub)
+        add_serve_parser(sub)
     return parser
 
 
@@ -203,7 +216,37 @@ def _sampling(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     )
 
 
+def _choose_runtime(args: argparse.Namespace) -> tuple[str, str]:
+    """``(runtime, why)`` for ``generate``: ``"lean"`` or ``"engine"`` (see
+    :mod:`deepinfer.lean.cli`; an explicit ``lean`` with an option it does not run was
+    refused by :func:`_check_args`)."""
+    if args.runtime == "engine":
+        return "engine", "--runtime engine"
+    unsupported = unsupported_option(args)
+    if unsupported is not None:
+        return "engine", f"auto: the lean runtime does not run {unsupported}"
+    return "lean", f"{args.runtime}: a GGUF model on the CPU, every option supported"
+
+
 def _cmd_generate(args: argparse.Namespace) -> int:
+    runtime, why = _choose_runtime(args)
+    if runtime == "lean":
+        from deepinfer.lean.llm import LeanLLM
+        from deepinfer.lean.weights import UnsupportedModel
+
+        try:
+            llm = LeanLLM(args.model, max_model_len=args.max_model_len, threads=args.threads)
+        except (UnsupportedModel, KernelsUnavailable) as exc:
+            if args.runtime == "lean":
+                raise
+            why = f"auto: {exc}"
+        else:
+            return run_lean_generate(args, llm, why, error_line)
+    started = time.perf_counter()
+    if args.threads is not None:
+        import torch
+
+        torch.set_num_threads(args.threads)
     params = _sampling(args)
     with _make_llm(args) as llm:
         status = 0
@@ -218,17 +261,21 @@ def _cmd_generate(args: argparse.Namespace) -> int:
                     print(out.new_text, end="", flush=True)
                 else:
                     print()
-            return status
-        for prompt, out in zip(args.prompts, llm.generate(args.prompts, params)):
-            if out.error:
-                status = 1
-            if args.json:
-                print(json.dumps({"prompt": prompt, "text": out.text, "error": out.error}))
-            elif out.error:
-                print(f"error: {out.error}", file=sys.stderr)
-            else:
-                print(prompt + out.text)
-        return status
+        else:
+            outs = llm.generate(args.prompts, params)
+            for prompt, out in zip(args.prompts, outs):
+                if out.error:
+                    status = 1
+                if args.json:
+                    print(json.dumps({"prompt": prompt, "text": out.text, "error": out.error}))
+                elif out.error:
+                    print(f"error: {out.error}", file=sys.stderr)
+                else:
+                    print(prompt + out.text)
+    if args.stats:
+        # The engine reports no per-token timings here: tokens over the whole call.
+        print_stats("engine", why, 0, 0.0, started)
+    return status
 
 
 def _cmd_chat(args: argparse.Namespace) -> int:
@@ -318,9 +365,18 @@ def _check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> No
     """Refuse bad arguments before anything loads (usage errors, exit 2)."""
     if getattr(args, "max_tokens", 1) < 1:
         parser.error(f"argument --max-tokens: must be >= 1, got {args.max_tokens}")
+    lean = False
+    if getattr(args, "runtime", "engine") != "engine":
+        unsupported = unsupported_option(args)
+        if unsupported is not None and args.runtime == "lean":
+            parser.error(f"argument --runtime lean: it does not run {unsupported}")
+        lean = unsupported is None
+    if getattr(args, "threads", None) is not None and args.threads < 1:
+        parser.error(f"argument --threads: must be >= 1, got {args.threads}")
     if hasattr(args, "temperature"):
         try:
-            _sampling(args)
+            # The lean runtime's own checks: the engine's would import torch.
+            lean_sampling(args) if lean else _sampling(args)
         except (ValueError, TypeError) as exc:
             parser.error(f"invalid sampling argument: {exc}")
     for name in ("num_prompts", "input_len", "output_len", "conversations", "turns"):
@@ -344,7 +400,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     Errors are one line on stderr; ``DEEPINFER_TRACEBACK=1`` re-raises them with a traceback.
     """
-    parser = build_parser()
+    words = sys.argv[1:] if argv is None else list(argv)
+    command = next((w for w in words if not w.startswith("-")), None)
+    parser = build_parser(with_serve=command in (None, "serve"))
     args = parser.parse_args(argv)
     commands = {
         "generate": _cmd_generate,
