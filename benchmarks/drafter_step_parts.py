@@ -95,21 +95,41 @@ def main() -> None:
             drafter.use_linear(chosen)
 
     codes = code[:, None].expand(1, k, -1)
+    native = drafter.native
+
+    def on_modules(fn: Callable[[], object]) -> Callable[[], object]:
+        def run() -> object:
+            drafter.use_native(None)
+            try:
+                return fn()
+            finally:
+                drafter.use_native(native)
+
+        return run
+
+    def proposal() -> object:
+        return propose(
+            drafter, anchor, context, valid, temperature=0.0, context_is_kv=True, num_tokens=k
+        )
+
+    def entries() -> object:
+        if drafter.native is not None:
+            return drafter.native.context_kv(features)
+        return drafter.context_kv(drafter.project_context(features))
+
     parts: dict[str, Callable[[], object]] = {
         "plain step (target, 1 token)": target(1),
         f"verify step (target, {1 + k} tokens)": target(1 + k),
-        f"proposal ({k} drawn)": lambda: propose(
-            drafter, anchor, context, valid, temperature=0.0, context_is_kv=True, num_tokens=k
-        ),
+        f"proposal ({k} drawn), compiled block": proposal,
+        f"context entries ({1 + k} positions), compiled": entries,
+        f"proposal ({k} drawn), torch modules": on_modules(proposal),
         "  backbone": lambda: drafter.backbone(anchor, context, valid, context_is_kv=True),
         "  backbone, bf16 panels": lambda: with_linear(panels),
         "  backbone, modules (MKL)": lambda: with_linear(module_linear),
         f"  base logits ({k} rows of the head)": lambda: drafter.base_logits(hidden[:, :k]),
         "  sequential step (x1)": lambda: drafter.sequential_step(anchor, None),
         "  confidence": lambda: drafter.confidence_logit(hidden[:, :k], codes),
-        f"context entries ({1 + k} positions)": lambda: drafter.context_kv(
-            drafter.project_context(features)
-        ),
+        f"context entries ({1 + k} positions), modules": on_modules(entries),
     }
     times: dict[str, list[float]] = {name: [] for name in parts}
     with torch.no_grad():
@@ -121,20 +141,29 @@ def main() -> None:
     pool.free(blocks)
     med = {name: statistics.median(ts) for name, ts in times.items()}
     plain = med["plain step (target, 1 token)"]
-    print(f"products: {type(drafter.linear).__name__}; drafter dtype {weight.dtype}; 1 thread")
+    print(
+        f"products: {type(drafter.linear).__name__}; compiled block: "
+        f"{'yes' if native is not None else 'no'}; drafter dtype {weight.dtype}; 1 thread"
+    )
     for name, ts in times.items():
         print(
             f"{name:40s} {med[name]:7.2f} ms CPU ({min(ts):.2f}-{max(ts):.2f}); "
             f"{med[name] / plain:.2f} of a plain step"
         )
     verify = med[f"verify step (target, {1 + k} tokens)"]
-    drafting = verify + med[f"proposal ({k} drawn)"] + med[f"context entries ({1 + k} positions)"]
-    ratio = drafting / plain
-    print(
-        f"drafting step ~ {ratio:.2f}x a plain step (target <= 1.25x); with a free drafter "
-        f"{verify / plain:.2f}x. Tokens per drafting step needed: {ratio:.2f} to break even, "
-        f"{1.3 * ratio:.2f} for 1.3x (at most {1 + k} with {k} drafts)"
-    )
+    for how, ctx_how in (("compiled block", "compiled"), ("torch modules", "modules")):
+        drafting = (
+            verify
+            + med[f"proposal ({k} drawn), {how}"]
+            + med[f"context entries ({1 + k} positions), {ctx_how}"]
+        )
+        ratio = drafting / plain
+        print(
+            f"{how}: floor of a drafting step (verify + proposal + context entries) ~ "
+            f"{ratio:.2f}x a plain step (target <= 1.25x); with a free drafter "
+            f"{verify / plain:.2f}x. Tokens per drafting step needed: {ratio:.2f} to break "
+            f"even, {1.3 * ratio:.2f} for 1.3x (at most {1 + k} with {k} drafts)"
+        )
 
 
 if __name__ == "__main__":

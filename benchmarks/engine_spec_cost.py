@@ -2,8 +2,9 @@
 
 1. Forced drafting: decode-step time with ``FixedGammaScheduler(g)`` and no gate (every step
    drafts and verifies ``g`` drafts) against a plain step, on the chat prompt; the tau at which
-   a ``g``-draft step breaks even is the ratio of the two. Also one drafter forward
-   (``deepinfer.speculative.time_draft``).
+   a ``g``-draft step breaks even is the ratio of the two. The 1-draft step also with the
+   drafter's torch modules instead of its compiled greedy block (same run, alternated). Also
+   one drafter forward (``deepinfer.speculative.time_draft``).
 2. As shipped: plain decoding against ``LLM(speculative="dspark")`` (the priced draft gate) on
    the code-editing and chat prompts of ``vs_transformers.py``, interleaved runs in one process.
 3. The speculator's own per-step cost: the same engine with a gate that never opens (every
@@ -65,11 +66,21 @@ def main() -> None:
     # The drafter's products: the one build_speculator timed fastest here, against each option.
     panels = ModuleLinear(loaded.model.cpu_kernels.linear)
     chosen = drafter.linear
-    print(f"drafter products chosen at start-up: {type(chosen).__name__}")
+    native = drafter.native
+    print(
+        f"drafter products chosen at start-up: {type(chosen).__name__}; greedy block "
+        + ("compiled (one call)" if native is not None else "on the modules (no compiler)")
+    )
+    if native is not None:
+        print(
+            f"one drafter forward, compiled block: {1e3 * time_draft(drafter, repeats=10):.1f} ms"
+        )
+    drafter.use_native(None)
     for label, fn in (("bf16 panels", panels), ("modules (MKL)", module_linear)):
         drafter.use_linear(fn)
         print(f"one drafter forward, {label}: {1e3 * time_draft(drafter, repeats=10):.1f} ms")
     drafter.use_linear(chosen)
+    drafter.use_native(native)
     gamma = drafter.config.gamma
     full_ms, one_ms = [], []
     for _ in range(5):  # alternated: drawing all gamma positions vs the first only
@@ -88,7 +99,16 @@ def main() -> None:
         speculative=SpeculativeConfig("dspark", num_speculative_tokens=1, draft_gate=False),
     )
     forced.engine.speculator.drafter.use_linear(panels)  # type: ignore[union-attr]
-    engines["1 drafts, bf16 panels"] = forced
+    forced.engine.speculator.drafter.use_native(None)  # type: ignore[union-attr]
+    engines["1 drafts, torch modules on bf16 panels"] = forced
+    modules = LLM(
+        loaded,
+        engine_config=cfg,
+        enable_prefix_caching=False,
+        speculative=SpeculativeConfig("dspark", num_speculative_tokens=1, draft_gate=False),
+    )
+    modules.engine.speculator.drafter.use_native(None)  # type: ignore[union-attr]
+    engines["1 drafts, torch modules (start-up's products)"] = modules
     # What verifying k drafts adds to the target's forward (k + 1 tokens against 1).
     sizes = (1, 2, 3, 4, 6)
     curve = profile_target_sps(

@@ -85,7 +85,8 @@ def build_speculator(
     times profiled now on ``model`` (:func:`profile_target_sps`); a CPU drafter still on its
     modules' own products (MKL) moves to the model's few-row products
     (:class:`~deepinfer_kernels.cpu.module_linear.ModuleLinear`, bf16 panels of a bf16
-    checkpoint's exact values) when they propose faster here.
+    checkpoint's exact values) when they propose faster here; greedy proposals run as one
+    compiled call (:func:`native_draft_for`) where it can.
     """
     if speculative is None or isinstance(speculative, DSparkSpeculator):
         return speculative
@@ -114,12 +115,10 @@ def build_speculator(
             num_speculative_tokens=num_speculative_tokens,
             gate=gate,
             linears=[ModuleLinear(model.cpu_kernels.linear)],
+            native=lambda drafter: native_draft_for(drafter, model),
         )
     except ValueError as exc:
         raise ValueError(f"speculative: {exc}") from exc
-    kernel = native_draft_for(spec.drafter, model)
-    if kernel is not None:
-        spec.drafter.use_native(kernel)
     return DSparkSpeculator.over(spec)
 
 

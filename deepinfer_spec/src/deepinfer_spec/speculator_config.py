@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,7 +24,7 @@ import torch
 
 from deepinfer_spec.adapter import ScoringTarget
 from deepinfer_spec.batch_step import BatchSpeculator
-from deepinfer_spec.drafter import DSparkDrafter
+from deepinfer_spec.drafter import DSparkDrafter, NativeDraft
 from deepinfer_spec.linear import LinearFn
 from deepinfer_spec.policy import TargetProfiler, choose_policy
 from deepinfer_spec.scheduling import DraftGate, VerifyScheduler
@@ -84,14 +84,17 @@ def load_speculator(
     num_speculative_tokens: int | None = None,
     gate: DraftGate | str | None = "default",
     linears: Sequence[LinearFn] = (),
+    native: Callable[[DSparkDrafter], NativeDraft | None] | None = None,
 ) -> BatchSpeculator:
     """A :class:`BatchSpeculator` over ``drafter`` for up to ``max_seqs`` sequences.
 
     ``drafter``: a checkpoint directory (loaded for ``target`` on ``device``, cast to
     ``dtype`` when given, with its ``sts.json`` temperatures if it has one) or a drafter (no
     temperatures). ``profile_target``, ``scheduler``, ``num_speculative_tokens``, ``gate`` and
-    ``linears`` as in :func:`choose_policy`. A directory that is not a checkpoint raises
-    ``ValueError`` naming ``drafter``.
+    ``linears`` as in :func:`choose_policy`. ``native(drafter)``: the drafter's compiled
+    greedy block (``deepinfer_spec.native_draft.native_draft_kernel`` over the stack's head
+    rows), plugged in before the policy is priced, or ``None`` where it cannot run. A
+    directory that is not a checkpoint raises ``ValueError`` naming ``drafter``.
     """
     sts: dict[str, torch.Tensor] = {}
     if not isinstance(drafter, DSparkDrafter):
@@ -99,6 +102,8 @@ def load_speculator(
             drafter, sts = load_checkpoint(drafter, target, device, dtype)
         except ValueError as exc:
             raise ValueError(f"drafter: {exc}") from exc
+    if native is not None and (kernel := native(drafter)) is not None:
+        drafter.use_native(kernel)
     scheduler, chosen_gate = choose_policy(
         drafter,
         profile_target,

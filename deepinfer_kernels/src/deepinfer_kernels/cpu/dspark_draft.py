@@ -293,8 +293,8 @@ class DSparkDraftKernel:
 
         ``anchor_embed [B, H]``; ``anchor_ids [B]``; ``context [B, W, C]`` the rows' context
         entries (oldest first, ``W <=`` the window; rows may be strided); ``valid [B, W]`` bool
-        or ``None`` (all valid); ``hidden_out``: optional ``[B, G, H]`` fp32 receiving the
-        backbone's hidden states.
+        or ``None`` (all valid); ``hidden_out``: optional ``[B, m, H]`` fp32 receiving the
+        backbone's hidden states of the drawn positions (the last layer computes no others).
         """
         w = self.block
         batch, gamma, hidden = int(anchor_ids.shape[0]), w.gamma, w.hidden_size
@@ -321,11 +321,13 @@ class DSparkDraftKernel:
                 raise ValueError(f"valid: expected bool [{batch}, {width}]")
             ok = valid.contiguous().view(torch.uint8)
         if hidden_out is not None and (
-            tuple(hidden_out.shape) != (batch, gamma, hidden)
+            tuple(hidden_out.shape) != (batch, num_tokens, hidden)
             or hidden_out.dtype != torch.float32
             or not hidden_out.is_contiguous()
         ):
-            raise ValueError(f"hidden_out: expected contiguous fp32 [{batch}, {gamma}, {hidden}]")
+            raise ValueError(
+                f"hidden_out: expected contiguous fp32 [{batch}, {num_tokens}, {hidden}]"
+            )
         embed = anchor_embed.detach().float().contiguous()
         ids = anchor_ids.to(torch.int64).contiguous()
         tokens = torch.empty(batch, num_tokens, dtype=torch.int64)

@@ -12,6 +12,8 @@
  *     a    = softmax(rope(q, 0 .. G-1) keys^T / sqrt(D)) values   per head, grouped queries
  *     x    = x + a Wo^T;  n = rmsnorm(x) * post_w;  x = x + (silu(n Wg^T) * (n Wu^T)) Wd^T
  *   u_k    = rmsnorm_target(x_k) * head_norm_w  Whead^T                      k < m
+ *   (the last layer computes its queries, output projection and MLP for rows k < m only:
+ *   nothing reads the others; hidden_out, when given, receives x_k for k < m)
  *   for k = 0 .. m-1 (x_0 = the anchor's token):
  *     e_k  = W1[prev];  logits = u_k + e_k W2^T;  i = argmax (lowest index on ties, a NaN wins
  *            as in torch.argmax);  prev = tokens[b, k] = vocab_ids ? vocab_ids[i] : i
@@ -95,6 +97,10 @@ int deepinfer_dspark_greedy_draft(
         for (int64_t i = 0; i < (G - 1) * H; i++) x[H + i] = mask_embed[i];
         for (int64_t l = 0; l < L; l++) {
             const int64_t *lw = layers + l * LAYER_FIELDS;
+            /* Every row's keys and values feed the attention, but after the last layer's
+             * attention only the m drawn rows are read: their queries, output projection and
+             * MLP are all that layer computes (the MLP is three quarters of the weights). */
+            int64_t R = l == L - 1 ? m : G;
             deepinfer_add_rms_norm(x, 0, (const float *)lw[LAYER_IN_NORM], 0, h, G, H, eps);
             deepinfer_bf16_weight_linear(h, (const uint16_t *)lw[LAYER_QKV], 0, qkv, G, qkv_w, H);
             /* keys and values: the context's (unrotated, stored) then the block's */
@@ -111,8 +117,8 @@ int deepinfer_dspark_greedy_draft(
                     vbuf[(W + g) * kv + i] = qkv[g * qkv_w + hq * d + kv + i];
                 }
             rope_rows(kbuf, kv, keys, hkv, d, k_cos, k_sin);
-            rope_rows(qkv, qkv_w, G, hq, d, k_cos + W * (d / 2), k_sin + W * (d / 2));
-            for (int64_t g = 0; g < G; g++)
+            rope_rows(qkv, qkv_w, R, hq, d, k_cos + W * (d / 2), k_sin + W * (d / 2));
+            for (int64_t g = 0; g < R; g++)
                 for (int64_t head = 0; head < hq; head++) {
                     const float *q = qkv + g * qkv_w + head * d;
                     int64_t kvh = head / rep;
@@ -122,10 +128,8 @@ int deepinfer_dspark_greedy_draft(
                             prob[j] = -INFINITY;
                             continue;
                         }
-                        const float *k = kbuf + j * kv + kvh * d;
-                        float s = 0.0f;
-                        for (int64_t i = 0; i < d; i++) s += q[i] * k[i];
-                        s *= scale;
+                        /* dot() (gguf_blocks.h): 16 partial sums, so it vectorises */
+                        float s = dot(q, kbuf + j * kv + kvh * d, d) * scale;
                         prob[j] = s;
                         if (s > top) top = s;
                     }
@@ -144,21 +148,21 @@ int deepinfer_dspark_greedy_draft(
                         for (int64_t i = 0; i < d; i++) o[i] += p * v[i];
                     }
                 }
-            deepinfer_bf16_weight_linear(att, (const uint16_t *)lw[LAYER_O], 0, delta, G, H, hq * d);
-            deepinfer_add_rms_norm(x, delta, (const float *)lw[LAYER_POST_NORM], x, normed, G, H,
+            deepinfer_bf16_weight_linear(att, (const uint16_t *)lw[LAYER_O], 0, delta, R, H, hq * d);
+            deepinfer_add_rms_norm(x, delta, (const float *)lw[LAYER_POST_NORM], x, normed, R, H,
                                    eps);
-            deepinfer_bf16_weight_linear(normed, (const uint16_t *)lw[LAYER_GATE_UP], 0, gu, G,
+            deepinfer_bf16_weight_linear(normed, (const uint16_t *)lw[LAYER_GATE_UP], 0, gu, R,
                                          2 * I, H);
-            for (int64_t g = 0; g < G; g++)
+            for (int64_t g = 0; g < R; g++)
                 for (int64_t i = 0; i < I; i++) {
                     float gate = gu[g * 2 * I + i], up = gu[g * 2 * I + I + i];
                     act[g * I + i] = gate / (1.0f + expf(-gate)) * up;
                 }
-            deepinfer_bf16_weight_linear(act, (const uint16_t *)lw[LAYER_DOWN], 0, delta, G, H, I);
-            for (int64_t i = 0; i < G * H; i++) x[i] += delta[i];
+            deepinfer_bf16_weight_linear(act, (const uint16_t *)lw[LAYER_DOWN], 0, delta, R, H, I);
+            for (int64_t i = 0; i < R * H; i++) x[i] += delta[i];
         }
         if (hidden_out)
-            for (int64_t i = 0; i < G * H; i++) hidden_out[b * G * H + i] = x[i];
+            for (int64_t i = 0; i < m * H; i++) hidden_out[b * m * H + i] = x[i];
         /* base logits of the m drawn positions: the target's final norm, then its head rows */
         deepinfer_add_rms_norm(x, 0, head_norm_w, 0, normed, m, H, head_eps);
         int rc = deepinfer_quant_linear(normed, m, H, head_w, V, H, head_row_bytes, head_qtype, 0,
