@@ -18,6 +18,10 @@ per GB (all threads) and wall GB/s, as ranges over the rounds:
   tier's page pool reuses their memory);
 * ``raw warm`` / ``into warm``: the same reads from a page cache that holds every byte.
 
+The order of the variants is rotated every round and each timed variant runs right after a
+cold raw read, its paired baseline: where a read runs in the round changes its cost on this
+VM (see the comment in ``_run`` and ``benchmarks/results/cache.md``, session 15).
+
 What session 14 found (``benchmarks/results/cache.md``): ``WILLNEED`` and reads the kernel
 judges random (runs of one file read at once through one descriptor) fill the page cache with
 4 KiB folios instead of the large folios of its own sequential readahead; counted with
@@ -193,29 +197,42 @@ def _run(root: str, n: int, rounds: int, only: list[str] | None) -> None:
             raise SystemExit(f"--only: unknown variants {unknown}; known: {list(variants)}")
         variants = {k: fn for k, fn in variants.items() if k == "raw" or k in only}
     got: dict[str, list[tuple[float, float]]] = {k: [] for k in variants}
+    # How much a cold read costs here depends on where it runs in the round, not only on its
+    # code: "into" and "into calling thread" run the same code for these one-stream requests,
+    # yet whichever ran third (the first cold tier read of a round) used 0.50-0.89 s of CPU
+    # per GB and the other 0.37-0.46 (session 15, both orders tried): on this VM freed memory
+    # goes back to the host and is slow to touch again (benchmarks/results/cache.md). So the
+    # order is rotated every round (each variant meets several positions) and each variant's
+    # baseline is a cold raw read run right before it (paired, not one raw read per round,
+    # several variants earlier).
+    paired: dict[str, list[tuple[float, float]]] = {k: [] for k in variants}
     for fn in variants.values():  # one untimed round: first-use costs are not a read's cost
         fn()
-    for _ in range(rounds):
-        for name, fn in variants.items():
+    names = list(variants)
+    for r in range(rounds):
+        for name in names[r % len(names) :] + names[: r % len(names)]:
+            fn = variants[name]
+            paired[name].append(variants["raw"]() if name != "raw" else (float("nan"), 0.0))
             got[name].append(fn())
+            if name == "raw":
+                paired[name][-1] = got[name][-1]
     tier.close()
     gb = n * BLOCK / 1e9
     print(
-        f"{n} blocks of 2 MiB, {rounds} alternated rounds after an untimed one; "
-        "process CPU (all threads) per GB"
+        f"{n} blocks of 2 MiB, {rounds} rounds after an untimed one, order rotated each round, "
+        "each variant right after a cold raw read (its baseline); process CPU (all threads) "
+        "per GB"
     )
-    base = [c for _, c in got["raw"]]
-    base_wall = [w for w, _ in got["raw"]]
     for name, runs in got.items():
         walls = [w for w, _ in runs]
         cpus = [c for _, c in runs]
-        ratio = [c / b for c, b in zip(cpus, base)]
-        speed = [b / w for w, b in zip(walls, base_wall)]  # throughput / cold raw's
+        ratio = [c / b for (_, c), (_, b) in zip(runs, paired[name])]
+        speed = [b / w for (w, _), (b, _) in zip(runs, paired[name])]  # throughput / raw's
         print(
             f"  {name:24s} {gb / max(walls):5.2f}-{gb / min(walls):5.2f} GB/s wall "
             f"({min(speed):.2f}-{max(speed):.2f} of cold raw), "
             f"CPU {min(cpus) / gb:.2f}-{max(cpus) / gb:.2f} s/GB "
-            f"({min(ratio):.1f}-{max(ratio):.1f}x cold raw, same round)"
+            f"({min(ratio):.1f}-{max(ratio):.1f}x cold raw, paired)"
         )
 
 
