@@ -15,6 +15,7 @@ from deepinfer_kernels.cpu.dspark_draft import (
     DSparkDraftKernel,
     dspark_context_kv_reference,
     dspark_greedy_draft_reference,
+    op_reference,
 )
 from deepinfer_kernels.quant.formats import QuantType, QuantWeight
 from deepinfer_kernels.quant.ops import dequantize
@@ -246,3 +247,31 @@ def test_bad_input_names_the_argument() -> None:
         DSparkDraftKernel(
             DraftBlockWeights(**{**block.__dict__, "layers": (rounded,)}), context, enabled=False
         )
+
+
+def test_the_op_runs_the_kernel_and_has_a_fake() -> None:
+    block, context = _weights(
+        5, hidden=64, heads=4, kv_heads=2, gamma=4, window=6, inter=70, layers=2,
+        draft_vocab=48, vocab=60, rank=8, qtype=QuantType.Q8_0, remap=True,
+    )  # fmt: skip
+    kernel = _kernel(block, context)
+    gen = torch.Generator().manual_seed(5)
+    ctx = torch.randn(2, 5, 2 * 2 * 2 * 16, generator=gen)
+    valid = torch.rand(2, 5, generator=gen) < 0.6
+    embed, anchors = torch.randn(2, 64, generator=gen), torch.tensor([3, 59])
+    weights, scalars = kernel.op_args()
+    args = (embed, anchors, ctx, valid, 2, weights, scalars)
+    tokens, conf = torch.ops.deepinfer.dspark_greedy_draft(*args)
+    want_tokens, want_conf = kernel.greedy(embed, anchors, ctx, valid, 2)
+    assert torch.equal(tokens, want_tokens)
+    assert torch.equal(conf, want_conf)
+    # Without a compiler the op unpacks its operands into the reference.
+    ref_tokens, ref_conf = op_reference(*args)
+    torch.testing.assert_close(ref_conf, conf, rtol=1e-5, atol=1e-5)
+    _, _, ref_hidden = dspark_greedy_draft_reference(block, embed, anchors, ctx, valid, 2)
+    _check_tokens(block, ref_hidden, anchors, tokens, ref_tokens)
+    torch.library.opcheck(
+        torch.ops.deepinfer.dspark_greedy_draft.default,
+        args,
+        test_utils=("test_schema", "test_faketensor"),
+    )
