@@ -12,7 +12,10 @@ median ratio and the range:
    llama.cpp's Python binding runs one sequence per context, so its figure is the 16 requests
    one after another (the table says so; llama.cpp's server with parallel slots would batch);
 4. peak RSS of each engine, each in a fresh child process (``VmHWM``), at the same context
-   length (``engine_memory.py`` breaks DeepInfer's down phase by phase).
+   length: DeepInfer is ``deepinfer generate`` itself (the CLI, 32 tokens), with its default
+   runtime (lean for a GGUF on the CPU: no torch in the process) and with ``--runtime engine``
+   (``engine_memory.py`` breaks the engine's down phase by phase). ``--rss-only`` also times the
+   lean runtime's batch-1 decode against the engine's in this process, alternated.
 
 Issue #24's targets: decode >= 1.0x, 2k prefill >= 2x, 16 concurrent >= 3x llama.cpp; RSS of
 ``deepinfer generate`` <= 1.5x llama.cpp's.
@@ -156,12 +159,73 @@ def _batch_rate(
     return len(prompts) * new / engine.generate(prompts, new, clock)
 
 
+def _cli_peak_rss(runtime: str, path: Path, threads: int, ctx: int, tokens: int) -> float:
+    """Peak RSS (GB) of ``deepinfer generate`` (``runtime``: ``auto``, the default, or
+    ``engine``) generating exactly ``tokens`` greedy tokens of the code prompt, in a fresh
+    process: its own ``--stats`` line reports ``VmHWM``. The ``auto`` run must have chosen the
+    lean runtime, without torch, or the figure would not be the one it claims."""
+    cmd = [sys.executable, "-m", "deepinfer.cli", "generate", CODE_PROMPT, "--model", str(path),
+           "--max-tokens", str(tokens), "--min-tokens", str(tokens), "--temperature", "0",
+           "--max-model-len", str(ctx), "--no-prefix-cache", "--threads", str(threads),
+           "--runtime", runtime, "--stats"]  # fmt: skip
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    stats = json.loads([x for x in out.stderr.splitlines() if x.startswith('{"runtime"')][-1])
+    if runtime == "auto" and (stats["runtime"] != "lean" or stats["torch_imported"]):
+        raise RuntimeError(f"deepinfer generate did not run lean without torch: {stats}")
+    return float(stats["peak_rss_mb"]) / 1024
+
+
+class Lean:
+    """DeepInfer's lean runtime (``deepinfer.lean``) on the file, greedy, EOS ignored (here in
+    this process, beside torch: for its decode speed, not its memory)."""
+
+    def __init__(self, path: Path, threads: int, ctx: int) -> None:
+        from deepinfer.lean import LeanLLM
+
+        self.llm = LeanLLM(str(path), max_model_len=ctx, threads=threads)
+
+    def tokens(self, text: str) -> list[int]:
+        return self.llm.encode(text)
+
+    def decode_rate(
+        self, prompt: str, new: int, clock: Callable[[], float] = time.perf_counter
+    ) -> float:
+        """Tokens/s after the first token (the prefill is not in the time)."""
+        from deepinfer.lean import LeanSampling
+
+        params = LeanSampling(temperature=0, max_tokens=new, ignore_eos=True)
+        first, count = None, 0
+        for out in self.llm.stream(prompt, params):
+            first = clock() if first is None else first
+            count = len(out.token_ids)
+        assert first is not None and count == new, count
+        return (count - 1) / (clock() - first)
+
+
+def _lean_decode(path: Path, threads: int, ctx: int, new: int, repeats: int) -> list[float]:
+    """Lean / engine batch-1 decode speed ratios, alternated in this process."""
+    engine, lean = Ours(path, threads, ctx), Lean(path, threads, ctx)
+    prompt = CODE_PROMPT
+    ratios = []
+    for repeat in range(repeats):
+        a = lean.decode_rate(prompt, new)
+        b = engine.decode_rate(engine.tokens(prompt), new)
+        ratios.append(a / b)
+        print(f"run {repeat + 1} decode: lean {a:.1f}, engine {b:.1f} tok/s, {a / b:.2f}x",
+              flush=True)  # fmt: skip
+    return ratios
+
+
 def _peak_rss(kind: str, path: Path, threads: int, ctx: int, tokens: int) -> float:
-    """Peak RSS (GB) of a fresh process that loads ``kind`` and generates ``tokens`` tokens.
+    """Peak RSS (GB) of a fresh process that loads ``kind`` and generates ``tokens`` tokens
+    (``ours``: ``deepinfer generate`` with its default runtime; ``engine``: with
+    ``--runtime engine``; ``theirs``: llama.cpp).
 
     Read from ``VmHWM`` (the peak of this process image): on Linux ``ru_maxrss`` survives
     ``exec``, so a child forked from this process (both engines loaded) would report at least
     this process's RSS, whatever it ran."""
+    if kind in ("ours", "engine"):
+        return _cli_peak_rss("auto" if kind == "ours" else "engine", path, threads, ctx, tokens)
     here = str(Path(__file__).parent)
     code = (
         f"import resource, sys; sys.path.insert(0, {here!r})\n"
@@ -218,9 +282,14 @@ def main() -> int:
     path = Path(args.model) if args.model else default_model_path()
     ctx = args.prefill + args.tokens + 64
     if args.rss_only:
-        ours_gb, theirs_gb = (_peak_rss(k, path, args.threads, ctx, 32) for k in ("ours", "theirs"))
-        print(f"peak RSS (32 tokens, ctx {ctx}): DeepInfer {ours_gb:.3f} GB, llama.cpp "
-              f"{theirs_gb:.3f} GB, {ours_gb / theirs_gb:.2f}x")  # fmt: skip
+        gb = {k: _peak_rss(k, path, args.threads, ctx, 32) for k in ("ours", "engine", "theirs")}
+        print(f"peak RSS (deepinfer generate, 32 tokens, ctx {ctx}): lean (default) "
+              f"{gb['ours']:.3f} GB, engine {gb['engine']:.3f} GB, llama.cpp "
+              f"{gb['theirs']:.3f} GB; lean {gb['ours'] / gb['theirs']:.2f}x, engine "
+              f"{gb['engine'] / gb['theirs']:.2f}x llama.cpp")  # fmt: skip
+        ratios = _lean_decode(path, args.threads, ctx, args.tokens, args.repeats)
+        print(f"batch-1 decode, lean / engine ({args.tokens} tokens, {args.threads} threads): "
+              f"{_median_range(ratios)}")  # fmt: skip
         return 0
     ours, theirs = Ours(path, args.threads, ctx), Theirs(path, args.threads, ctx)
     code = ours.tokens(CODE_PROMPT)
@@ -275,7 +344,8 @@ def main() -> int:
                      f"| {targets[name]} |")  # fmt: skip
     if not args.no_rss:
         lines.append(
-            f"| peak RSS, GB (32 tokens, ctx {ctx}) | {rss_ours:.2f} | {rss_theirs:.2f} | "
+            f"| peak RSS, GB (`deepinfer generate`, default runtime, 32 tokens, ctx {ctx}) | "
+            f"{rss_ours:.2f} | {rss_theirs:.2f} | "
             f"{rss_ours / rss_theirs:.2f}x | <= 1.5x |"
         )
     text = "\n".join(lines) + "\n"
