@@ -50,6 +50,7 @@ def _read(
     page: int,
     piece: int,
     hot: int,
+    overlap: bool = True,
 ):
     pages = [np.full(page, 0xEE, dtype=np.uint8) for _ in range(n)]
     heads = np.zeros(n * head, dtype=np.uint8)
@@ -63,6 +64,7 @@ def _read(
         heads,
         piece,
         hot,
+        overlap,
     )
     return pages, heads, done, digests, error
 
@@ -80,9 +82,10 @@ def _read(
     offset=st.sampled_from([0, 3, 4096]),
     cut=st.one_of(st.none(), st.integers(0, 10**6)),
     seed=st.integers(0, 2**32 - 1),
+    overlap=st.booleans(),
 )
 def test_reads_and_digests_equal_a_python_reference(
-    reader: RecordReader, tmp_path: Path, n, head, page, pad, piece, hot, offset, cut, seed
+    reader: RecordReader, tmp_path: Path, n, head, page, pad, piece, hot, offset, cut, seed, overlap
 ) -> None:
     slot = head + page + pad
     size = offset + n * slot
@@ -94,7 +97,7 @@ def test_reads_and_digests_equal_a_python_reference(
     fd = os.open(path, os.O_RDONLY)
     try:
         pages, heads, done, digests, error = _read(
-            reader, fd, offset, n, slot, head, page, piece, hot
+            reader, fd, offset, n, slot, head, page, piece, hot, overlap
         )
     finally:
         os.close(fd)
@@ -181,6 +184,7 @@ def test_the_tier_serves_the_same_pages_either_way(tmp_path: Path, native: bool)
     bad=st.data(),
     where=st.sampled_from(["header", "payload start", "payload middle", "payload end", "truncate"]),
     piece=st.sampled_from([4096, 1 << 18]),
+    overlap=st.booleans(),
 )
 def test_a_damaged_record_is_a_miss_in_any_position(
     tmp_path_factory: pytest.TempPathFactory,
@@ -190,6 +194,7 @@ def test_a_damaged_record_is_a_miss_in_any_position(
     bad,
     where,
     piece,
+    overlap,
 ) -> None:
     if native and native_read.record_reader() is None:
         native = False
@@ -205,6 +210,7 @@ def test_a_damaged_record_is_a_miss_in_any_position(
         read_pool_bytes=1 << 22,
     )
     tier._native_read = native
+    tier._read_overlap = overlap
     for i in range(count):
         assert tier.put(key(i), _big_page(i), BlockMeta(None, "chat", 4e9), block=True)
     assert tier.flush()

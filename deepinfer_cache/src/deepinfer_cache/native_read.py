@@ -4,8 +4,9 @@ Why: ``SegmentDiskTier`` reads a run of consecutive records with ``preadv`` call
 256 KiB-1 MiB and hashes each payload piece right after its read. From Python that is, per
 2 MiB record, eight slices, memoryviews, ``preadv`` calls and hasher updates with the GIL held
 (about 0.1 s of CPU per GB read, ``benchmarks/results/cache.md``). One C call per run does the
-same reads and the same streaming XXH3-64 with the GIL released; the caller still checks every
-record header and compares every digest, so what counts as a valid record does not change.
+same reads and the same streaming XXH3-64 with the GIL released, and (``overlap``) makes the
+reads on a second thread while the calling one hashes; the caller still checks every record
+header and compares every digest, so what counts as a valid record does not change.
 
 The C file calls xxHash's streaming XXH3-64 functions through pointers taken from the
 ``xxhash`` extension Python has already loaded (else the system ``libxxhash``), so the digests
@@ -108,6 +109,7 @@ class RecordReader:
             ctypes.c_void_p,  # dests (array of pointers)
             ctypes.c_void_p,  # digests
             ctypes.c_void_p,  # done
+            ctypes.c_int,  # overlap
         ]
         self._fn = fn
         self._fns = _xxh3_state_functions()
@@ -125,9 +127,12 @@ class RecordReader:
         heads: np.ndarray,
         piece_bytes: int,
         hot_bytes: int,
+        overlap: bool = True,
     ) -> tuple[list[bool], list[int], OSError | None]:
         """``dests``: the payload buffers' addresses (each ``page_bytes`` writable bytes that
-        stay alive during the call); ``heads``: a writable uint8 array of ``n * head_bytes``."""
+        stay alive during the call); ``heads``: a writable uint8 array of ``n * head_bytes``;
+        ``overlap``: when the run takes more than one read, a second thread reads while this
+        one hashes (the results are the same either way)."""
         n = len(dests)
         if heads.dtype != np.uint8 or heads.size < n * head_bytes or not heads.flags.writeable:
             raise ValueError(f"heads must be a writable uint8 array of {n * head_bytes} bytes")
@@ -150,6 +155,7 @@ class RecordReader:
             ptrs.__array_interface__["data"][0],
             digests.__array_interface__["data"][0],
             done.__array_interface__["data"][0],
+            int(overlap),
         )
         if rc == -1:
             raise ValueError("read_records: unusable arguments or out of memory")
@@ -165,7 +171,7 @@ class RecordReader:
         with tempfile.TemporaryFile() as f:
             f.write(data.tobytes())
             f.flush()
-            for piece, hot in ((256, 512), (4096, 1 << 20)):
+            for piece, hot, overlap in ((256, 512, True), (256, 512, False), (4096, 1 << 20, True)):
                 pages = [np.empty(page, dtype=np.uint8) for _ in range(3)]
                 heads = np.empty(3 * head, dtype=np.uint8)
                 done, digests, error = self(
@@ -178,6 +184,7 @@ class RecordReader:
                     heads,
                     piece,
                     hot,
+                    overlap,
                 )
                 if error is not None:
                     raise NativeHashUnavailable(f"the C record reader failed: {error}")
@@ -200,7 +207,7 @@ class RecordReader:
 def load_record_reader(build_dir: Path | None = None, cc: str | None = None) -> RecordReader:
     """Build (if needed), load and self-check the C reader; ``NativeHashUnavailable`` if not."""
     try:
-        return RecordReader(build_library(build_dir, cc, source=SOURCE))
+        return RecordReader(build_library(build_dir, cc, source=SOURCE, extra_flags=("-pthread",)))
     except OSError as exc:
         raise NativeHashUnavailable(f"cannot load the record reader: {exc}") from exc
 

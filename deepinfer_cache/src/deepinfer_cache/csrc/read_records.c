@@ -15,6 +15,11 @@
  * _digest/XXH3_freeState from the xxhash module Python has already loaded), so this file needs
  * no xxHash headers and hashes with the very code the Python path uses.
  *
+ * With overlap set and more than one preadv to make, a second thread makes the reads in order
+ * while the calling thread hashes each piece as soon as the read that filled it is done: one
+ * thread alternating the two takes the read time plus the hashing time, since the kernel's
+ * readahead keeps only about one request ahead of a reader.
+ *
  * Results: done[i] = 1 when record i was read whole and digests[i] holds its payload's XXH3-64,
  * else 0 (the file ended, or a read failed, before it was complete). Returns 0, -1 for an
  * unusable argument or a failed allocation, or -errno of the failed read (records completed
@@ -23,6 +28,7 @@
  */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -54,7 +60,7 @@ typedef struct {
     size_t end; /* batch-relative byte offset where this piece ends */
 } dic_piece;
 
-#define DIC_MAX_IOV 1000 /* below IOV_MAX (1024) */
+#define DIC_MAX_IOV 1000 /* iovecs per preadv, below IOV_MAX (1024) */
 
 /* preadv until `total` bytes are in or the file ends; the bytes read, or -errno. iov is
  * advanced in place on short reads. */
@@ -84,10 +90,77 @@ static int64_t read_all(int fd, struct iovec *iov, int cnt, int64_t offset, size
     return (int64_t)got;
 }
 
+/* One preadv batch: a range of the planned iovecs and of the pieces they fill. */
+typedef struct {
+    int64_t pos;   /* file offset */
+    size_t bytes;  /* bytes the batch asks for */
+    int64_t iov0;  /* first iovec */
+    int cnt;       /* iovecs */
+    int64_t piece0; /* first piece */
+    int64_t pieces;
+    int64_t got;   /* bytes read, or -errno */
+} dic_batch;
+
+/* The batches shared between the reading thread and the hashing (calling) thread. */
+typedef struct {
+    int fd;
+    struct iovec *iov;
+    dic_batch *batches;
+    int64_t nb;
+    int64_t published; /* batches whose read has finished (their got is set) */
+    int stopped;       /* the reader stopped early (end of file or error) */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+} dic_shared;
+
+static int64_t read_batch(int fd, struct iovec *iov, dic_batch *b) {
+    return read_all(fd, iov + b->iov0, b->cnt, b->pos, b->bytes);
+}
+
+static void *reader_main(void *arg) {
+    dic_shared *sh = (dic_shared *)arg;
+    for (int64_t b = 0; b < sh->nb; ++b) {
+        dic_batch *bt = &sh->batches[b];
+        bt->got = read_batch(sh->fd, sh->iov, bt);
+        int stop = bt->got < 0 || (size_t)bt->got < bt->bytes;
+        pthread_mutex_lock(&sh->mu);
+        sh->published = b + 1;
+        sh->stopped = stop;
+        pthread_cond_signal(&sh->cv);
+        pthread_mutex_unlock(&sh->mu);
+        if (stop)
+            break;
+    }
+    return NULL;
+}
+
+/* Hash the pieces of batch bt that its read filled; 0 to go on, 1 to stop (short read or
+ * error: later records stay not done), with *rc set for an error. */
+static int hash_batch(const dic_xxh3_fns *fns, void *state, const dic_piece *pieces,
+                      const dic_batch *bt, uint64_t *digests, uint8_t *done, int *rc) {
+    for (int64_t k = 0; k < bt->pieces; ++k) {
+        const dic_piece *p = &pieces[bt->piece0 + k];
+        if (bt->got < 0 || p->end > (size_t)bt->got)
+            break; /* this piece (and so its record) is incomplete */
+        if (p->first)
+            fns->reset(state);
+        fns->update(state, p->data, p->len);
+        if (p->last) {
+            digests[p->record] = fns->digest(state);
+            done[p->record] = 1;
+        }
+    }
+    if (bt->got < 0) {
+        *rc = (int)bt->got;
+        return 1;
+    }
+    return (size_t)bt->got < bt->bytes;
+}
+
 int dic_read_records(const dic_xxh3_fns *fns, int fd, int64_t offset, int64_t n,
                      int64_t slot_bytes, int64_t head_bytes, int64_t page_bytes,
                      int64_t piece_bytes, int64_t hot_bytes, uint8_t *heads,
-                     uint8_t *const *dests, uint64_t *digests, uint8_t *done) {
+                     uint8_t *const *dests, uint64_t *digests, uint8_t *done, int overlap) {
     if (fns == NULL || fns->create == NULL || fns->free_state == NULL || fns->reset == NULL ||
         fns->update == NULL || fns->digest == NULL || n < 0 || head_bytes <= 0 ||
         page_bytes <= 0 || piece_bytes <= 0 || hot_bytes <= 0 ||
@@ -102,88 +175,123 @@ int dic_read_records(const dic_xxh3_fns *fns, int fd, int64_t offset, int64_t n,
     if (n == 0)
         return 0;
     size_t pad = (size_t)(slot_bytes - head_bytes - page_bytes);
+    int64_t per_record = (page_bytes + piece_bytes - 1) / piece_bytes; /* pieces */
+    int64_t max_iov = n * (per_record + 2), max_pieces = n * per_record;
     uint8_t *scratch = pad ? (uint8_t *)malloc(pad) : NULL;
-    struct iovec *iov = (struct iovec *)malloc(sizeof(struct iovec) * DIC_MAX_IOV);
-    dic_piece *pieces = (dic_piece *)malloc(sizeof(dic_piece) * DIC_MAX_IOV);
+    struct iovec *iov = (struct iovec *)malloc(sizeof(struct iovec) * (size_t)max_iov);
+    dic_piece *pieces = (dic_piece *)malloc(sizeof(dic_piece) * (size_t)max_pieces);
+    dic_batch *batches = (dic_batch *)malloc(sizeof(dic_batch) * (size_t)max_iov);
     void *state = fns->create();
     int rc = 0;
-    if ((pad && scratch == NULL) || iov == NULL || pieces == NULL || state == NULL) {
+    if ((pad && scratch == NULL) || iov == NULL || pieces == NULL || batches == NULL ||
+        state == NULL) {
         rc = -1;
         goto out;
     }
-    int64_t pos = offset;   /* file offset of the batch being built */
-    int cnt = 0, np = 0;    /* iovecs and pieces in the batch */
-    size_t bytes = 0;       /* bytes in the batch */
-    for (int64_t i = 0; i < n && rc == 0; ++i) {
-        /* Each record contributes: its header, its payload in pieces, then (unless it is the
-         * run's last) the padding up to the next slot. The batch is read once it holds about
-         * hot_bytes or the iovec array is nearly full (a record adds at most 3 + its pieces,
-         * so the check before each entry keeps room). */
+    /* Plan: every record contributes its header, its payload in pieces, then (unless it is
+     * the run's last) the padding up to the next slot; a batch (one preadv) closes once it
+     * holds about hot_bytes or DIC_MAX_IOV iovecs. */
+    int64_t nv = 0, np = 0, nb = 0;
+    dic_batch *cur = &batches[0];
+    memset(cur, 0, sizeof(*cur));
+    cur->pos = offset;
+    for (int64_t i = 0; i < n; ++i) {
         int64_t payload_at = 0;
         int stage = 0; /* 0 header, 1 payload, 2 padding, 3 done */
         while (stage < 3) {
             if (stage == 0) {
-                iov[cnt].iov_base = heads + i * head_bytes;
-                iov[cnt].iov_len = (size_t)head_bytes;
-                bytes += (size_t)head_bytes;
-                ++cnt;
+                iov[nv].iov_base = heads + i * head_bytes;
+                iov[nv].iov_len = (size_t)head_bytes;
                 stage = 1;
             } else if (stage == 1) {
                 size_t len = (size_t)(page_bytes - payload_at);
                 if (len > (size_t)piece_bytes)
                     len = (size_t)piece_bytes;
-                iov[cnt].iov_base = dests[i] + payload_at;
-                iov[cnt].iov_len = len;
-                bytes += len;
-                ++cnt;
-                pieces[np].record = i;
-                pieces[np].data = dests[i] + payload_at;
-                pieces[np].len = len;
-                pieces[np].first = payload_at == 0;
+                iov[nv].iov_base = dests[i] + payload_at;
+                iov[nv].iov_len = len;
+                dic_piece *pc = &pieces[np++];
+                pc->record = i;
+                pc->data = dests[i] + payload_at;
+                pc->len = len;
+                pc->first = payload_at == 0;
                 payload_at += (int64_t)len;
-                pieces[np].last = payload_at == page_bytes;
-                pieces[np].end = bytes;
-                ++np;
+                pc->last = payload_at == page_bytes;
+                pc->end = cur->bytes + len;
+                cur->pieces++;
                 if (payload_at == page_bytes)
                     stage = (pad && i + 1 < n) ? 2 : 3;
             } else {
-                iov[cnt].iov_base = scratch;
-                iov[cnt].iov_len = pad;
-                bytes += pad;
-                ++cnt;
+                iov[nv].iov_base = scratch;
+                iov[nv].iov_len = pad;
                 stage = 3;
             }
-            int full = bytes >= (size_t)hot_bytes || cnt >= DIC_MAX_IOV - 1;
-            int end = i + 1 == n && stage == 3;
-            if (!full && !end)
-                continue;
-            int64_t got = read_all(fd, iov, cnt, pos, bytes);
-            for (int k = 0; k < np; ++k) {
-                dic_piece *p = &pieces[k];
-                if (got < 0 || p->end > (size_t)got)
-                    break; /* this piece (and so its record) is incomplete */
-                if (p->first)
-                    fns->reset(state);
-                fns->update(state, p->data, p->len);
-                if (p->last) {
-                    digests[p->record] = fns->digest(state);
-                    done[p->record] = 1;
+            cur->bytes += iov[nv].iov_len;
+            cur->cnt++;
+            ++nv;
+            int last = i + 1 == n && stage == 3;
+            if (last || cur->bytes >= (size_t)hot_bytes || cur->cnt >= DIC_MAX_IOV) {
+                ++nb;
+                if (!last) {
+                    int64_t pos = cur->pos + (int64_t)cur->bytes;
+                    cur = &batches[nb];
+                    memset(cur, 0, sizeof(*cur));
+                    cur->pos = pos;
+                    cur->iov0 = nv;
+                    cur->piece0 = np;
                 }
             }
-            if (got < 0) {
-                rc = (int)got;
-                break;
-            }
-            if ((size_t)got < bytes)
-                goto out; /* end of file: later records stay not done */
-            pos += (int64_t)bytes;
-            cnt = np = 0;
-            bytes = 0;
         }
+    }
+    /* Run: with overlap and more than one batch, a second thread reads the batches in order
+     * while this one hashes each as soon as its read is done, so the reads keep the disk
+     * busy while the payloads are hashed (a single thread alternates the two: the run then
+     * takes the read time plus the hashing time). */
+    dic_shared sh;
+    int threaded = 0;
+    pthread_t tid;
+    if (overlap && nb > 1) {
+        sh.fd = fd;
+        sh.iov = iov;
+        sh.batches = batches;
+        sh.nb = nb;
+        sh.published = 0;
+        sh.stopped = 0;
+        if (pthread_mutex_init(&sh.mu, NULL) == 0) {
+            if (pthread_cond_init(&sh.cv, NULL) == 0) {
+                threaded = pthread_create(&tid, NULL, reader_main, &sh) == 0;
+                if (!threaded)
+                    pthread_cond_destroy(&sh.cv);
+            }
+            if (!threaded)
+                pthread_mutex_destroy(&sh.mu);
+        }
+    }
+    for (int64_t b = 0; b < nb; ++b) {
+        if (threaded) {
+            pthread_mutex_lock(&sh.mu);
+            while (sh.published <= b && !sh.stopped)
+                pthread_cond_wait(&sh.cv, &sh.mu);
+            int ready = sh.published > b;
+            pthread_mutex_unlock(&sh.mu);
+            if (!ready)
+                break; /* the reader stopped before this batch */
+        } else {
+            batches[b].got = read_batch(fd, iov, &batches[b]);
+        }
+        if (hash_batch(fns, state, pieces, &batches[b], digests, done, &rc))
+            break;
+    }
+    if (threaded) {
+        /* The reader stops by itself after the last batch or a short read; this thread only
+         * leaves the loop early after such a batch, so the join does not wait on more I/O. */
+        pthread_join(tid, NULL);
+        pthread_cond_destroy(&sh.cv);
+        pthread_mutex_destroy(&sh.mu);
     }
 out:
     if (state != NULL)
         fns->free_state(state);
+    free(batches);
     free(pieces);
     free(iov);
     free(scratch);

@@ -76,6 +76,7 @@ class SegmentReads:
     _read_hint: str = "none"  # "willneed": announce every run with POSIX_FADV_WILLNEED
     _own_readahead: bool = True  # each run reads through its own open file description
     _native_read: bool = True  # read and hash runs in C when it is available (native_read.py)
+    _read_overlap: bool = True  # in C, read on a second thread while this one hashes
 
     if TYPE_CHECKING:
         dtype: torch.dtype
@@ -399,6 +400,7 @@ class SegmentReads:
             heads,
             _PIECE_BYTES,
             hot,
+            self._read_overlap,
         )
         # A failed read (``_error``) leaves the records it did not finish not done: each is a
         # miss below, as when the Python loop's read raises.
