@@ -4,8 +4,8 @@ Why: ``SegmentDiskTier`` reads a run of consecutive records with ``preadv`` call
 256 KiB-1 MiB and hashes each payload piece right after its read. From Python that is, per
 2 MiB record, eight slices, memoryviews, ``preadv`` calls and hasher updates with the GIL held
 (about 0.1 s of CPU per GB read, ``benchmarks/results/cache.md``). One C call per run does the
-same reads and the same streaming XXH3-64 with the GIL released, and (``overlap``) makes the
-reads on a second thread while the calling one hashes; the caller still checks every record
+same reads and the same streaming XXH3-64 with the GIL released, and can (``overlap``) make
+the reads on a second thread while the calling one hashes; the caller still checks every record
 header and compares every digest, so what counts as a valid record does not change.
 
 The C file calls xxHash's streaming XXH3-64 functions through pointers taken from the
@@ -127,7 +127,7 @@ class RecordReader:
         heads: np.ndarray,
         piece_bytes: int,
         hot_bytes: int,
-        overlap: bool = True,
+        overlap: bool = False,
     ) -> tuple[list[bool], list[int], OSError | None]:
         """``dests``: the payload buffers' addresses (each ``page_bytes`` writable bytes that
         stay alive during the call); ``heads``: a writable uint8 array of ``n * head_bytes``;

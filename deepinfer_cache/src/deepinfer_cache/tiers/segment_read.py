@@ -76,7 +76,11 @@ class SegmentReads:
     _read_hint: str = "none"  # "willneed": announce every run with POSIX_FADV_WILLNEED
     _own_readahead: bool = True  # each run reads through its own open file description
     _native_read: bool = True  # read and hash runs in C when it is available (native_read.py)
-    _read_overlap: bool = True  # in C, read on a second thread while this one hashes
+    # In C, read on a second thread while this one hashes. Off: loaded A/Bs (session 15,
+    # results/cache.md) gave it more CPU (0.51-0.69 s/GB against 0.33-0.48: the reading
+    # thread's copy lands in another core's cache) and a lower wall ratio (0.31-0.82 against
+    # 0.22-1.93, medians 0.52 / 0.66); ``bench_cache_into.py`` keeps the A/B for a quiet run.
+    _read_overlap: bool = False
 
     if TYPE_CHECKING:
         dtype: torch.dtype
