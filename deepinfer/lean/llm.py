@@ -19,16 +19,18 @@ from __future__ import annotations
 
 import ctypes
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
 from deepinfer.engine.stop_strings import StopStringMatcher
 from deepinfer.lean.model import LeanModel
-from deepinfer.lean.model_files import lean_files
+from deepinfer.lean.model_files import lean_files, read_chat_template
 from deepinfer.lean.sampling import LeanSampling, Sampler
 from deepinfer.lean.weights import load_weights
+from deepinfer.models.chat_template import ChatTemplate
 from deepinfer.models.tokenizer import Tokenizer
 from deepinfer_kernels.cpu.openmp import load_openmp_runtime, set_num_threads
 
@@ -91,6 +93,8 @@ class LeanLLM:
             raise ValueError(f"max_model_len must be >= 2, got {max_model_len}")
         self.max_model_len = length
         self.model: LeanModel | None = LeanModel(weights, length)
+        self.directory = files.directory
+        self.chat_template: ChatTemplate | None = None
         self.rng = np.random.default_rng(seed)  # unseeded requests draw from it, in order
 
     def __enter__(self) -> LeanLLM:
@@ -118,11 +122,26 @@ class LeanLLM:
     def stream(self, prompt: str, params: LeanSampling) -> Iterator[LeanOutput]:
         """The output after each generated token (the last one has ``finish_reason``); one
         output with ``error`` for a prompt that cannot run."""
+        try:
+            ids = self.encode(prompt)
+        except ValueError as exc:
+            return iter([LeanOutput(prompt, error=str(exc))])
+        return self._run(prompt, ids, params)
+
+    def chat(self, messages: Sequence[Mapping[str, Any]], params: LeanSampling) -> LeanOutput:
+        """The reply to one conversation (``{"role", "content"}`` dicts), rendered with the
+        model's chat template and encoded as the engine's ``LLM.chat`` does."""
+        if self.chat_template is None:  # read on first use: compiling it loads jinja2
+            self.chat_template = read_chat_template(self.directory, self.tokenizer)
+        text = self.chat_template.render(messages, add_generation_prompt=True)
+        *_, last = self._run(text, self.tokenizer.encode(text, add_bos=False), params)
+        return last
+
+    def _run(self, prompt: str, ids: list[int], params: LeanSampling) -> Iterator[LeanOutput]:
         out = LeanOutput(prompt)
         if self.model is None:
             raise RuntimeError("this LeanLLM is closed")
         try:
-            ids = self.encode(prompt)
             self._validate(ids)
         except ValueError as exc:
             out.error = str(exc)

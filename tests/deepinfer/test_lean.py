@@ -90,6 +90,11 @@ def _compare(path: Path | None, prompts: list[str], models: Path | None) -> None
                 np.testing.assert_allclose(logits, want, rtol=0, atol=1e-4,
                                            err_msg=f"{prompt!r} step {step}")  # fmt: skip
                 logits = model.decode(token)
+        # A conversation through the model's chat template, encoded as LLM.chat does.
+        messages = [{"role": "user", "content": prompts[0]}]
+        want = engine.chat(messages, SamplingParams(temperature=0, max_tokens=6, ignore_eos=True))
+        got = lean.chat(messages, LeanSampling(temperature=0, max_tokens=6, ignore_eos=True))
+        assert got.token_ids == list(want.token_ids) and got.text == want.text
     finally:
         engine.close()
         lean.close()
