@@ -8,7 +8,9 @@ what the engine runs) and once on its torch modules. One torch thread, profiled 
 profiler's own per-call cost does, so Python-heavy parts read a little high). Printed per
 decode step: CPU ms of the engine's step and its parts (the model forward, the plain step's
 head and argmax, the speculator's ``propose`` / ``accept`` and what they call), medians over
-rounds with their range, and a drafting step against a plain one.
+rounds with their range, and a drafting step against a plain one, from the profiled runs and
+from the same generations run without the profiler (CPU ms of the thread per decode step), the
+ratio to keep.
 
     .venv/bin/python benchmarks/engine_spec_split.py --tokens 40 --drafts 1 --repeats 3
 """
@@ -78,6 +80,7 @@ def main() -> None:
     if native is None:
         print("the compiled block is unavailable here: both drafting rows run the modules")
     per_step: dict[str, dict[str, list[float]]] = {name: {} for name in configs}
+    unprofiled: dict[str, list[float]] = {name: [] for name in configs}
     steps_of: dict[str, int] = {}
     for llm, _ in configs.values():
         llm.generate([ids], params)  # warm-up: packed weights, bound steps
@@ -85,6 +88,16 @@ def main() -> None:
         for name, (llm, kernel) in configs.items():
             if llm is spec:
                 drafter.use_native(kernel)
+            # The whole generation without the profiler first (its per-call cost inflates
+            # Python-heavy parts): the step ratios to keep.
+            steps0 = speculator.stats.num_steps  # type: ignore[attr-defined]
+            start = time.thread_time()
+            llm.generate([ids], params)
+            seconds = time.thread_time() - start
+            steps = args.tokens - 1
+            if llm is spec:
+                steps = speculator.stats.num_steps - steps0  # type: ignore[attr-defined]
+            unprofiled[name].append(1e3 * seconds / max(1, steps))
             steps0 = speculator.stats.num_steps  # type: ignore[attr-defined]
             profile = cProfile.Profile(time.thread_time)
             profile.enable()
@@ -110,13 +123,16 @@ def main() -> None:
                     f"{max(values):.2f}); {med / base:.2f} of a plain step"
                 )
     for name in list(configs)[1:]:
-        ratios = [
-            d / b for d, b in zip(per_step[name]["engine step"], per_step["plain"]["engine step"])
-        ]
-        print(
-            f"{name}: a drafting step is {statistics.median(ratios):.2f}x a plain step "
-            f"({min(ratios):.2f}-{max(ratios):.2f}, per round)"
-        )
+        for how, table in (("profiled", None), ("unprofiled", unprofiled)):
+            ours = per_step[name]["engine step"] if table is None else table[name]
+            base_steps = per_step["plain"]["engine step"] if table is None else table["plain"]
+            ratios = [d / b for d, b in zip(ours, base_steps)]
+            print(
+                f"{name}: a drafting step is {statistics.median(ratios):.2f}x a plain step "
+                f"({min(ratios):.2f}-{max(ratios):.2f}, per round; {how}, whole generation "
+                f"per step: {statistics.median(ours):.1f} vs {statistics.median(base_steps):.1f}"
+                " ms CPU)"
+            )
 
 
 if __name__ == "__main__":

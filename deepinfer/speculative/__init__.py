@@ -20,6 +20,7 @@ from deepinfer.speculative.factory import (
     SHIPPED_DRAFTER,
     SpeculativeSpec,
     build_speculator,
+    native_draft_for,
     profile_target_sps,
 )
 from deepinfer.speculative.speculator import DSparkSpeculator
@@ -34,6 +35,7 @@ __all__ = [
     "build_speculator",
     "fastest_linear",
     "load_sts",
+    "native_draft_for",
     "profile_target_sps",
     "time_draft",
 ]
