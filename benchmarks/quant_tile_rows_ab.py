@@ -77,13 +77,20 @@ def main() -> None:
     p.add_argument("--rows", default="5,6,8,10,12,13,14,16", help="comma-separated row counts")
     p.add_argument("--repeats", type=int, default=7)
     p.add_argument("--qtype", default="Q4_1", help="Q4_0, Q4_1, Q8_0, Q4_K, Q6_K, BF16, ...")
+    p.add_argument(
+        "--layers",
+        type=int,
+        default=1,
+        help="copies of the four matrices, each its own allocation, timed as one step (30: a "
+        "SmolLM2 decode step's weights, streamed from DRAM as in the model; 1: in cache)",
+    )
     args = p.parse_args()
     qtype = QuantType[args.qtype.upper()]
     rng = np.random.default_rng(0)
     weights = []
-    for i, (n, k) in enumerate(SHAPES):
-        data = random_quant_rows(qtype, n, k, seed=i)
-        values = dequantize_reference(data, qtype).double().numpy()
+    for i, (n, k) in enumerate(SHAPES * args.layers):
+        data = random_quant_rows(qtype, n, k, seed=i % len(SHAPES))
+        values = dequantize_reference(data, qtype).double().numpy() if i < len(SHAPES) else None
         weights.append((n, k, np.ascontiguousarray(data.numpy()), values))
     with tempfile.TemporaryDirectory() as tmp:
         dll = _build(Path(tmp))
@@ -95,14 +102,16 @@ def main() -> None:
             for n, k, data, values in weights:
                 seg = np.array([1, int(qtype), n, data.shape[1]], dtype=np.int64)
                 x = rng.standard_normal((rows, k)).astype(np.float32)
-                want = x.astype(np.float64) @ values.T
-                bound = k * 1.2e-7 * (np.abs(x) @ np.abs(values).T) + 1e-6
-                for name in paths:
-                    y = np.zeros((rows, n), np.float32)
-                    ptrs = (x.ctypes.data, data.ctypes.data, seg.ctypes.data, y.ctypes.data)
-                    fns[name](*ptrs, rows, n, k)
-                    assert (np.abs(y - want) <= bound).all(), (name, rows, n, k)
-                inner = max(1, int(3e7 / (2 * rows * n * k)))
+                if values is not None:  # the first layer's four matrices
+                    want = x.astype(np.float64) @ values.T
+                    bound = k * 1.2e-7 * (np.abs(x) @ np.abs(values).T) + 1e-6
+                    for name in paths:
+                        y = np.zeros((rows, n), np.float32)
+                        ptrs = (x.ctypes.data, data.ctypes.data, seg.ctypes.data, y.ctypes.data)
+                        fns[name](*ptrs, rows, n, k)
+                        assert (np.abs(y - want) <= bound).all(), (name, rows, n, k)
+                # in cache: repeat each product to ~30 MFLOP; streamed: once per step
+                inner = max(1, int(3e7 / (2 * rows * n * k))) if args.layers == 1 else 1
                 calls.append((x, data, seg, np.zeros((rows, n), np.float32), n, k, inner))
             spent: dict[str, list[float]] = {name: [] for name in paths}
             for repeat in range(args.repeats):
@@ -116,7 +125,7 @@ def main() -> None:
                             fns[name](*ptrs, rows, n, k)
                         total += (time.thread_time() - t0) / inner
                     spent[name].append(total)
-            flops = 2 * rows * sum(n * k for n, k in SHAPES)
+            flops = 2 * rows * sum(n * k for n, k in SHAPES) * args.layers
             parts = [f"T={rows:2d}: panels {flops / min(spent['panels']) / 1e9:5.1f} GFLOP/s"]
             for name in paths[1:]:
                 r = [a / b for a, b in zip(spent["panels"], spent[name], strict=True)]
