@@ -128,15 +128,16 @@ def draft_block(
         )
         # Undrawn positions keep token 0 and confidence 0: no scheduler admits them (and the
         # bound above says none could have).
-        tokens[rows, :width] = d.token_ids
+        at = slice(None) if whole else rows  # a slice writes in place of an index_put
+        tokens[at, :width] = d.token_ids
         sts = sts_greedy if temp == 0 else sts_sampling
-        conf[rows, :width] = (
+        conf[at, :width] = (
             apply_temperatures(d.confidence, sts[:width]) if sts is not None else d.confidence
         )
         if temp > 0:
             if probs is None:
                 probs = torch.zeros(batch, gamma, d.probs.shape[-1], device=device)
-            probs[rows, :width] = d.probs
+            probs[at, :width] = d.probs
     n = _checked_schedule(scheduler.schedule(conf), batch, gamma).cpu().clamp(max=width)
     if max_drafts is not None:
         n = torch.minimum(n, torch.tensor([int(m) for m in max_drafts], dtype=torch.int64))
