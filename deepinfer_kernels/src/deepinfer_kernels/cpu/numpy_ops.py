@@ -35,6 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
+from deepinfer_kernels.cpu.abi import CSource
 from deepinfer_kernels.cpu.native import NativeFunction
 from deepinfer_kernels.cpu.numpy_blocks import BlockRows, LayerBlockRows, check_array
 from deepinfer_kernels.cpu.sources import (
@@ -59,8 +60,8 @@ class NumpyKernels:
     reads ``DEEPINFER_CPU_KERNELS``). Holds no per-call state: one per process is enough."""
 
     def __init__(self, cache_dir: Path | None = None, enabled: bool | None = None) -> None:
-        def fn(source: object, symbol: str) -> NativeFunction:
-            return NativeFunction(source, symbol, cache_dir=cache_dir, enabled=enabled)  # type: ignore[arg-type]
+        def fn(source: CSource, symbol: str) -> NativeFunction:
+            return NativeFunction(source, symbol, cache_dir=cache_dir, enabled=enabled)
 
         self.qkv_fn = fn(QUANT_DECODER_LAYER, "deepinfer_qdecoder_qkv")
         self.mlp_fn = fn(QUANT_DECODER_LAYER, "deepinfer_qdecoder_mlp")
