@@ -1,7 +1,8 @@
 """Block-format products of 5-16 rows (``quant/csrc/gguf_tile_rows.h``): the lanes path (13-16
-rows, x rows as vector lanes, each block decoded once per call) and the register groups (5-12
-rows of Q4_0/Q4_1/Q8_0/F32/F16/BF16), through ``quant_linear`` and the decoder layer's QKV
-half, against gguf's dequantised weights in float64."""
+rows, x rows as vector lanes, each block decoded once per call), the register groups (5-10
+rows of Q4_0/Q4_1/Q8_0/F32/F16/BF16) and the panels they leave (11-12 rows, K-quants below 13),
+through ``quant_linear`` and the decoder layer's QKV half, against gguf's dequantised weights
+in float64."""
 
 from __future__ import annotations
 
@@ -148,7 +149,7 @@ def _qkv_product(layer: QuantDecoderLayerKernel, m: BlockMatrix, x: torch.Tensor
     return out
 
 
-@pytest.mark.parametrize("rows", [5, 9, 12, 13, 16])
+@pytest.mark.parametrize("rows", [5, 10, 12, 13, 16])
 @pytest.mark.parametrize("qtype", BLOCK_TYPES + FLOAT_TYPES, ids=lambda t: t.name)
 def test_decoder_layer_products_of_5_to_16_rows(
     layer: QuantDecoderLayerKernel, qtype: QuantType, rows: int

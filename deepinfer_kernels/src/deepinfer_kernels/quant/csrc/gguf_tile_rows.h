@@ -16,7 +16,7 @@
  *   weight and runs 12 FMAs into 12 register accumulators that live across the slices. Each
  *   weight is decoded once per call and never leaves L1. (At 5-8 rows the same code runs one
  *   vector of lanes and 12 weight rows at a time.)
- * - Groups (tile_groups, 5-12 rows of Q4_0/Q4_1/Q8_0/F32/F16/BF16): the 1-4 row register path
+ * - Groups (tile_groups, 5-10 rows of Q4_0/Q4_1/Q8_0/F32/F16/BF16): the 1-4 row register path
  *   of gguf_blocks.h (fused_dot: each 32-weight block decoded into registers and multiplied
  *   into up to 4 x rows at once) run over balanced groups of at most 4 x rows, the weight
  *   rows re-read from cache by every group after the first.
@@ -37,7 +37,7 @@
 /* The most x rows the tile path takes (more go to the panels or the GEMM; fewer to the
  * register path of gguf_blocks.h). */
 #define TILE_MAX_ROWS 16
-/* The fewest: at 3-4 rows the fused register path (fused_dot) measured faster. */
+/* The fewest (1-4 rows run the register path of gguf_blocks.h directly). */
 #define TILE_MIN_ROWS 5
 /* Vector accumulators of the inner loop: with the V x vectors and a broadcast weight, 15 of the
  * 16 AVX2 registers. */
@@ -169,7 +169,7 @@ static int tile_rows(const uint8_t *rows, int64_t row_bytes, int64_t count, int 
 
 /* The same rows on the register path of gguf_blocks.h (fused_rows_dispatch: each 32-weight
  * block decoded into registers per group of at most FUSED_MAX_ROWS x rows), the x rows in
- * balanced groups (5 rows as 3 + 2, 12 as 4 + 4 + 4). For a fused_type() qtype. */
+ * balanced groups (5 rows as 2 + 3, 10 as 3 + 3 + 4). For a fused_type() qtype. */
 static void tile_groups(const uint8_t *rows, int64_t row_bytes, int64_t count, int qtype,
                         int64_t K, const float *x, int64_t T, int64_t xs, float *y, int64_t N,
                         int64_t n0, const float *bias) {
@@ -190,18 +190,23 @@ static void tile_groups(const uint8_t *rows, int64_t row_bytes, int64_t count, i
 
 /* Which path a product of T x rows with a weight of format qtype takes here: 1 for the lanes
  * (tile_rows), 2 for the register groups (tile_groups), 0 for neither (the caller's own paths:
- * the 1-4 row register path, the panels, the GEMM). Measured on SmolLM2's Q4_1 shapes, one
- * thread (benchmarks/quant_tile_rows_ab.py): the lanes win at TILE_LANES_MIN_ROWS-16 rows
- * (whole or nearly whole vectors of x rows; 9-12 rows would pay for 16 lanes), the groups at
- * 5-12 rows over the panels, and the panels stay for the K-quants below
- * TILE_LANES_MIN_ROWS rows. */
+ * the 1-4 row register path, the panels, the GEMM). Measured against the panels on SmolLM2's
+ * Q4_1 shapes, 30 layers' weights streamed as in a decode step, one thread
+ * (benchmarks/quant_tile_rows_ab.py --layers 30): the lanes win at 16 rows (1.23x) and tie at
+ * 13 (whole or nearly whole vectors of x rows; at 9-12 they pay for 16 lanes: 0.88-0.95x),
+ * the groups win at 5-10 rows (1.04-1.23x) and lose at 11-12 (0.92-0.95x: three groups
+ * re-reading the weights), so 11-12 rows and the K-quants below TILE_LANES_MIN_ROWS stay on
+ * the panels. */
 #ifndef TILE_LANES_MIN_ROWS
 #define TILE_LANES_MIN_ROWS 13
+#endif
+#ifndef TILE_GROUPS_MAX_ROWS
+#define TILE_GROUPS_MAX_ROWS 10
 #endif
 static inline int tile_path(int qtype, int64_t T) {
 #if defined(__AVX2__) && defined(__FMA__)
     if (T >= TILE_LANES_MIN_ROWS && T <= TILE_MAX_ROWS) return 1;
-    if (T >= TILE_MIN_ROWS && T < TILE_LANES_MIN_ROWS && fused_type(qtype)) return 2;
+    if (T >= TILE_MIN_ROWS && T <= TILE_GROUPS_MAX_ROWS && fused_type(qtype)) return 2;
 #else
     (void)qtype;
     (void)T;
