@@ -9,6 +9,11 @@ SHA-256, and the blocks file records this very conversion. A missing or stale di
 (re)built by the engine's own code in a child process (:func:`prepare`), so this process never
 imports torch; nothing half-written or foreign is ever read.
 
+Why not ``gguf.GGUFReader`` on the file itself: it parses every metadata field into numpy
+objects (the 49k-token vocabulary) and reads the whole file doing so: 4.5 s and a 193 MB peak
+on the embedded model, more than llama.cpp's whole process. The blocks file is a memory map
+whose header is a few kB of JSON.
+
 Example::
 
     files = lean_files("SmolLM2-135M-Instruct.Q4_1.gguf")  # prepares it once if needed
