@@ -4,8 +4,10 @@ Paths (the op decides; all compute ``x W^T`` in fp32 with ``W`` exactly the form
 
 * CUDA tensors (or ``use_triton=True`` under ``TRITON_INTERPRET=1``): the Triton kernel, which
   dequantises tiles of ``W`` in registers and never writes ``W`` out;
-* CPU, up to ``GEMV_MAX_ROWS`` rows (decode, verification): the C kernel, which dequantises
-  each weight row once into L1 and dots it with every row of ``x``;
+* CPU, up to ``GEMV_MAX_ROWS`` rows (decode, verification, a decode step of up to 16
+  sequences): the C kernel, which decodes each block of ``W`` once per call and applies it to
+  every row of ``x`` from registers or L1 (1-4 rows: ``gguf_blocks.h``; 5-16:
+  ``gguf_tile_rows.h``; 11-12 rows and K-quants at 3-12: 12-row fp32 panels, ``gguf_panel.h``);
 * CPU, more rows (prefill): ``W`` dequantised once into a temporary fp32 matrix by the C kernel
   and multiplied by a BLAS sgemm (reading ``W`` once per call either way, and the GEMM wins
   there): OpenBLAS or MKL, whichever :mod:`deepinfer_kernels.quant.dense_gemm` picks for the CPU;
