@@ -9,8 +9,9 @@ sequences), the three paths the C kernels have for them:
 
 All three are compiled here from the package's headers into one throw-away library (the
 kernels' flags, OpenMP), run on SmolLM2-135M's projections (QKV 960x576, o 576x576, gate/up
-3072x576, down 576x1536) in ``--qtype`` (random valid rows), one OpenMP thread, timed in the
-calling thread's CPU time, the paths alternated ``--repeats`` times. Prints per row count each
+3072x576, down 576x1536) in ``--qtype`` (random valid rows), one OpenMP thread timed in the
+calling thread's CPU time (``--threads N``: N threads, wall time), the paths alternated
+``--repeats`` times. Prints per row count each
 path's speed against the panels (min-median-max of the per-repeat ratios) and the panels'
 best GFLOP/s; every path is checked against a float64 product first. ``tile_path()`` in
 ``gguf_tile_rows.h`` takes its thresholds from this.
@@ -43,18 +44,31 @@ HARNESS = """
 #include "gguf_blocks.h"
 #include "gguf_panel.h"
 #include "gguf_tile_rows.h"
-void ab_one_thread(void) { omp_set_num_threads(1); }
+void ab_threads(int n) { omp_set_num_threads(n); }
 void ab_panels(const float *x, const uint8_t *w, const int64_t *seg, float *y, int64_t T,
                int64_t N, int64_t K) {
     panel_linear(x, K, w, seg, 0, y, T, N, K);
 }
+/* Each path as tile_linear() runs it: every OpenMP thread a contiguous share of the rows. */
 void ab_lanes(const float *x, const uint8_t *w, const int64_t *seg, float *y, int64_t T,
               int64_t N, int64_t K) {
-    tile_rows(w, seg[3], N, (int)seg[1], K, x, T, K, y, N, 0, (const float *)0);
+#pragma omp parallel
+    {
+        int64_t lo, hi;
+        thread_share(N, &lo, &hi);
+        tile_rows(w + lo * seg[3], seg[3], hi - lo, (int)seg[1], K, x, T, K, y, N, lo,
+                  (const float *)0);
+    }
 }
 void ab_groups(const float *x, const uint8_t *w, const int64_t *seg, float *y, int64_t T,
                int64_t N, int64_t K) {
-    tile_groups(w, seg[3], N, (int)seg[1], K, x, T, K, y, N, 0, (const float *)0);
+#pragma omp parallel
+    {
+        int64_t lo, hi;
+        thread_share(N, &lo, &hi);
+        tile_groups(w + lo * seg[3], seg[3], hi - lo, (int)seg[1], K, x, T, K, y, N, lo,
+                    (const float *)0);
+    }
 }
 """
 
@@ -84,6 +98,7 @@ def main() -> None:
         help="copies of the four matrices, each its own allocation, timed as one step (30: a "
         "SmolLM2 decode step's weights, streamed from DRAM as in the model; 1: in cache)",
     )
+    p.add_argument("--threads", type=int, default=1, help="OpenMP threads (more than 1: wall time)")
     args = p.parse_args()
     qtype = QuantType[args.qtype.upper()]
     rng = np.random.default_rng(0)
@@ -94,7 +109,9 @@ def main() -> None:
         weights.append((n, k, np.ascontiguousarray(data.numpy()), values))
     with tempfile.TemporaryDirectory() as tmp:
         dll = _build(Path(tmp))
-        dll.ab_one_thread()  # the CPU time below is the calling thread's
+        dll.ab_threads(args.threads)
+        # one thread: the calling thread's CPU time; more: wall time (the others' work counts)
+        clock = time.thread_time if args.threads == 1 else time.perf_counter
         fns = {name: getattr(dll, f"ab_{name}") for name in PATHS}
         paths = [n for n in PATHS if n != "groups" or qtype in _REGISTER_TYPES]
         for rows in (int(r) for r in args.rows.split(",")):
@@ -120,10 +137,10 @@ def main() -> None:
                     total = 0.0
                     for x, data, seg, y, n, k, inner in calls:
                         ptrs = (x.ctypes.data, data.ctypes.data, seg.ctypes.data, y.ctypes.data)
-                        t0 = time.thread_time()
+                        t0 = clock()
                         for _ in range(inner):
                             fns[name](*ptrs, rows, n, k)
-                        total += (time.thread_time() - t0) / inner
+                        total += (clock() - t0) / inner
                     spent[name].append(total)
             flops = 2 * rows * sum(n * k for n, k in SHAPES) * args.layers
             parts = [f"T={rows:2d}: panels {flops / min(spent['panels']) / 1e9:5.1f} GFLOP/s"]
