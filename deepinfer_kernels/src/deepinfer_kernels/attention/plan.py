@@ -54,7 +54,7 @@ from deepinfer_kernels.attention.validate import (
     check_paged_values,
     want_value_checks,
 )
-from deepinfer_kernels.cpu.attention import BoundTiles, PagedAttentionTiles
+from deepinfer_kernels.cpu.attention import MAX_BATCH_TILE_Q, BoundTiles, PagedAttentionTiles
 
 # Pool size used while validating the metadata alone: the real pool is only known at run time,
 # where the largest block id in use is checked against it. (The int32 maximum: a larger Python
@@ -435,6 +435,8 @@ def plan_paged_attention(
             causal=causal,
             window=window,
             soft_cap=cap,
+            # With the compiled kernel, short prompts' prefill tiles share one call per layer.
+            batch_q=MAX_BATCH_TILE_Q if cpu_kernel is not None else 0,
         )
     )
     return PagedAttentionPlan(

@@ -145,9 +145,10 @@ def _make_tiles(
     return tiles
 
 
-def _group_tiles(tiles: list[_Tile], num_q_heads: int) -> list[list[_Tile]]:
-    """Short tiles share batches as long as the padded scores fit the budget; long tiles run
-    alone."""
+def _group_tiles(tiles: list[_Tile], num_q_heads: int, batch_q: int) -> list[list[_Tile]]:
+    """Short tiles share batches as long as the padded scores fit the budget; tiles of up to
+    ``batch_q`` queries share batches of their own (:func:`_group_medium_tiles`); longer tiles
+    run alone."""
     groups: list[list[_Tile]] = []
     per_tile = num_q_heads * _SHORT_TILE
     batch: list[_Tile] = []
@@ -163,7 +164,32 @@ def _group_tiles(tiles: list[_Tile], num_q_heads: int) -> list[list[_Tile]]:
         batch_span = span
     if batch:
         groups.append(batch)
-    groups.extend([t] for t in tiles if t.n_q > _SHORT_TILE)
+    medium = [t for t in tiles if _SHORT_TILE < t.n_q <= batch_q]
+    groups.extend(_group_medium_tiles(medium, num_q_heads))
+    groups.extend([t] for t in tiles if t.n_q > max(batch_q, _SHORT_TILE))
+    return groups
+
+
+def _group_medium_tiles(tiles: list[_Tile], num_q_heads: int) -> list[list[_Tile]]:
+    """Batches of prefill tiles for the compiled CPU kernel (several short prompts in one step):
+    one call per layer instead of one SDPA per sequence. Longest first, a tile joins the batch
+    while its queries are at least 3/4 of the batch's (padded rows repeat a valid one and are
+    computed) and the batch's padded scores fit the budget."""
+    groups: list[list[_Tile]] = []
+    batch: list[_Tile] = []
+    span = 0
+    for t in sorted(tiles, key=lambda t: -t.n_q):
+        width = max(span, t.key_hi - t.key_lo)
+        if batch and (
+            4 * t.n_q < 3 * batch[0].n_q
+            or (len(batch) + 1) * width * num_q_heads * batch[0].n_q > _SCORE_BUDGET
+        ):
+            groups.append(batch)
+            batch, width = [], t.key_hi - t.key_lo
+        batch.append(t)
+        span = width
+    if batch:
+        groups.append(batch)
     return groups
 
 
@@ -262,17 +288,19 @@ def plan_tile_batches(
     causal: bool,
     window: int,
     soft_cap: float = 0.0,
+    batch_q: int = _SHORT_TILE,
 ) -> list[TileBatch]:
     """Cut a validated batch into tile batches and precompute their indices and masks.
     ``soft_cap > 0`` (scores materialised by the manual path) keeps every tile in the score
-    budget."""
+    budget. Tiles of up to ``batch_q`` queries are batched together (the compiled CPU kernel's
+    prefill tiles, ``cpu.attention.MAX_BATCH_TILE_Q``); longer ones run alone on SDPA."""
     group = num_q_heads // num_kv_heads
     tiles = _make_tiles(
         seq_lens, cu_seqlens_q, causal, window, block_size, group, num_kv_heads, soft_cap
     )
     return [
         _plan_batch(g, block_table, seq_lens, block_size, group, causal, window)
-        for g in _group_tiles(tiles, num_q_heads)
+        for g in _group_tiles(tiles, num_q_heads, batch_q)
     ]
 
 

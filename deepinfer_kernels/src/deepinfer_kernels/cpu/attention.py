@@ -2,7 +2,8 @@
 
 Plugged into :func:`~deepinfer_kernels.plan_paged_attention` with ``cpu_kernel=``: the plan's
 torch path then runs its batches of short tiles (decode and verification rows, up to
-``MAX_TILE_Q`` queries per sequence) on it when ``q`` and the caches are contiguous fp32 CPU
+``MAX_TILE_Q`` queries per sequence, and short prompts' prefill tiles of up to
+``MAX_BATCH_TILE_Q``) on it when ``q`` and the caches are contiguous fp32 CPU
 tensors and autograd is off, and keeps the gather + SDPA path otherwise. The maths is the
 reference's; results agree to fp32 rounding.
 """
@@ -19,8 +20,14 @@ from deepinfer_kernels.cpu.native import NativeFunction
 from deepinfer_kernels.cpu.sources import PAGED_ATTENTION_TILES
 
 SOURCE = PAGED_ATTENTION_TILES.path
-# Longer tiles (prefill chunks) stay on SDPA, whose matrix products win there.
+# Decode and verification tiles: up to this many queries a sequence share batches.
 MAX_TILE_Q = 16
+# Prefill tiles of up to this many queries (several short prompts in one step) run here too,
+# batched by the plan: computing only each row's kept (causal) keys, one call per layer beat one
+# SDPA per sequence 1.1-1.5x from 24 to ~100 queries (16 prompts, one core, SmolLM2's heads;
+# benchmarks/prefill_attention_ab.py) and lost from ~128 (0.9x at 256).
+# Longer tiles stay on SDPA, whose matrix products win there.
+MAX_BATCH_TILE_Q = 96
 
 
 class PagedAttentionTiles:
@@ -53,7 +60,7 @@ class PagedAttentionTiles:
         ``q`` with contiguous rows (any row stride), autograd off."""
         tensors = (q, k_cache, v_cache)
         return (
-            max_q <= MAX_TILE_Q
+            max_q <= MAX_BATCH_TILE_Q
             and all(t.device.type == "cpu" and t.dtype == torch.float32 for t in tensors)
             and k_cache.is_contiguous()
             and v_cache.is_contiguous()

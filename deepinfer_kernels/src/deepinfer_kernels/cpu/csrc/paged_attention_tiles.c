@@ -138,8 +138,19 @@ static void attend_span(const float *q, int64_t q_stride, const int64_t *q_rows,
                         const int64_t *pages, const uint8_t *keep, int64_t t, int64_t j0,
                         int64_t j1, int64_t max_q, int64_t key_len, int64_t block_size,
                         int64_t hq, int64_t hkv, int64_t d, float scale, float soft_cap,
-                        float *m, float *l, float *o, float *scores, const float **keys) {
+                        float *m, float *l, float *o, float *scores, const float **keys,
+                        int64_t *hi) {
     int64_t span = j1 - j0, rows = max_q * hq, group = hq / hkv, row_len = hkv * d;
+    /* hi[r]: one past row r's last kept key of the span. Keys from there on are masked, so
+     * their scores, exponentials and values are skipped: a causal prefill tile (many
+     * sequences' prompts in one batch) computes its kept half only, not the whole square. */
+    for (int64_t r = 0; r < max_q; r++) {
+        const uint8_t *kr = keep ? keep + (t * max_q + r) * key_len + j0 : NULL;
+        int64_t h = span;
+        if (kr)
+            while (h > 0 && !kr[h - 1]) h--;
+        hi[r] = h;
+    }
     for (int64_t rr = 0; rr < rows; rr++) {
         m[rr] = -INFINITY;
         l[rr] = 0.f;
@@ -157,6 +168,7 @@ static void attend_span(const float *q, int64_t q_stride, const int64_t *q_rows,
                 kk[i] = k_cache + (pages[j / block_size] * block_size + j % block_size) * row_len;
             }
             for (int64_t r = 0; r < max_q; r++) {
+                if (jj >= hi[r]) continue; /* every key of the 8 is masked for this row */
                 int64_t out_row = t * max_q + r;
                 int64_t q_row = q_rows ? q_rows[out_row] : row_start + out_row;
                 const float *qr = q + q_row * q_stride;
@@ -174,6 +186,7 @@ static void attend_span(const float *q, int64_t q_stride, const int64_t *q_rows,
         int64_t j = j0 + jj;
         const float *kj = k_cache + (pages[j / block_size] * block_size + j % block_size) * row_len;
         for (int64_t r = 0; r < max_q; r++) {
+            if (jj >= hi[r]) continue;
             int64_t out_row = t * max_q + r;
             int64_t q_row = q_rows ? q_rows[out_row] : row_start + out_row;
             const float *qr = q + q_row * q_stride;
@@ -187,7 +200,7 @@ static void attend_span(const float *q, int64_t q_stride, const int64_t *q_rows,
         const uint8_t *kr = keep ? keep + out_row * key_len + j0 : NULL;
         for (int64_t x = 0; x < hq; x++) {
             float *sr = scores + (r * hq + x) * span, big = -INFINITY;
-            for (int64_t i = 0; i < span; i++) {
+            for (int64_t i = 0; i < hi[r]; i++) {
                 float sc = sr[i];
                 if (soft_cap > 0) sc = soft_cap * tanhf(sc / soft_cap);
                 if (kr && !kr[i]) sc = -INFINITY;
@@ -200,9 +213,11 @@ static void attend_span(const float *q, int64_t q_stride, const int64_t *q_rows,
     for (int64_t rr = 0; rr < rows; rr++) {
         if (m[rr] == -INFINITY) continue; /* no key of the span is kept */
         float *sr = scores + rr * span, sum = 0.f;
-        for (int64_t i = 0; i < span; i++) sr[i] -= m[rr];
-        expf_inplace(sr, span); /* vec_math.h; exp(-inf) = 0 for masked keys */
-        for (int64_t i = 0; i < span; i++) sum += sr[i];
+        int64_t n = hi[rr / hq];
+        for (int64_t i = 0; i < n; i++) sr[i] -= m[rr];
+        expf_inplace(sr, n); /* vec_math.h; exp(-inf) = 0 for masked keys */
+        for (int64_t i = 0; i < n; i++) sum += sr[i];
+        for (int64_t i = n; i < span; i++) sr[i] = 0.f; /* masked: the scalar value sum reads them */
         l[rr] = sum;
     }
 #if TILE_SIMD
@@ -213,7 +228,8 @@ static void attend_span(const float *q, int64_t q_stride, const int64_t *q_rows,
         }
         for (int64_t rr = 0; rr < rows; rr++) {
             if (m[rr] == -INFINITY) continue;
-            weighted_sum(o + rr * d, scores + rr * span, keys, ((rr % hq) / group) * d, span, d);
+            weighted_sum(o + rr * d, scores + rr * span, keys, ((rr % hq) / group) * d,
+                         hi[rr / hq], d);
         }
         return;
     }
@@ -260,23 +276,25 @@ int deepinfer_paged_attention_tiles(const float *q, int64_t q_stride, const int6
     {
         float *scores = malloc((size_t)(rows * per_span) * sizeof(float));
         const float **keys = malloc((size_t)per_span * sizeof(float *));
-        if (!scores || !keys) {
+        int64_t *hi = malloc((size_t)max_q * sizeof(int64_t));
+        if (!scores || !keys || !hi) {
 #pragma omp atomic write
             failed = 1;
         }
 #pragma omp for schedule(static)
         for (int64_t it = 0; it < items; it++) {
-            if (!scores || !keys) continue;
+            if (!scores || !keys || !hi) continue;
             int64_t t = it / spans, s = it % spans;
             int64_t j0 = s * per_span, j1 = j0 + per_span < key_len ? j0 + per_span : key_len;
             if (j0 > j1) j0 = j1;
             attend_span(q, q_stride, q_rows, row_start, k_cache, v_cache,
                         page_ids + t * num_pages, keep, t, j0, j1, max_q, key_len, block_size,
                         hq, hkv, d, scale, soft_cap, pm + it * rows, pl + it * rows,
-                        po + it * rows * d, scores, keys);
+                        po + it * rows * d, scores, keys, hi);
         }
         free(scores);
         free(keys);
+        free(hi);
     }
     if (failed) {
         free(part);
