@@ -6,7 +6,11 @@ residual + norm + SwiGLU MLP + residual + the next norm; the token embedding and
 the engine's C entries too (``deepinfer_kernels.cpu.numpy_ops``). A decode step binds its calls
 once (:class:`DecodeStep`) and rewrites only what changes: the RoPE row, the slot, the key
 length. A prompt runs in chunks of up to :data:`PREFILL_CHUNK` rows, its attention as causal
-tiles of 16 queries.
+tiles of 16 queries. A chunk of more than 16 rows runs its four products per layer as the
+engine's ``quant_linear`` does, on numpy's OpenBLAS sgemm inside the kernels' OpenMP region
+(``deepinfer_quant_linear_sgemm``), where the engine's rule picks OpenBLAS
+(``deepinfer_kernels.quant.blas_choice``: a non-Intel CPU with threadpoolctl installed);
+elsewhere, and for short chunks, the fused block-kernel layer calls.
 
 Example::
 
@@ -17,12 +21,16 @@ Example::
 
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 import numpy as np
 
 from deepinfer.lean.kv_cache import BLOCK_SIZE, KVCache
-from deepinfer.lean.rope import Rope
+from deepinfer.lean.rope import Rope, rotate_and_write_kv
 from deepinfer.lean.weights import LeanWeights
-from deepinfer_kernels.cpu.numpy_ops import MAX_TILE_Q, NumpyKernels
+from deepinfer_kernels.cpu.numpy_blocks import LayerBlockRows
+from deepinfer_kernels.cpu.numpy_ops import MAX_TILE_Q, SGEMM_MIN_ROWS, NumpyKernels
+from deepinfer_kernels.quant.blas_choice import SingleThreadSgemm, default_blas_choice
 
 PREFILL_CHUNK = 256
 F32 = np.float32
@@ -40,8 +48,16 @@ class LeanModel:
     ``reset()`` starts a new sequence; :attr:`length` is the number of positions cached."""
 
     def __init__(
-        self, weights: LeanWeights, max_tokens: int, kernels: NumpyKernels | None = None
+        self,
+        weights: LeanWeights,
+        max_tokens: int,
+        kernels: NumpyKernels | None = None,
+        sgemm: SingleThreadSgemm | str | None = "auto",
     ) -> None:
+        """``sgemm``: the many-row products' BLAS (``"auto"``: the engine's rule,
+        ``default_blas_choice().in_region_sgemm()``; None: the block kernels only)."""
+        if not (sgemm is None or sgemm == "auto" or isinstance(sgemm, SingleThreadSgemm)):
+            raise ValueError(f"sgemm: expected 'auto', None or a SingleThreadSgemm, got {sgemm!r}")
         cfg = weights.config
         if not isinstance(max_tokens, int) or max_tokens < 2:
             raise ValueError(f"max_tokens: expected an int >= 2, got {max_tokens!r}")
@@ -56,6 +72,9 @@ class LeanModel:
         self.scale = float(cfg.head_dim**-0.5)
         self.eps = float(cfg.rms_norm_eps)
         self.length = 0
+        self.sgemm: SingleThreadSgemm | None = (
+            default_blas_choice().in_region_sgemm() if isinstance(sgemm, str) else sgemm
+        )
         self._step = DecodeStep(self)
 
     def reset(self) -> None:
@@ -77,9 +96,11 @@ class LeanModel:
             raise ValueError("ids: expected at least one token")
         self._check_room(int(tokens.size))
         rows = []
-        for start in range(0, tokens.size, PREFILL_CHUNK):
-            normed = self._chunk(tokens[start : start + PREFILL_CHUNK])
-            rows.append(normed if all_logits else normed[-1:])
+        # OpenBLAS held to one thread while the OpenMP threads each run a share on it.
+        with self.sgemm.one_thread() if self.sgemm is not None else nullcontext(0) as address:
+            for start in range(0, tokens.size, PREFILL_CHUNK):
+                normed = self._chunk(tokens[start : start + PREFILL_CHUNK], address)
+                rows.append(normed if all_logits else normed[-1:])
         hidden = np.ascontiguousarray(np.concatenate(rows) if all_logits else rows[-1])
         logits = self.kernels.linear(hidden, self.weights.head)
         return logits if all_logits else logits[0]
@@ -89,8 +110,9 @@ class LeanModel:
         self._check_room(1)
         return self._step.run(int(token))
 
-    def _chunk(self, tokens: np.ndarray) -> np.ndarray:
-        """Run ``tokens`` at the next positions; returns their final-norm hidden ``[T, H]``."""
+    def _chunk(self, tokens: np.ndarray, sgemm: int) -> np.ndarray:
+        """Run ``tokens`` at the next positions; returns their final-norm hidden ``[T, H]``.
+        ``sgemm``: the one-thread sgemm's address for many-row products (0: none)."""
         w, d, k = self.weights, self.dims, self.kernels
         t, start = int(tokens.size), self.length
         tiles = -(-t // MAX_TILE_Q)
@@ -111,19 +133,47 @@ class LeanModel:
         keep = np.ascontiguousarray(keep.reshape(tiles if t > 1 else 1, max_q, key_len))
         num_pages = -(-key_len // BLOCK_SIZE)
         pages = np.ascontiguousarray(np.tile(self.cache.page_ids[:num_pages], keep.shape[0]))
+        many = bool(sgemm) and t >= SGEMM_MIN_ROWS
         for i, layer in enumerate(w.layers):
             k_cache, v_cache = self.cache.layer(i)
-            k.layer_qkv(normed, layer, cos, sin, positions, k_cache, v_cache, qkv[:t])
+            if many:
+                qkv[:t] = k.linear(normed, layer.qkv, layer.qkv_bias, sgemm=sgemm)
+                rotate_and_write_kv(qkv[:t], cos, sin, positions, k_cache, v_cache,
+                                    d.num_heads, d.num_kv_heads)  # fmt: skip
+            else:
+                k.layer_qkv(normed, layer, cos, sin, positions, k_cache, v_cache, qkv[:t])
             k.attention(
                 qkv, d.num_heads, d.head_dim, k_cache, v_cache, attn, page_ids=pages,
                 keep=keep, num_tiles=keep.shape[0], max_q=max_q, num_pages=num_pages,
                 key_len=key_len, scale=self.scale,
             )  # fmt: skip
             attn_rows = attn.reshape(padded, -1)[:t]
-            k.layer_mlp(attn_rows, layer, residual, normed, w.post_norms[i], w.next_norm(i),
-                        self.eps, scratch)  # fmt: skip
+            if many:
+                residual, normed = self._mlp_sgemm(attn_rows, layer, residual, i, sgemm)
+            else:
+                k.layer_mlp(attn_rows, layer, residual, normed, w.post_norms[i],
+                            w.next_norm(i), self.eps, scratch)  # fmt: skip
         self.length += t
         return normed
+
+    def _mlp_sgemm(
+        self, attn: np.ndarray, layer: LayerBlockRows, residual: np.ndarray, i: int, sgemm: int
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """``deepinfer_qdecoder_mlp``'s computation with its three products on the sgemm:
+        returns the new ``(residual, normed)``."""
+        k, w, inter = self.kernels, self.weights, self.dims.intermediate
+        delta = k.linear(attn, layer.o, sgemm=sgemm)
+        residual, normed = k.add_rms_norm(residual, delta, w.post_norms[i], self.eps)
+        gate_up = k.linear(normed, layer.gate_up, sgemm=sgemm)
+        gate, up = gate_up[:, :inter], gate_up[:, inter:]
+        # silu(g) u = g / (1 + e^-g) u, in fp32 as the C layer computes it.
+        act = np.negative(gate)
+        np.exp(act, out=act)
+        act += F32(1.0)
+        np.divide(gate, act, out=act)
+        act *= up
+        down = k.linear(act, layer.down, sgemm=sgemm)
+        return k.add_rms_norm(residual, down, w.next_norm(i), self.eps)
 
 
 class DecodeStep:

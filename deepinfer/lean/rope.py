@@ -44,3 +44,25 @@ class Rope:
         full_cos = np.concatenate([cos, cos], axis=1).astype(np.float32)
         signed_sin = np.concatenate([-sin, sin], axis=1).astype(np.float32)
         return full_cos, signed_sin
+
+
+def rotate_and_write_kv(
+    qkv: np.ndarray, cos: np.ndarray, sin: np.ndarray, slots: np.ndarray,
+    k_cache: np.ndarray, v_cache: np.ndarray, num_heads: int, num_kv_heads: int,
+) -> None:  # fmt: skip
+    """In place, as the C layer kernels' ``rope_and_write_kv``: rotate the Q and K heads of
+    each row of ``qkv`` ``[T, (Hq + 2 Hkv) D]`` by its ``cos``/``sin`` row (full-width
+    tables), then write its K and V to the caches (``[blocks, block_size, Hkv, D]``) at
+    ``slots`` (int ``[T]``). For the prefill's many-row path, whose products run on the sgemm
+    and not in the fused layer calls."""
+    t, d = qkv.shape[0], cos.shape[1]
+    rotated = (num_heads + num_kv_heads) * d
+    heads = qkv[:, :rotated].reshape(t, num_heads + num_kv_heads, d)  # may be a copy
+    half = d // 2
+    swapped = np.concatenate([heads[..., half:], heads[..., :half]], axis=-1)
+    qkv[:, :rotated] = (heads * cos[:, None, :] + swapped * sin[:, None, :]).reshape(t, rotated)
+    q_width, kv = num_heads * d, num_kv_heads * d  # row: Q heads, K heads, V heads
+    k_rows = k_cache.reshape(-1, num_kv_heads, d)
+    v_rows = v_cache.reshape(-1, num_kv_heads, d)
+    k_rows[slots] = qkv[:, q_width:rotated].reshape(t, num_kv_heads, d)
+    v_rows[slots] = qkv[:, rotated : rotated + kv].reshape(t, num_kv_heads, d)

@@ -7,8 +7,9 @@ loader (:mod:`~deepinfer_kernels.cpu.native`): a GGUF model's prefill and decode
   halves over block-format weights (``quant_decoder_layer.c``);
 * :meth:`NumpyKernels.attention`: paged attention over short query tiles
   (``paged_attention_tiles.c``);
-* :meth:`NumpyKernels.linear`: ``x W^T`` on block-format rows, the LM head
-  (``quant_gemv.c``);
+* :meth:`NumpyKernels.linear`: ``x W^T`` on block-format rows, the LM head and a prefill's
+  many-row products (``quant_gemv.c``; optionally on numpy's OpenBLAS sgemm, as the engine's
+  ``quant_linear``);
 * :meth:`NumpyKernels.dequantize` / :meth:`NumpyKernels.embed`: rows dequantised exactly as
   ``gguf.quants.dequantize`` does, the token embedding;
 * :meth:`NumpyKernels.add_rms_norm`: the residual add and RMSNorm (``add_rms_norm.c``).
@@ -49,6 +50,10 @@ from deepinfer_kernels.quant.formats import quant_type, row_bytes
 F32, I64 = np.float32, np.int64
 # Query rows a tile may hold (attention.MAX_TILE_Q: the kernel's short-tile design).
 MAX_TILE_Q = 16
+# Fewest rows a product runs on the in-region sgemm, as the engine's quant_linear decides
+# (quant.ops.GEMV_MAX_ROWS + 1; a test keeps the two equal): fewer rows stay on the block
+# kernels, which read each weight byte once for all of them.
+SGEMM_MIN_ROWS = 17
 
 
 def _ptr(a: np.ndarray | None) -> int | None:
@@ -67,12 +72,13 @@ class NumpyKernels:
         self.mlp_fn = fn(QUANT_DECODER_LAYER, "deepinfer_qdecoder_mlp")
         self.tiles_fn = fn(PAGED_ATTENTION_TILES, "deepinfer_paged_attention_tiles")
         self.linear_fn = fn(QUANT_GEMV, "deepinfer_quant_linear")
+        self.sgemm_linear_fn = fn(QUANT_GEMV, "deepinfer_quant_linear_sgemm")
         self.dequantize_fn = fn(QUANT_GEMV, "deepinfer_quant_dequantize")
         self.norm_fn = fn(ADD_RMS_NORM, "deepinfer_add_rms_norm")
 
     def functions(self) -> tuple[NativeFunction, ...]:
-        return (self.qkv_fn, self.mlp_fn, self.tiles_fn, self.linear_fn, self.dequantize_fn,
-                self.norm_fn)  # fmt: skip
+        return (self.qkv_fn, self.mlp_fn, self.tiles_fn, self.linear_fn,
+                self.sgemm_linear_fn, self.dequantize_fn, self.norm_fn)  # fmt: skip
 
     def available(self) -> bool:
         """Whether every kernel runs here (builds them on the first call)."""
@@ -86,23 +92,44 @@ class NumpyKernels:
         return None
 
     # ------------------------------------------------------------------ products
-    def linear(self, x: np.ndarray, w: BlockRows, bias: np.ndarray | None = None) -> np.ndarray:
+    def linear(
+        self,
+        x: np.ndarray,
+        w: BlockRows,
+        bias: np.ndarray | None = None,
+        *,
+        sgemm: int | None = None,
+    ) -> np.ndarray:
         """``x [M, K] @ W^T (+ bias)`` -> fp32 ``[M, N]`` for block-format ``w`` (each
-        segment one product, as ``QuantLinear.forward`` runs each run of one format)."""
+        segment one product, as ``QuantLinear.forward`` runs each run of one format).
+
+        With ``sgemm`` (the address of a one-thread ILP64 ``cblas_sgemm``: hold
+        ``blas_choice.default_blas_choice().in_region_sgemm().one_thread()`` around the call),
+        the product runs as the engine's many-row ``quant_linear`` does
+        (``deepinfer_quant_linear_sgemm``): each OpenMP thread dequantises its share of ``W``'s
+        rows and multiplies all of ``x`` by it, bit for bit the torch wrapper's result.
+        Without it, the block kernels (``deepinfer_quant_linear``)."""
         if not isinstance(w, BlockRows):
             raise ValueError(f"w: expected BlockRows, got {type(w).__name__}")
         check_array("x", x, F32, (None, w.cols))
         if bias is not None:
             check_array("bias", bias, F32, (w.rows,))
+        if sgemm is not None and (not isinstance(sgemm, int) or isinstance(sgemm, bool)
+                                  or sgemm <= 0):  # fmt: skip
+            raise ValueError(f"sgemm: expected a function address (int > 0), got {sgemm!r}")
         outs, start = [], 0
         for data, qtype in w.parts():
             n = data.shape[0]
             y = np.empty((x.shape[0], n), dtype=F32)
             b = None if bias is None else bias[start : start + n]
-            rc = self.linear_fn(
+            args = (
                 _ptr(x), x.shape[0], w.cols, _ptr(data), n, w.cols, row_bytes(qtype, w.cols),
                 int(qtype), _ptr(b), _ptr(y),
             )  # fmt: skip
+            if sgemm is None:
+                rc = self.linear_fn(*args)
+            else:
+                rc = self.sgemm_linear_fn(sgemm, *args)
             if rc != 0:
                 raise RuntimeError(f"deepinfer_quant_linear failed with code {rc}")
             outs.append(y)

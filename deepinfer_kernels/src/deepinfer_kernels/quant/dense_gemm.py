@@ -26,96 +26,35 @@ installed by ``make setup``); without it the GEMM stays on MKL.
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import functools
 import os
-from collections.abc import Iterator
-from pathlib import Path
-from typing import Any, Literal
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-Backend = Literal["mkl", "openblas"]
-BACKENDS: tuple[str, ...] = ("auto", "mkl", "openblas")
+# The backend rule, OpenBLAS discovery and the sgemm address are torch-free (the lean runtime
+# uses them too): one rule, in blas_choice. Re-exported here for the engine's callers.
+from deepinfer_kernels.quant.blas_choice import (
+    BACKENDS,
+    ENV,
+    Backend,
+    BlasChoice,
+    SingleThreadSgemm,
+    cpu_vendor,
+    openblas_controller,
+)
 
-
-def cpu_vendor(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
-    """The CPU's ``vendor_id`` (e.g. ``GenuineIntel``, ``AuthenticAMD``), or "" when unknown."""
-    try:
-        with cpuinfo.open(encoding="ascii", errors="replace") as f:
-            for line in f:
-                if line.startswith("vendor_id"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return ""
-
-
-def _openblas_controller() -> Any | None:
-    """threadpoolctl's handle of the OpenBLAS numpy links (None: numpy uses another BLAS)."""
-    try:
-        from threadpoolctl import ThreadpoolController  # type: ignore[import-untyped]
-    except ImportError:  # a dependency of deepinfer-kernels; without it, MKL (still exact)
-        return None
-    # numpy must be loaded for threadpoolctl to see its BLAS (it is: imported above). scipy
-    # may load an OpenBLAS of its own: numpy's is the one whose path names numpy.
-    found = ThreadpoolController().select(internal_api="openblas").lib_controllers
-    ours = [c for c in found if "numpy" in str(c.filepath)]
-    if ours or len(found) == 1:
-        return (ours or found)[0]
-    return None
-
-
-class SingleThreadSgemm:
-    """numpy's OpenBLAS ILP64 ``cblas_sgemm`` as an address for C callers
-    (``QuantGemvKernel.linear(sgemm=...)``), and a context that holds OpenBLAS to one thread
-    around such calls (each caller thread runs its own share)."""
-
-    # ILP64 names only: the C side passes 64-bit integers.
-    NAMES = ("scipy_cblas_sgemm64_", "cblas_sgemm64_")
-
-    def __init__(self, controller: Any) -> None:
-        lib = controller.dynlib
-        prefix = "scipy_" if hasattr(lib, "scipy_cblas_sgemm64_") else ""
-        self.address: int = (
-            ctypes.cast(
-                next(getattr(lib, n) for n in self.NAMES if hasattr(lib, n)), ctypes.c_void_p
-            ).value
-            or 0
-        )
-        self._get = getattr(lib, f"{prefix}openblas_get_num_threads64_")
-        self._set = getattr(lib, f"{prefix}openblas_set_num_threads64_")
-        self._get.restype, self._get.argtypes = ctypes.c_int, []
-        self._set.restype, self._set.argtypes = None, [ctypes.c_int]
-
-    @classmethod
-    def find(cls, controller: Any | None) -> SingleThreadSgemm | None:
-        """The sgemm of ``controller``'s library, or None when it exports no ILP64 CBLAS."""
-        if controller is None:
-            return None
-        lib = controller.dynlib
-        if not any(hasattr(lib, n) for n in cls.NAMES):
-            return None
-        try:
-            found = cls(controller)
-        except AttributeError:  # no thread-count symbols of the same naming
-            return None
-        return found if found.address else None
-
-    @contextlib.contextmanager
-    def one_thread(self) -> Iterator[int]:
-        """OpenBLAS at one thread inside (process-wide), its previous count restored after."""
-        before = self._get()
-        if before != 1:
-            self._set(1)
-        try:
-            yield self.address
-        finally:
-            if before != 1:
-                self._set(before)
+__all__ = [
+    "BACKENDS",
+    "Backend",
+    "BlasChoice",
+    "DenseGemm",
+    "SingleThreadSgemm",
+    "cpu_vendor",
+    "default_dense_gemm",
+    "openblas_controller",
+]
 
 
 class DenseGemm:
@@ -130,26 +69,10 @@ class DenseGemm:
     backend runs at every thread count."""
 
     def __init__(self, backend: str = "auto", vendor: str | None = None) -> None:
-        if backend not in BACKENDS:
-            raise ValueError(f"backend: expected one of {', '.join(BACKENDS)}, got {backend!r}")
-        self._openblas = None if backend == "mkl" else _openblas_controller()
-        if backend == "openblas" and self._openblas is None:
-            raise ValueError("backend: 'openblas' requested, but numpy's BLAS is not OpenBLAS")
-        one: Backend
-        many: Backend
-        if backend == "auto":
-            intel = (cpu_vendor() if vendor is None else vendor) == "GenuineIntel"
-            one = "openblas" if self._openblas is not None and not intel else "mkl"
-            # numpy's matmul at several threads stays on MKL: MKL runs on torch's own OpenMP
-            # pool, while OpenBLAS brings a second pool whose threads and torch's spinning
-            # ones contend for the cores (2 threads, loaded: 1.15-1.6x the CPU).
-            many = "mkl"
-        else:
-            one = many = "mkl" if backend == "mkl" else "openblas"
-        self._choice: dict[bool, Backend] = {True: one, False: many}
-        # The in-region path (each torch thread runs its share on a one-thread sgemm) has no
-        # second pool, so it takes OpenBLAS at every thread count where one thread does.
-        self.sgemm = SingleThreadSgemm.find(self._openblas) if one == "openblas" else None
+        choice = BlasChoice.resolve(backend, vendor)  # raises ValueError naming backend
+        self._openblas = choice.controller
+        self._choice: dict[bool, Backend] = {True: choice.one, False: choice.many}
+        self.sgemm = choice.sgemm
 
     def in_region_sgemm(self) -> SingleThreadSgemm | None:
         """The sgemm for ``QuantGemvKernel.linear(sgemm=...)`` (OpenBLAS chosen and exporting an
@@ -188,4 +111,4 @@ class DenseGemm:
 def default_dense_gemm() -> DenseGemm:
     """The process's many-row GEMM, chosen once on first use: ``DEEPINFER_DENSE_GEMM``
     (``auto``, ``mkl`` or ``openblas``; unset means ``auto``)."""
-    return DenseGemm(os.environ.get("DEEPINFER_DENSE_GEMM", "auto") or "auto")
+    return DenseGemm(os.environ.get(ENV, "auto") or "auto")
