@@ -9,8 +9,10 @@ length. A prompt runs in chunks of up to :data:`PREFILL_CHUNK` rows, its attenti
 tiles of 16 queries. A chunk of more than 16 rows runs its four products per layer as the
 engine's ``quant_linear`` does, on numpy's OpenBLAS sgemm inside the kernels' OpenMP region
 (``deepinfer_quant_linear_sgemm``), where the engine's rule picks OpenBLAS
-(``deepinfer_kernels.quant.blas_choice``: a non-Intel CPU with threadpoolctl installed);
-elsewhere, and for short chunks, the fused block-kernel layer calls.
+(``deepinfer_kernels.quant.blas_choice``: a non-Intel CPU with threadpoolctl installed), and
+its attention as two GEMMs a head and 64-row block on the same sgemm
+(``NumpyKernels.causal_attention``); elsewhere, and for short chunks, the fused block-kernel
+layer calls and the 16-query tiles.
 
 Example::
 
@@ -142,11 +144,15 @@ class LeanModel:
                                     d.num_heads, d.num_kv_heads)  # fmt: skip
             else:
                 k.layer_qkv(normed, layer, cos, sin, positions, k_cache, v_cache, qkv[:t])
-            k.attention(
-                qkv, d.num_heads, d.head_dim, k_cache, v_cache, attn, page_ids=pages,
-                keep=keep, num_tiles=keep.shape[0], max_q=max_q, num_pages=num_pages,
-                key_len=key_len, scale=self.scale,
-            )  # fmt: skip
+            if many:  # the cache's pages are in order: slot j holds position j
+                k.causal_attention(qkv[:t], d.num_heads, d.head_dim, k_cache, v_cache,
+                                   attn[:t], start=start, scale=self.scale, sgemm=sgemm)  # fmt: skip
+            else:
+                k.attention(
+                    qkv, d.num_heads, d.head_dim, k_cache, v_cache, attn, page_ids=pages,
+                    keep=keep, num_tiles=keep.shape[0], max_q=max_q, num_pages=num_pages,
+                    key_len=key_len, scale=self.scale,
+                )  # fmt: skip
             attn_rows = attn.reshape(padded, -1)[:t]
             if many:
                 residual, normed = self._mlp_sgemm(attn_rows, layer, residual, i, sgemm)

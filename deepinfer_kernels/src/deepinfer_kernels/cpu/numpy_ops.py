@@ -41,6 +41,7 @@ from deepinfer_kernels.cpu.native import NativeFunction
 from deepinfer_kernels.cpu.numpy_blocks import BlockRows, LayerBlockRows, check_array
 from deepinfer_kernels.cpu.sources import (
     ADD_RMS_NORM,
+    CAUSAL_PREFILL_ATTENTION,
     PAGED_ATTENTION_TILES,
     QUANT_DECODER_LAYER,
     QUANT_GEMV,
@@ -75,6 +76,8 @@ class NumpyKernels:
         self.sgemm_linear_fn = fn(QUANT_GEMV, "deepinfer_quant_linear_sgemm")
         self.dequantize_fn = fn(QUANT_GEMV, "deepinfer_quant_dequantize")
         self.norm_fn = fn(ADD_RMS_NORM, "deepinfer_add_rms_norm")
+        # Checked by causal_attention's own callers (not in functions(): optional, sgemm-only).
+        self.causal_fn = fn(CAUSAL_PREFILL_ATTENTION, "deepinfer_causal_prefill_attention")
 
     def functions(self) -> tuple[NativeFunction, ...]:
         return (self.qkv_fn, self.mlp_fn, self.tiles_fn, self.linear_fn,
@@ -309,6 +312,46 @@ class NumpyKernels:
         )  # fmt: skip
         if rc:
             raise MemoryError("paged_attention_tiles could not allocate its score buffer")
+
+    def causal_attention(
+        self,
+        qkv: np.ndarray,
+        num_heads: int,
+        head_dim: int,
+        k_cache: np.ndarray,
+        v_cache: np.ndarray,
+        out: np.ndarray,
+        *,
+        start: int,
+        scale: float,
+        sgemm: int,
+    ) -> None:
+        """Causal attention of the ``T`` rows of ``qkv`` (``[T, qkv_width]``, Q in its first
+        ``num_heads * head_dim`` columns) at positions ``start .. start + T - 1`` over keys
+        ``0 .. start + T - 1`` in slots ``0 ..`` of the caches (one sequence, pages in order),
+        into ``out`` fp32 ``[T, num_heads, head_dim]``, as two GEMMs a head and 64-row block on
+        the one-thread ``sgemm`` (``causal_prefill_attention.c``). Within fp32 rounding of
+        :meth:`attention` with a causal mask (another summation order)."""
+        hkv = self._check_caches(k_cache, v_cache, None, head_dim)
+        if num_heads < 1 or num_heads % hkv:
+            raise ValueError(f"num_heads: {num_heads} is not a multiple of the caches' {hkv}")
+        t = check_array("qkv", qkv, F32, (None, None)).shape[0]
+        if qkv.shape[1] < num_heads * head_dim:
+            raise ValueError(f"qkv: expected at least {num_heads * head_dim} columns")
+        check_array("out", out, F32, (t, num_heads, head_dim))
+        slots = k_cache.shape[0] * k_cache.shape[1]
+        if not isinstance(start, int) or start < 0 or start + t > slots:
+            raise ValueError(f"start: expected 0 <= start and start + {t} <= {slots} slots")
+        if not isinstance(sgemm, int) or isinstance(sgemm, bool) or sgemm <= 0:
+            raise ValueError(f"sgemm: expected a function address (int > 0), got {sgemm!r}")
+        if t == 0:
+            return
+        rc = self.causal_fn(
+            sgemm, _ptr(qkv), qkv.shape[1], _ptr(k_cache), _ptr(v_cache), _ptr(out), t, start,
+            num_heads, hkv, head_dim, float(scale),
+        )  # fmt: skip
+        if rc:
+            raise MemoryError("causal_prefill_attention could not allocate its score buffer")
 
     @staticmethod
     def _check_caches(

@@ -84,6 +84,12 @@ QUANT_GEMV = CSource(
         CSignature("deepinfer_quant_linear_sgemm", "ppiipiiiipp", "i"),
     ),
 )
+CAUSAL_PREFILL_ATTENTION = CSource(
+    CSRC / "causal_prefill_attention.c",
+    1,
+    # sgemm, q, q_stride, k_cache, v_cache, o, T, start, hq, hkv, d, scale
+    (CSignature("deepinfer_causal_prefill_attention", "ppipppiiiiif", "i"),),
+)
 VEC_MATH = CSource(
     CSRC / "vec_math.c",
     1,
@@ -98,5 +104,6 @@ ALL_SOURCES: tuple[CSource, ...] = (
     QUANT_DECODER_LAYER,
     DSPARK_DRAFT,
     PAGED_ATTENTION_TILES,
+    CAUSAL_PREFILL_ATTENTION,
     VEC_MATH,
 )
