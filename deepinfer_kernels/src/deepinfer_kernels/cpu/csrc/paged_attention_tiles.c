@@ -267,10 +267,14 @@ int deepinfer_paged_attention_tiles(const float *q, int64_t q_stride, const int6
     int64_t per_span = (key_len + spans - 1) / spans;
     if (per_span < 1) per_span = 1;
     int64_t items = num_tiles * spans;
-    /* Partial softmaxes of every item: m, l [items][rows], o [items][rows][d]. */
-    float *part = malloc((size_t)(items * rows * (d + 2)) * sizeof(float));
+    /* Partial softmaxes of every item: m, l [items][rows], o [items][rows][d]. With one span a
+     * tile, item t's o is exactly tile t's rows of the output ([t][r][head][d] either way), so it
+     * is written there and normalised in place: a 16-prompt prefill's separate o buffer (3 MB)
+     * was mapped and faulted in afresh by every call (700 page faults, +40% of the call). */
+    int direct = spans == 1;
+    float *part = malloc((size_t)(items * rows * (direct ? 2 : d + 2)) * sizeof(float));
     if (!part) return -1;
-    float *pm = part, *pl = pm + items * rows, *po = pl + items * rows;
+    float *pm = part, *pl = pm + items * rows, *po = direct ? o : pl + items * rows;
     int failed = 0;
 #pragma omp parallel
     {
@@ -299,6 +303,21 @@ int deepinfer_paged_attention_tiles(const float *q, int64_t q_stride, const int6
     if (failed) {
         free(part);
         return -1;
+    }
+    if (direct) { /* the merge below with one span: o / l, bit for bit */
+        for (int64_t it = 0; it < items * rows; it++) {
+            float *out = o + it * d;
+            if (pm[it] == -INFINITY) { /* no key kept: o = 0 (the scalar value sum wrote -inf) */
+                for (int64_t e = 0; e < d; e++) out[e] = 0.f;
+                if (lse) lse[it] = -INFINITY;
+                continue;
+            }
+            float inv = 1.f / pl[it];
+            for (int64_t e = 0; e < d; e++) out[e] *= inv;
+            if (lse) lse[it] = pm[it] + logf(pl[it]);
+        }
+        free(part);
+        return 0;
     }
     /* Merge the spans of each tile and normalise. */
     for (int64_t t = 0; t < num_tiles; t++) {
