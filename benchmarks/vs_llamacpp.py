@@ -7,7 +7,9 @@ median ratio and the range:
 
 1. batch-1 greedy decode: tokens/s over ``--tokens`` new tokens after a code-editing prompt
    (decode time only: timed from the first streamed token to the last);
-2. prefill of a ``--prefill`` (2048) token prompt: prompt tokens/s;
+2. prefill of a ``--prefill`` (2048) token prompt: prompt tokens/s; a second row times the
+   lean runtime (``deepinfer.lean``, ``deepinfer generate``'s default for a GGUF on the CPU) on
+   the same prompt in this process against its own llama.cpp run;
 3. 16 concurrent requests: total generated tokens/s. DeepInfer batches them continuously;
    llama.cpp's Python binding runs one sequence per context, so its figure is the 16 requests
    one after another (the table says so; llama.cpp's server with parallel slots would batch);
@@ -149,7 +151,7 @@ def _decode_rate(
     return engine.decode_rate(prompt, new, clock)
 
 
-def _prefill_rate(engine: Ours | Theirs, prompt: list[int]) -> float:
+def _prefill_rate(engine: Ours | Theirs | Lean, prompt: list[int]) -> float:
     return len(prompt) / engine.generate([prompt], 1)
 
 
@@ -186,6 +188,23 @@ class Lean:
 
     def tokens(self, text: str) -> list[int]:
         return self.llm.encode(text)
+
+    def generate(
+        self, prompts: list[list[int]], new: int, clock: Callable[[], float] = time.perf_counter
+    ) -> float:
+        """Seconds to prefill each prompt (token ids) and decode ``new - 1`` greedy tokens
+        after it, one sequence after another (the lean runtime runs one sequence)."""
+        import numpy as np
+
+        model = self.llm.model
+        assert model is not None
+        start = clock()
+        for ids in prompts:
+            model.reset()
+            logits = model.prefill(ids)
+            for _ in range(new - 1):
+                logits = model.decode(int(np.argmax(logits)))
+        return clock() - start
 
     def decode_rate(
         self, prompt: str, new: int, clock: Callable[[], float] = time.perf_counter
@@ -313,6 +332,13 @@ def main() -> int:
         parser.error(f"--parts: unknown measurement(s) {', '.join(unknown)}; known: decode, "
                      "prefill, batch")  # fmt: skip
     runs = {name: run for name, run in runs.items() if name in parts}
+    if "prefill" in runs:
+        # A second prefill row: the lean runtime (the CLI's default for a GGUF on the CPU) in
+        # this process, against its own llama.cpp run, alternated; the engine's row unchanged.
+        lean = Lean(path, args.threads, ctx)
+        runs = {**runs, "prefill_lean": lambda e: _prefill_rate(lean if e is ours else e,
+                                                                long_prompt)}  # fmt: skip
+        rows["prefill_lean"], figures["prefill_lean"] = [], []
     rows = {name: rows[name] for name in runs}
     for repeat in range(args.repeats):
         for name, run in runs.items():
@@ -334,11 +360,13 @@ def main() -> int:
         "| measurement | DeepInfer | llama.cpp | ratio | target |",
         "|---|---|---|---|---|",
     ]
-    targets = {"decode": ">= 1.0x", "prefill": ">= 2x", "batch": ">= 3x"}
+    targets = {"decode": ">= 1.0x", "prefill": ">= 2x", "prefill_lean": ">= 2x", "batch": ">= 3x"}
     labels = {
         "decode": f"batch-1 greedy decode, tok/{'CPU-s' if args.cpu_time else 's'} "
         f"({args.tokens} tokens)",
         "prefill": f"prefill, prompt tok/s ({len(long_prompt)} tokens)",
+        "prefill_lean": f"lean prefill, prompt tok/s ({len(long_prompt)} tokens; the lean "
+        "runtime, `deepinfer generate`'s default)",
         "batch": f"{args.batch} concurrent, total tok/{'CPU-s' if args.cpu_time else 's'} "
         "(llama.cpp: sequential)",
     }
@@ -376,7 +404,7 @@ def _plot(
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    names = [n for n in ("decode", "prefill", "batch") if record.get(n)]
+    names = [n for n in ("decode", "prefill", "prefill_lean", "batch") if record.get(n)]
     ratios = [[a / b for a, b in record[n]] for n in names]
     mid = [statistics.median(r) for r in ratios]
     err = [[m - min(r) for m, r in zip(mid, ratios)], [max(r) - m for m, r in zip(mid, ratios)]]
