@@ -72,7 +72,7 @@ def __dir__() -> list[str]:
     return sorted(set(globals()) | set(__all__))
 
 
-__version__ = "0.14.0"
+__version__ = "0.15.0"
 
 __all__ = [
     "LLM",
