@@ -1,6 +1,6 @@
 """``NumpyKernels.causal_attention`` (``causal_prefill_attention.c``): a prompt chunk's causal
 attention as two sgemm GEMMs a head and 64-row block, against a float64 reference of the
-softmax attention (the torch SDPA's definition) and against the tile kernel it replaces."""
+softmax attention (``reference.cpu.causal_prefill_attention_reference``) and against the tile kernel it replaces."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from deepinfer_kernels.cpu.numpy_ops import NumpyKernels
 from deepinfer_kernels.quant.blas_choice import BlasChoice, SingleThreadSgemm
+from deepinfer_kernels.reference.cpu import causal_prefill_attention_reference
 
 BLOCK = 16
 
@@ -46,18 +47,6 @@ def _case(t: int, start: int, hq: int, hkv: int, d: int, extra: int, seed: int):
     return qkv, k_cache, v_cache
 
 
-def _reference(qkv, k_cache, v_cache, t, start, hq, hkv, d, scale) -> np.ndarray:
-    """torch SDPA's causal attention in float64, query t at position start + t."""
-    keys = start + t
-    q = torch.from_numpy(qkv[:, : hq * d]).double().view(t, hq, d).transpose(0, 1)
-    k = torch.from_numpy(k_cache.reshape(-1, hkv, d)[:keys]).double().transpose(0, 1)
-    v = torch.from_numpy(v_cache.reshape(-1, hkv, d)[:keys]).double().transpose(0, 1)
-    k, v = k.repeat_interleave(hq // hkv, 0), v.repeat_interleave(hq // hkv, 0)
-    mask = torch.arange(keys)[None, :] <= (start + torch.arange(t))[:, None]
-    out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
-    return out.transpose(0, 1).numpy()
-
-
 @settings(max_examples=25, deadline=None)
 @given(
     t=st.integers(1, 150),
@@ -84,7 +73,15 @@ def test_matches_the_float64_reference(
                                      scale=scale, sgemm=address)  # fmt: skip
     finally:
         torch.set_num_threads(before)
-    want = _reference(qkv, k_cache, v_cache, t, start, hq, hkv, d, scale)
+    want = causal_prefill_attention_reference(
+        torch.from_numpy(qkv),
+        hq,
+        d,
+        torch.from_numpy(k_cache),
+        torch.from_numpy(v_cache),
+        start,
+        scale,
+    ).numpy()
     # fp32 scores and sums: a few ulp of the values' size (|v| ~ 1, 3 sigma ~ 4).
     np.testing.assert_allclose(out, want, rtol=0, atol=2e-5 * max(1.0, np.abs(want).max()))
 

@@ -105,8 +105,9 @@ def __dir__() -> list[str]:
 def register_torch_ops() -> None:
     """Import every subpackage that registers ``torch.library`` ops (``torch.ops.deepinfer.*``;
     taking any name from one of them does it too)."""
-    for package in ("attention", "cpu.ops", "cpu.quant_layer_ops", "kv", "mla", "moe", "quant.ops",
-                    "sampling", "verify"):  # fmt: skip
+    for package in ("attention", "cpu.ops", "cpu.quant_layer_ops", "cpu.dspark_draft",
+                    "cpu.causal_attention_op", "kv", "mla", "moe", "quant.ops", "sampling",
+                    "verify"):  # fmt: skip
         import_module(f"{__name__}.{package}")
 
 

@@ -150,3 +150,28 @@ def quant_decoder_mlp_reference(
         attn, block_rows_reference(o_parts), residual, post_norm,
         block_rows_reference(gate_up_parts), block_rows_reference(down_parts), next_norm, eps,
     )  # fmt: skip
+
+
+def causal_prefill_attention_reference(
+    qkv: torch.Tensor,
+    num_heads: int,
+    head_dim: int,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    start: int,
+    scale: float,
+) -> torch.Tensor:
+    """fp32 ``[T, Hq, D]``: ``out[t, h] = softmax_{j <= start + t}(scale q[t, h] . k[j, h // g])
+    @ v[j, h // g]`` in fp64, the queries in ``qkv[:, :Hq * D]`` at positions ``start + t``,
+    key/value ``j`` in cache slot ``j`` (``[blocks, block_size, Hkv, D]``, slots in order),
+    ``g = Hq / Hkv``."""
+    t = qkv.shape[0]
+    hkv = k_cache.shape[2]
+    n = start + t
+    q = qkv[:, : num_heads * head_dim].double().reshape(t, num_heads, head_dim)
+    k = k_cache.reshape(-1, hkv, head_dim)[:n].double().repeat_interleave(num_heads // hkv, 1)
+    v = v_cache.reshape(-1, hkv, head_dim)[:n].double().repeat_interleave(num_heads // hkv, 1)
+    scores = torch.einsum("thd,jhd->htj", q, k) * scale
+    later = torch.arange(n)[None, :] > (start + torch.arange(t))[:, None]  # key after query
+    probs = scores.masked_fill(later, float("-inf")).softmax(-1)
+    return torch.einsum("htj,jhd->thd", probs, v).float()
