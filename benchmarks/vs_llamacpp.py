@@ -432,7 +432,9 @@ def _plot(
         left.hlines(goal, x - 0.4, x + 0.4, colors="tab:red", linestyles="--",
                     label="target" if x == 0 else None)  # fmt: skip
     left.axhline(1.0, color="gray", linewidth=0.8)
-    left.set_xticks(list(xs), [labels[n].split(",")[0] for n in names])
+    short = {"decode": "decode", "decode_lean": "lean decode", "prefill": "prefill",
+             "prefill_lean": "lean prefill", "batch": "16 concurrent"}  # fmt: skip
+    left.set_xticks(list(xs), [short.get(n, labels[n].split(",")[0]) for n in names])
     left.set_ylabel("throughput ratio (same run)")
     left.legend(loc="upper left")
     ours, theirs = record["rss_gb"][0]
