@@ -9,8 +9,9 @@ Example::
         print(out[0].text)
 """
 
-from importlib import import_module
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from deepinfer.lazy_exports import lazy_exports
 
 if TYPE_CHECKING:
     from deepinfer.builder import BuiltEngine, build_engine
@@ -47,29 +48,7 @@ _EXPORTS = {
     "LLM": "deepinfer.llm",
 }
 
-
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        return _submodule(name)
-    value = getattr(import_module(module), name)
-    globals()[name] = value  # later lookups skip this function
-    return value
-
-
-def _submodule(name: str) -> Any:
-    """``package.name`` for a submodule not imported yet (the eager package had imported them
-    all), else the usual ``AttributeError``."""
-    try:
-        return import_module(f"{__name__}.{name}")
-    except ModuleNotFoundError as exc:
-        if exc.name != f"{__name__}.{name}":
-            raise
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())
 
 
 __version__ = "0.15.0"

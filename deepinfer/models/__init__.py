@@ -12,8 +12,9 @@ Example::
     print(loaded.tokenizer.decode([int(loaded.model.compute_logits(hidden[0, -1]).argmax())]))
 """
 
-from importlib import import_module
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from deepinfer.lazy_exports import lazy_exports
 
 if TYPE_CHECKING:
     from deepinfer.models.attention_metadata import AttentionMetadata
@@ -65,29 +66,7 @@ _EXPORTS = {
     "CpuKernels": "deepinfer_kernels.cpu",
 }
 
-
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        return _submodule(name)
-    value = getattr(import_module(module), name)
-    globals()[name] = value  # later lookups skip this function
-    return value
-
-
-def _submodule(name: str) -> Any:
-    """``package.name`` for a submodule not imported yet (the eager package had imported them
-    all), else the usual ``AttributeError``."""
-    try:
-        return import_module(f"{__name__}.{name}")
-    except ModuleNotFoundError as exc:
-        if exc.name != f"{__name__}.{name}":
-            raise
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())
 
 
 __all__ = [
