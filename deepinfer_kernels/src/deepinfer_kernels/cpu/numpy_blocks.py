@@ -21,6 +21,26 @@ import numpy as np
 from deepinfer_kernels.quant.formats import BLOCK_GEOMETRY, QuantType, quant_type, row_bytes
 
 
+def segment_table(layout: tuple[tuple[QuantType, int], ...], cols: int) -> tuple[list[int], int]:
+    """The C kernels' segment table of ``layout`` (``n``, then ``(qtype, rows, row_bytes)`` per
+    segment, adjacent equal types merged) and the bytes the layout holds; raises ``ValueError``
+    naming ``layout`` or ``cols``."""
+    if not layout:
+        raise ValueError("layout: expected at least one (qtype, rows) segment")
+    merged: list[list[int]] = []
+    for qtype, rows in layout:
+        q = quant_type(qtype, "layout")
+        if rows < 0:
+            raise ValueError(f"layout: negative row count {rows}")
+        size = row_bytes(q, cols)  # raises naming cols when not whole blocks
+        if merged and merged[-1][0] == int(q):
+            merged[-1][1] += rows
+        else:
+            merged.append([int(q), rows, size])
+    table = [len(merged)] + [v for seg in merged for v in seg]
+    return table, sum(rows * size for _, rows, size in merged)
+
+
 @dataclass(frozen=True)
 class BlockRows:
     """A weight ``[rows, cols]`` as raw GGUF rows: ``data`` (C-contiguous ``uint8``, any shape)
@@ -34,26 +54,13 @@ class BlockRows:
     segments: np.ndarray = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        if not self.layout:
-            raise ValueError("layout: expected at least one (qtype, rows) segment")
-        merged: list[list[int]] = []
-        for qtype, rows in self.layout:
-            q = quant_type(qtype, "layout")
-            if rows < 0:
-                raise ValueError(f"layout: negative row count {rows}")
-            size = row_bytes(q, self.cols)  # raises naming cols when not whole blocks
-            if merged and merged[-1][0] == int(q):
-                merged[-1][1] += rows
-            else:
-                merged.append([int(q), rows, size])
+        table, want = segment_table(self.layout, self.cols)
         d = self.data
         if not isinstance(d, np.ndarray) or d.dtype != np.uint8 or not d.flags.c_contiguous:
             got = d.dtype if isinstance(d, np.ndarray) else type(d).__name__
             raise ValueError(f"data: expected a C-contiguous uint8 numpy array, got {got}")
-        want = sum(rows * size for _, rows, size in merged)
         if d.size != want:
             raise ValueError(f"data: the layout holds {want} bytes, got {d.size}")
-        table = [len(merged)] + [v for seg in merged for v in seg]
         object.__setattr__(self, "segments", np.array(table, dtype=np.int64))
 
     @classmethod

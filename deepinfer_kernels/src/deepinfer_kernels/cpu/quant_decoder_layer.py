@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 import torch
 
 from deepinfer_kernels.cpu.decoder_layer import FusedLayerKernel, LayerShape, SlotMapping
+from deepinfer_kernels.cpu.numpy_blocks import segment_table
 from deepinfer_kernels.cpu.sources import QUANT_DECODER_LAYER
 from deepinfer_kernels.quant.formats import (
     BLOCK_GEOMETRY,
@@ -48,26 +49,13 @@ class BlockMatrix:
     segments: torch.Tensor = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        if not self.layout:
-            raise ValueError("layout: expected at least one (qtype, rows) segment")
-        merged: list[list[int]] = []
-        for qtype, rows in self.layout:
-            q = quant_type(qtype, "layout")
-            if rows < 0:
-                raise ValueError(f"layout: negative row count {rows}")
-            size = row_bytes(q, self.cols)  # raises naming cols when not whole blocks
-            if merged and merged[-1][0] == int(q):
-                merged[-1][1] += rows
-            else:
-                merged.append([int(q), rows, size])
+        table, want = segment_table(self.layout, self.cols)
         d = self.data
         if d.dtype != torch.uint8 or d.device.type != "cpu" or not d.is_contiguous():
             raise ValueError(f"data: expected contiguous uint8 CPU bytes, got {d.dtype} on "
                              f"{d.device}")  # fmt: skip
-        want = sum(rows * size for _, rows, size in merged)
         if d.numel() != want:
             raise ValueError(f"data: the layout holds {want} bytes, got {d.numel()}")
-        table = [len(merged)] + [v for seg in merged for v in seg]
         object.__setattr__(self, "segments", torch.tensor(table, dtype=torch.int64))
 
     @classmethod
