@@ -27,10 +27,10 @@ import numpy as np
 
 from deepinfer.engine.stop_strings import StopStringMatcher
 from deepinfer.lean.model import LeanModel
-from deepinfer.lean.model_files import lean_files, read_chat_template
+from deepinfer.lean.model_files import lean_files
 from deepinfer.lean.sampling import LeanSampling, Sampler
 from deepinfer.lean.weights import load_weights
-from deepinfer.models.chat_template import ChatTemplate
+from deepinfer.models.chat_template import ChatTemplate, read_chat_template
 from deepinfer.models.tokenizer import Tokenizer
 from deepinfer_kernels.cpu.openmp import load_openmp_runtime, set_num_threads
 

@@ -33,8 +33,6 @@ from pathlib import Path
 from typing import Any
 
 from deepinfer.models.cache_files import cache_base
-from deepinfer.models.chat_template import ChatTemplate
-from deepinfer.models.tokenizer import Tokenizer
 
 # The engine's constants (deepinfer.models.convert / gguf_model, which import torch);
 # tests/deepinfer/test_lean_files.py keeps them equal.
@@ -150,22 +148,3 @@ def lean_files(
     if not (source.is_file() and source.suffix == ".gguf"):
         raise ValueError(f"model: the lean runtime runs a .gguf file, got {os.fspath(source)!r}")
     return find_lean_files(source, cache_dir) or prepare(source, cache_dir)
-
-
-def read_chat_template(directory: Path, tokenizer: Tokenizer) -> ChatTemplate:
-    """The converted model's chat template, read as the engine's loader reads it
-    (``chat_template.jinja``, else ``tokenizer_config.json``'s ``chat_template``)."""
-    source = None
-    jinja_file = directory / "chat_template.jinja"
-    meta_file = directory / "tokenizer_config.json"
-    if jinja_file.is_file():
-        source = jinja_file.read_text(encoding="utf-8")
-    elif meta_file.is_file():
-        raw = json.loads(meta_file.read_text(encoding="utf-8")).get("chat_template")
-        source = raw if isinstance(raw, str) else None
-    eos = tokenizer.eos_token_ids[0] if tokenizer.eos_token_ids else None
-    return ChatTemplate(
-        source,
-        bos_token=tokenizer.id_to_token(tokenizer.bos_token_id),
-        eos_token=tokenizer.id_to_token(eos),
-    )

@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import datetime
+import json
 from collections.abc import Mapping, Sequence
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from deepinfer.models.tokenizer import Tokenizer
 
 # Used when a model ships no template: ChatML, which SmolLM2 and Qwen2 were tuned on.
 CHATML_TEMPLATE = (
@@ -87,3 +92,23 @@ class ChatTemplate:
             raise
         except Exception as exc:
             raise ChatTemplateError(f"chat template failed to render: {exc}") from exc
+
+
+def read_chat_template(directory: Path, tokenizer: Tokenizer) -> ChatTemplate:
+    """A converted model directory's chat template (``chat_template.jinja``, else
+    ``tokenizer_config.json``'s ``chat_template``; none: the template-less default), with the
+    tokenizer's BOS and first EOS token as ``bos_token``/``eos_token``."""
+    source = None
+    jinja_file = directory / "chat_template.jinja"
+    meta_file = directory / "tokenizer_config.json"
+    if jinja_file.is_file():
+        source = jinja_file.read_text(encoding="utf-8")
+    elif meta_file.is_file():
+        raw = json.loads(meta_file.read_text(encoding="utf-8")).get("chat_template")
+        source = raw if isinstance(raw, str) else None
+    eos = tokenizer.eos_token_ids[0] if tokenizer.eos_token_ids else None
+    return ChatTemplate(
+        source,
+        bos_token=tokenizer.id_to_token(tokenizer.bos_token_id),
+        eos_token=tokenizer.id_to_token(eos),
+    )

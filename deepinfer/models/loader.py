@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from deepinfer.models.chat_template import ChatTemplate
+from deepinfer.models.chat_template import ChatTemplate, read_chat_template
 from deepinfer.models.config import LlamaConfig
 from deepinfer.models.convert import convert_gguf
 from deepinfer.models.families import config_from_hf, model_class
@@ -47,23 +47,6 @@ def build_model(
     return model.eval().requires_grad_(False)
 
 
-def _read_chat_template(model_dir: Path, tokenizer: Tokenizer) -> ChatTemplate:
-    source = None
-    jinja_file = model_dir / "chat_template.jinja"
-    meta_file = model_dir / "tokenizer_config.json"
-    if jinja_file.is_file():
-        source = jinja_file.read_text(encoding="utf-8")
-    elif meta_file.is_file():
-        raw = json.loads(meta_file.read_text(encoding="utf-8")).get("chat_template")
-        source = raw if isinstance(raw, str) else None
-    eos = tokenizer.eos_token_ids[0] if tokenizer.eos_token_ids else None
-    return ChatTemplate(
-        source,
-        bos_token=tokenizer.id_to_token(tokenizer.bos_token_id),
-        eos_token=tokenizer.id_to_token(eos),
-    )
-
-
 @dataclass
 class ModelFiles:
     """What talking to a model needs besides its weights (a PD coordinator, whose workers load
@@ -96,7 +79,7 @@ def load_model_files(
     tokenizer = Tokenizer.from_file(model_dir / "tokenizer.json")
     if not tokenizer.eos_token_ids and config.eos_token_ids:
         tokenizer.eos_token_ids = config.eos_token_ids
-    return ModelFiles(tokenizer, _read_chat_template(model_dir, tokenizer), config, model_dir)
+    return ModelFiles(tokenizer, read_chat_template(model_dir, tokenizer), config, model_dir)
 
 
 def load_model(
@@ -148,7 +131,7 @@ def load_model(
     loaded = LoadedModel(
         model=model,
         tokenizer=tokenizer,
-        chat_template=_read_chat_template(model_dir, tokenizer),
+        chat_template=read_chat_template(model_dir, tokenizer),
         config=config,
         path=model_dir,
     )
