@@ -103,9 +103,9 @@ def build_library(
     return target
 
 
-def _xxh3_128_pointer() -> int:
-    """The address of ``XXH3_128bits``: from the loaded ``xxhash`` extension, else the system
-    ``libxxhash``."""
+def xxhash_libraries() -> list[str]:
+    """Where xxHash's C functions can be found, in order: the ``xxhash`` package's extension,
+    then the system ``libxxhash``."""
     candidates = []
     spec = importlib.util.find_spec("xxhash._xxhash")
     if spec is not None and spec.origin:
@@ -113,6 +113,13 @@ def _xxh3_128_pointer() -> int:
     system = ctypes.util.find_library("xxhash")
     if system:
         candidates.append(system)
+    return candidates
+
+
+def _xxh3_128_pointer() -> int:
+    """The address of ``XXH3_128bits``: from the loaded ``xxhash`` extension, else the system
+    ``libxxhash``."""
+    candidates = xxhash_libraries()
     for path in candidates:
         try:
             fn = getattr(ctypes.CDLL(path), _SYMBOL)

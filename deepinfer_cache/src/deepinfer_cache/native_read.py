@@ -21,7 +21,6 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import functools
-import importlib.util
 import os
 import tempfile
 import warnings
@@ -31,7 +30,7 @@ from pathlib import Path
 import numpy as np
 import xxhash
 
-from .native_hash import NativeHashUnavailable, build_library, native_enabled
+from .native_hash import NativeHashUnavailable, build_library, native_enabled, xxhash_libraries
 
 SOURCE = Path(__file__).parent / "csrc" / "read_records.c"
 # Each entry: the names to try, best first. The ``xxhash`` wheel exports its runtime
@@ -65,13 +64,7 @@ def _address(lib: ctypes.CDLL, names: tuple[str, ...]) -> int | None:
 def _xxh3_state_functions() -> _Fns:
     """The addresses of xxHash's streaming XXH3-64 functions: from the loaded ``xxhash``
     extension, else the system ``libxxhash``."""
-    candidates = []
-    spec = importlib.util.find_spec("xxhash._xxhash")
-    if spec is not None and spec.origin:
-        candidates.append(spec.origin)
-    system = ctypes.util.find_library("xxhash")
-    if system:
-        candidates.append(system)
+    candidates = xxhash_libraries()
     for path in candidates:
         try:
             lib = ctypes.CDLL(path)
