@@ -19,7 +19,6 @@ None and the tier reads in Python (one ``RuntimeWarning`` says why).
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import functools
 import os
 import tempfile
