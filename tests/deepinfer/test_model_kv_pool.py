@@ -56,6 +56,31 @@ def test_allocator_matches_a_reference_count_model(ops: list[tuple[str, int]]) -
             assert pool.ref_count(b) == refs.get(b, 0)
 
 
+@settings(max_examples=25, deadline=None)
+@given(ops=st.lists(st.tuples(st.booleans(), st.integers(1, 4)), max_size=60))
+def test_allocator_reuses_freed_blocks_before_untouched_ones(ops: list[tuple[bool, int]]) -> None:
+    """The pool's pages are committed on first write, so the blocks ever handed out must stay
+    within the most blocks held at once (a FIFO free list walked the whole pool)."""
+    pool = KVPool(1, 16, 2, 1, 2)
+    held: list[int] = []
+    peak = 0
+    for alloc, n in ops:
+        if alloc and n <= pool.num_free_blocks:
+            held += pool.allocate(n)
+        elif held:
+            pool.free(held[-n:])
+            del held[-n:]
+        peak = max(peak, len(held))
+        assert all(b < peak for b in held)
+
+
+def test_allocator_hands_out_the_block_freed_last() -> None:
+    pool = KVPool(1, 8, 2, 1, 2)
+    assert pool.allocate(3) == [0, 1, 2]
+    pool.free([1])
+    assert pool.allocate(2) == [1, 3]
+
+
 def test_allocator_errors() -> None:
     pool = KVPool(1, 4, 2, 1, 2)
     with pytest.raises(ValueError, match="already free"):

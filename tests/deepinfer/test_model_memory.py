@@ -139,3 +139,19 @@ def test_a_written_block_commits_its_own_pages_in_every_layer() -> None:
         v[0, :10].fill_(1.0)
     # 60 regions x (12 KiB block, at most 2 pages more where it straddles them)
     assert _resident_bytes(pool.tensor) <= 60 * (12 + 8) * 1024 + (1 << 20)
+
+
+@pytest.mark.skipif(not Path("/proc/self/pagemap").exists(), reason="Linux only")
+def test_reused_blocks_keep_the_resident_pool_at_the_blocks_in_use() -> None:
+    """Requests come and go (allocate, write, free) 200 times, 4 blocks at a time: the pool
+    commits the pages of about 4 blocks, not of every block the allocator walked past."""
+    pool = KVPool(2, 512, 16, 2, 64)  # 8 KiB a block per region, 4 regions
+    for _ in range(200):
+        blocks = pool.allocate(4)
+        for layer in range(2):
+            k, v = pool.layer_caches(layer)
+            k[blocks].fill_(1.0)
+            v[blocks].fill_(1.0)
+        pool.free(blocks)
+    # 4 regions x (4 blocks x 8 KiB + 2 straddled pages); a FIFO free list committed 12 MiB
+    assert _resident_bytes(pool.tensor) <= 4 * (4 * 8 + 8) * 1024 + (1 << 20)
