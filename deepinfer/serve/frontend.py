@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from deepinfer.models.chat_template import ChatTemplate
+from deepinfer.models.chat_template import ChatTemplate, read_chat_template
 from deepinfer.models.convert import convert_gguf
 from deepinfer.models.registry import default_model_path
 from deepinfer.models.tokenizer import Tokenizer
@@ -47,19 +47,6 @@ def load_frontend(
         eos = config.get("eos_token_id")
         if eos is not None:
             tokenizer.eos_token_ids = tuple(eos) if isinstance(eos, list) else (int(eos),)
-    source_text = None
-    jinja = model_dir / "chat_template.jinja"
-    meta = model_dir / "tokenizer_config.json"
-    if jinja.is_file():
-        source_text = jinja.read_text(encoding="utf-8")
-    elif meta.is_file():
-        raw = json.loads(meta.read_text(encoding="utf-8")).get("chat_template")
-        source_text = raw if isinstance(raw, str) else None
-    eos_id = tokenizer.eos_token_ids[0] if tokenizer.eos_token_ids else None
-    template = ChatTemplate(
-        source_text,
-        bos_token=tokenizer.id_to_token(tokenizer.bos_token_id),
-        eos_token=tokenizer.id_to_token(eos_id),
-    )
+    template = read_chat_template(model_dir, tokenizer)
     name = served_name or (source.stem if model is not None else "SmolLM2-135M-Instruct")
     return Frontend(model_dir, name, tokenizer, template)
