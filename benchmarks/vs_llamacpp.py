@@ -43,8 +43,9 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Any
 
 CODE_PROMPT = (
     "Rename the function `compute_total` to `sum_prices` and update every call.\n\n"
@@ -56,6 +57,17 @@ CODE_PROMPT = (
 
 def _median_range(values: list[float]) -> str:
     return f"{statistics.median(values):.2f}x ({min(values):.2f}-{max(values):.2f})"
+
+
+def _streamed_rate(outputs: Iterable[Any], new: int, clock: Callable[[], float]) -> float:
+    """Tokens/s of a stream of outputs (each with the ``token_ids`` so far) from its first token
+    to its last: the prefill, before the first output, is not in the time."""
+    first, count = None, 0
+    for out in outputs:
+        first = clock() if first is None else first
+        count = len(out.token_ids)
+    assert first is not None and count == new, count
+    return (count - 1) / (clock() - first)
 
 
 class Ours:
@@ -93,12 +105,7 @@ class Ours:
         from deepinfer import SamplingParams
 
         params = SamplingParams(temperature=0, max_tokens=new, ignore_eos=True)
-        first, count = None, 0
-        for out in self.llm.stream(prompt, params):
-            first = clock() if first is None else first
-            count = len(out.token_ids)
-        assert first is not None and count == new, count
-        return (count - 1) / (clock() - first)
+        return _streamed_rate(self.llm.stream(prompt, params), new, clock)
 
 
 class Theirs:
@@ -214,12 +221,7 @@ class Lean:
         from deepinfer.lean import LeanSampling
 
         params = LeanSampling(temperature=0, max_tokens=new, ignore_eos=True)
-        first, count = None, 0
-        for out in self.llm.stream(prompt, params):
-            first = clock() if first is None else first
-            count = len(out.token_ids)
-        assert first is not None and count == new, count
-        return (count - 1) / (clock() - first)
+        return _streamed_rate(self.llm.stream(prompt, params), new, clock)
 
 
 def _lean_decode(
