@@ -22,7 +22,6 @@ Example::
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import subprocess
@@ -32,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from deepinfer.models.cache_files import cache_base
+from deepinfer.models.cache_files import cache_base, file_sha256
 
 # The engine's constants (deepinfer.models.convert / gguf_model, which import torch);
 # tests/deepinfer/test_lean_files.py keeps them equal.
@@ -58,14 +57,6 @@ class LeanFiles:
     @property
     def blocks(self) -> Path:
         return self.directory / BLOCKS_FILE
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while chunk := fh.read(1 << 22):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def candidate_dirs(source: Path, cache_dir: str | os.PathLike[str] | None) -> list[Path]:
@@ -95,9 +86,9 @@ def check_converted(source: Path, directory: Path) -> LeanFiles | None:
         files = recorded.get("files")
         if not isinstance(files, dict) or any(files.get(n) is None for n in READ_FILES):
             return None
-        if recorded.get("source_sha256") != _sha256(source):
+        if recorded.get("source_sha256") != file_sha256(source):
             return None
-        if any(_sha256(directory / n) != files[n] for n in READ_FILES):
+        if any(file_sha256(directory / n) != files[n] for n in READ_FILES):
             return None
         from deepinfer.lean.safetensors_map import SafetensorsMap
 

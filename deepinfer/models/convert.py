@@ -18,7 +18,6 @@ written (read-only, full) costs a warning and a conversion into a private tempor
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import shutil
@@ -30,7 +29,7 @@ from typing import Any
 
 import torch
 
-from deepinfer.models.cache_files import cache_base, exclusive_lock
+from deepinfer.models.cache_files import cache_base, exclusive_lock, file_sha256
 from deepinfer.models.gguf_loader import load_gguf
 from deepinfer.models.safetensors_loader import save_hf_dir
 from deepinfer.models.tokenizer import Tokenizer
@@ -49,20 +48,12 @@ def cache_root(cache_dir: str | os.PathLike[str] | None = None) -> Path:
     return cache_base() / "models"
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while chunk := fh.read(1 << 22):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def _fingerprint(source: Path, dtype: torch.dtype) -> dict[str, Any]:
     return {
         "format_version": FORMAT_VERSION,
         "source_name": source.name,
         "source_size": source.stat().st_size,
-        "source_sha256": _sha256(source),
+        "source_sha256": file_sha256(source),
         "dtype": str(dtype).removeprefix("torch."),
     }
 
@@ -73,7 +64,7 @@ def _file_digests(directory: Path, names: list[str] | None = None) -> dict[str, 
     if names is None:
         names = sorted(p.name for p in directory.iterdir() if p.is_file() and p.name != MARKER)
     with ThreadPoolExecutor(max_workers=min(4, max(1, len(names)))) as pool:
-        digests = list(pool.map(lambda n: _sha256(directory / n), names))
+        digests = list(pool.map(lambda n: file_sha256(directory / n), names))
     return dict(zip(names, digests))
 
 
