@@ -256,7 +256,14 @@ class LLMEngine:
             if c.seq.num_computed == c.seq.num_tokens:
                 plain.append((c.seq, offset + c.end - base - 1))
         if plain:
-            rows = out.hidden[[row for _, row in plain]]
+            picked = [row for _, row in plain]
+            first = picked[0]
+            # Decode rows are consecutive: a view, not an advanced-indexing copy (the copy was
+            # ~0.15 ms of a batch-1 CPU step, cold after the forward).
+            if picked == list(range(first, first + len(picked))):
+                rows = out.hidden[first : first + len(picked)]
+            else:
+                rows = out.hidden[picked]
             sampled = self.runner.sample([seq for seq, _ in plain], rows, self.generator)
             for (seq, _), token in zip(plain, sampled):
                 outputs.append(self.append_tokens(seq, [token], now))

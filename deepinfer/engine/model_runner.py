@@ -6,10 +6,15 @@ from collections.abc import Sequence as Seq
 
 import torch
 
-from deepinfer.engine.sampler import prepare_logits, sample_next_tokens, sampling_tensors
+from deepinfer.engine.sampler import (
+    greedy_tokens,
+    prepare_logits,
+    sample_next_tokens,
+    sampling_tensors,
+)
 from deepinfer.engine.sequence import Sequence
 from deepinfer.engine.speculation import ForwardOutput
-from deepinfer.models.attention_metadata import AttentionMetadata
+from deepinfer.engine.step_inputs import DecodeInputBuffers, build_step_inputs
 from deepinfer.models.kv_pool import KVPool
 from deepinfer.models.llama import LlamaModel
 from deepinfer_kernels.sampling import sample_with_generators
@@ -22,6 +27,9 @@ class ModelRunner:
         self.model = model
         self.pool = pool
         self.device = model.embed_tokens.weight.device
+        # Decode steps on the CPU write into tensors kept between steps (torch.from_numpy
+        # views: no transfer for another device to wait on).
+        self._decode_buffers = DecodeInputBuffers() if self.device.type == "cpu" else None
         self.num_steps = 0
         self.num_forward_tokens = 0
 
@@ -34,21 +42,17 @@ class ModelRunner:
     ) -> ForwardOutput:
         """ONE model forward: sequence ``i`` feeds ``tokens[i]`` at positions ``starts[i]...``
         (its KV up to ``starts[i]`` is already in its blocks); captures ``layer_ids``."""
-        input_ids = [t for toks in tokens for t in toks]
-        positions = [p for s, toks in zip(starts, tokens) for p in range(s, s + len(toks))]
-        attn = AttentionMetadata.build(
-            [seq.block_ids for seq in seqs],
-            seq_lens=[s + len(toks) for s, toks in zip(starts, tokens)],
-            query_lens=[len(toks) for toks in tokens],
-            block_size=self.pool.block_size,
-            device=self.device,
-        )
-        ids = torch.tensor(input_ids, dtype=torch.int64, device=self.device)
-        pos = torch.tensor(positions, dtype=torch.int64, device=self.device)
+        tables = [seq.block_ids for seq in seqs]
+        if self._decode_buffers is not None and all(len(toks) == 1 for toks in tokens):
+            inputs = self._decode_buffers.fill(tables, starts, tokens, self.pool.block_size)
+        else:
+            inputs = build_step_inputs(tables, starts, tokens, self.pool.block_size, self.device)
         with torch.inference_mode():
-            hidden, layers = self.model.forward_with_layers(ids, pos, attn, self.pool, layer_ids)
+            hidden, layers = self.model.forward_with_layers(
+                inputs.input_ids, inputs.positions, inputs.attn, self.pool, layer_ids
+            )
         self.num_steps += 1
-        self.num_forward_tokens += len(input_ids)
+        self.num_forward_tokens += inputs.num_tokens
         offsets, offset = [], 0
         for toks in tokens:
             offsets.append(offset)
@@ -67,14 +71,14 @@ class ModelRunner:
 
         A batch of greedy requests takes the first maximal logit of each (processed) row
         straight away, as ``sample_next_tokens`` would: its per-row parameter tensors and
-        checks were ~0.5 ms of a ~30 ms batch-1 CPU decode step."""
+        checks were ~0.5 ms of a ~30 ms batch-1 CPU decode step (``greedy_tokens``)."""
         with torch.inference_mode():
             logits = self.model.compute_logits(hidden)
             if seqs and all(s.params.temperature == 0 for s in seqs):
                 logits = prepare_logits(seqs, logits)
-                best, index = logits.float().max(dim=-1)
-                if bool(torch.isfinite(best).all()):
-                    return [int(t) for t in index.tolist()]
+                picked = greedy_tokens(logits)
+                if picked is not None:
+                    return picked
                 # NaN or +inf: the full path raises or picks as it always did.
                 return sample_with_generators(
                     logits,

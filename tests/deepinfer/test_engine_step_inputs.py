@@ -1,0 +1,119 @@
+"""``build_step_inputs`` and ``DecodeInputBuffers``: the step's tensors, as
+``AttentionMetadata.build`` and the flat token / position lists define them."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from deepinfer.engine.step_inputs import DecodeInputBuffers, StepInputs, build_step_inputs
+from deepinfer.models.attention_metadata import AttentionMetadata
+
+BLOCK = 4
+
+
+@st.composite
+def batches(draw: st.DrawFn, decode: bool) -> tuple[list[list[int]], list[int], list[list[int]]]:
+    """Per sequence: its blocks (at least enough for its tokens, maybe more), start, tokens."""
+    rows = draw(st.integers(1, 5))
+    tables, starts, tokens = [], [], []
+    for _ in range(rows):
+        start = draw(st.integers(0, 30))
+        count = 1 if decode else draw(st.integers(1, 9))
+        need = -(-(start + count) // BLOCK)
+        extra = draw(st.integers(0, 2))
+        tables.append(
+            draw(st.lists(st.integers(0, 99), min_size=need + extra, max_size=need + extra))
+        )
+        starts.append(start)
+        tokens.append(draw(st.lists(st.integers(0, 500), min_size=count, max_size=count)))
+    return tables, starts, tokens
+
+
+def _assert_matches_build(
+    got: StepInputs, tables: list[list[int]], starts: list[int], tokens: list[list[int]]
+) -> None:
+    want = AttentionMetadata.build(
+        tables,
+        seq_lens=[s + len(t) for s, t in zip(starts, tokens)],
+        query_lens=[len(t) for t in tokens],
+        block_size=BLOCK,
+    )
+    for name in ("block_table", "seq_lens", "cu_seqlens_q", "slot_mapping"):
+        a, b = getattr(got.attn, name), getattr(want, name)
+        assert a.dtype == b.dtype and a.shape == b.shape, name
+        assert torch.equal(a, b), name
+    assert got.input_ids.dtype == got.positions.dtype == torch.int64
+    assert got.input_ids.tolist() == [t for toks in tokens for t in toks]
+    assert got.positions.tolist() == [
+        p for s, toks in zip(starts, tokens) for p in range(s, s + len(toks))
+    ]
+    assert torch.equal(got.positions, want.positions())
+    assert got.num_tokens == sum(len(t) for t in tokens)
+
+
+@settings(max_examples=60, deadline=None)
+@given(batch=batches(decode=False))
+def test_build_step_inputs_matches_attention_metadata_build(
+    batch: tuple[list[list[int]], list[int], list[list[int]]],
+) -> None:
+    _assert_matches_build(build_step_inputs(*batch, block_size=BLOCK), *batch)
+
+
+@settings(max_examples=40, deadline=None)
+@given(steps=st.lists(batches(decode=True), min_size=1, max_size=6))
+def test_decode_buffers_match_build_over_successive_steps(
+    steps: list[tuple[list[list[int]], list[int], list[list[int]]]],
+) -> None:
+    """Successive steps of any shapes (growing, shrinking, another batch size) through one
+    buffer set: each step's tensors are exactly what a fresh build gives."""
+    buffers = DecodeInputBuffers()
+    for batch in steps:
+        _assert_matches_build(buffers.fill(*batch, block_size=BLOCK), *batch)
+
+
+def test_decode_buffers_reuse_tensors_while_the_shape_holds() -> None:
+    buffers = DecodeInputBuffers()
+    first = buffers.fill([[7, 8]], [4], [[11]], BLOCK)
+    second = buffers.fill([[7, 9]], [5], [[12]], BLOCK)
+    assert second is first  # same shape: same tensors, new values
+    assert second.attn.block_table.tolist() == [[7, 9]]
+    assert second.attn.slot_mapping.tolist() == [9 * BLOCK + 1]
+    grown = buffers.fill([[7, 9, 3]], [8], [[13]], BLOCK)
+    assert grown is not first and grown.attn.block_table.tolist() == [[7, 9, 3]]
+    shrunk_row = buffers.fill([[7, 9, 3], [5]], [8, 0], [[1], [2]], BLOCK)
+    assert shrunk_row.attn.block_table.tolist() == [[7, 9, 3], [5, 0, 0]]
+
+
+@pytest.mark.parametrize(
+    ("tables", "starts", "tokens", "match"),
+    [
+        ([[1]], [0, 1], [[1]], "same length"),
+        ([[1]], [4], [[1]], "block_tables\\[0\\]"),
+        ([[1]], [0], [[]], "tokens\\[0\\]"),
+        ([[1]], [-1], [[1]], "starts\\[0\\]"),
+    ],
+)
+def test_build_step_inputs_names_the_bad_argument(
+    tables: list[list[int]], starts: list[int], tokens: list[list[int]], match: str
+) -> None:
+    with pytest.raises(ValueError, match=match):
+        build_step_inputs(tables, starts, tokens, BLOCK)
+
+
+@pytest.mark.parametrize(
+    ("tables", "starts", "tokens", "match"),
+    [
+        ([[1]], [0, 1], [[1]], "same length"),
+        ([], [], [], "needs sequences"),
+        ([[1]], [4], [[1]], "block_tables\\[0\\]"),
+        ([[1, 2]], [0], [[1, 2]], "tokens\\[0\\]: a decode step feeds one token"),
+    ],
+)
+def test_decode_buffers_name_the_bad_argument(
+    tables: list[list[int]], starts: list[int], tokens: list[list[int]], match: str
+) -> None:
+    with pytest.raises(ValueError, match=match):
+        DecodeInputBuffers().fill(tables, starts, tokens, BLOCK)
