@@ -185,6 +185,7 @@ def test_the_tier_serves_the_same_pages_either_way(tmp_path: Path, native: bool)
     where=st.sampled_from(["header", "payload start", "payload middle", "payload end", "truncate"]),
     piece=st.sampled_from([4096, 1 << 18]),
     overlap=st.booleans(),
+    whole=st.booleans(),
 )
 def test_a_damaged_record_is_a_miss_in_any_position(
     tmp_path_factory: pytest.TempPathFactory,
@@ -195,6 +196,7 @@ def test_a_damaged_record_is_a_miss_in_any_position(
     where,
     piece,
     overlap,
+    whole,
 ) -> None:
     if native and native_read.record_reader() is None:
         native = False
@@ -208,9 +210,11 @@ def test_a_damaged_record_is_a_miss_in_any_position(
         1 << 24,
         segment_bytes=64 * (page_bytes + 4096),
         read_pool_bytes=1 << 22,
+        max_read_bytes=2 * (page_bytes + 4096),  # runs of 2: a request is a stream of runs
     )
     tier._native_read = native
     tier._read_overlap = overlap
+    tier._whole_streams = whole  # the stream read by one call, or run by run
     for i in range(count):
         assert tier.put(key(i), _big_page(i), BlockMeta(None, "chat", 4e9), block=True)
     assert tier.flush()

@@ -75,3 +75,43 @@ def test_no_description_outlives_a_retired_segment_or_the_tier(tmp_path) -> None
     tier.close()
     segdir = str(tmp_path / "c" / "segments")
     assert not [p for p in open_paths() if p.startswith(segdir)]
+
+
+@pytest.mark.parametrize("whole", [True, False])
+def test_a_stream_is_one_read_call_or_one_per_run_with_the_same_pages(
+    tmp_path, monkeypatch, whole
+) -> None:
+    tier = open_tier(tmp_path / "c", max_read_bytes=2 * 4096)  # runs of 2 slots
+    tier._whole_streams = whole
+    fill(tier, range(16))  # two segments of 8 slots: two streams of four runs each
+    calls: list[int] = []
+    real = tier._read_run
+
+    def counted(keys, dest=None, fds=None):
+        calls.append(len(keys))
+        return real(keys, dest, fds)
+
+    monkeypatch.setattr(tier, "_read_run", counted)
+    ids = [*range(16), 99]
+    got = tier.get_many([key(i) for i in ids])
+    assert got[-1] is None
+    assert all(torch.equal(p, page_of(i)) for i, p in zip(ids[:-1], got[:-1]))
+    runs = sorted(calls)
+    assert runs == ([1, 8, 8] if whole else [1, *[2] * 8])  # 99: a run of its own
+    out = torch.empty((len(ids), *PAGE), dtype=torch.bfloat16)
+    assert tier.get_many_into([key(i) for i in ids], out) == [i != 99 for i in ids]
+    assert all(torch.equal(out[j], page_of(i)) for j, i in enumerate(ids[:-1]))
+    tier.close()
+
+
+def test_a_whole_stream_whose_slots_moved_is_read_key_by_key(tmp_path, monkeypatch) -> None:
+    tier = open_tier(tmp_path / "c", max_read_bytes=2 * 4096)
+    fill(tier, range(8))
+    keys = [key(i) for i in range(8)]
+    streams = tier._streams(keys)
+    tier.delete(key(3))  # after the streams were planned: the stream is no longer consecutive
+    monkeypatch.setattr(tier, "_streams", lambda _keys: streams)
+    got = tier.get_many(keys)
+    assert got[3] is None
+    assert all(torch.equal(got[i], page_of(i)) for i in range(8) if i != 3)
+    tier.close()

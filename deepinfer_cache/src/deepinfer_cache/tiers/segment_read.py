@@ -81,6 +81,13 @@ class SegmentReads:
     # thread's copy lands in another core's cache) and a lower wall ratio (0.31-0.82 against
     # 0.22-1.93, medians 0.52 / 0.66); ``bench_cache_into.py`` keeps the A/B for a quiet run.
     _read_overlap: bool = False
+    # A stream's runs read by one ``_read_run`` (one C call, one header check); False reads
+    # them run by run, as before session 16 (kept for ``bench_cache_into.py``'s A/B).
+    _whole_streams: bool = True
+    # Each stream's own description is opened with ``POSIX_FADV_SEQUENTIAL`` (Linux: twice the
+    # readahead window). Off: session 16's loaded A/B (results/cache.md) could not tell it
+    # from plain reads; kept for the A/B. Applied when a description is opened.
+    _sequential_hint: bool = False
 
     if TYPE_CHECKING:
         dtype: torch.dtype
@@ -166,6 +173,21 @@ class SegmentReads:
         (``_Descriptions``), so the kernel sees one sequential reader."""
         fds = _Descriptions(self, self._own_readahead)
         try:
+            if self._whole_streams and len(stream) > 1:
+                # The runs of a stream are consecutive slots of one segment (``_streams``), so
+                # one ``_read_run`` reads them all: one C call and one header check for the
+                # stream instead of one per run (``_read_run`` still reads key by key should
+                # the slots have changed since ``_streams`` looked).
+                flat = [i for run in stream for i in run]
+                pages = self._read_run(
+                    [keys[i] for i in flat], None if dest is None else [dest[i] for i in flat], fds
+                )
+                split: list[list[torch.Tensor | None]] = []
+                at = 0
+                for run in stream:
+                    split.append(pages[at : at + len(run)])
+                    at += len(run)
+                return split
             return [
                 self._read_run(
                     [keys[i] for i in run], None if dest is None else [dest[i] for i in run], fds
@@ -519,6 +541,11 @@ class _Descriptions:
             if fd == shared:  # no /proc: share it, and stop trying for this stream
                 self.own = False
                 return shared
+            if self._tier._sequential_hint and hasattr(os, "posix_fadvise"):
+                # Twice the device's readahead window for this description (Linux), so more of
+                # the file is on its way while the stream's thread hashes what it has read.
+                with contextlib.suppress(OSError):
+                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
         self._fds[seg.id] = (seg, fd)
         return fd
 
