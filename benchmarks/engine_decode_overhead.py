@@ -23,8 +23,10 @@ decode speed ratio per repeat in CPU time and wall time.
 ``--baseline REV --rounds N`` instead runs this measurement in child processes, alternating the
 Python of every package at ``REV`` (``git archive``, with the current C sources: the compiled
 kernels are the same; see ``decode_step_python_ab.py``) with the current checkout, and prints
-each side's engine and lean CPU ms per step, the lean / engine ratio, and the current engine's
-speed over the baseline's (same compiled code, so the difference is the engine's Python):
+each side's engine and lean CPU ms per step, the lean / engine ratio, the engine's CPU ms per
+step outside the model's forward and LM head (its own Python: the part the baseline and the
+current code differ in, and far steadier under load than the whole step), and the current
+engine's speed over the baseline's (same compiled code, so the difference is Python):
 
     .venv/bin/python benchmarks/engine_decode_overhead.py --baseline a183eab --rounds 4
 """
@@ -189,18 +191,31 @@ def compare(args: argparse.Namespace) -> int:
         }
         engine: dict[str, list[float]] = {name: [] for name in sides}
         ratio: dict[str, list[float]] = {name: [] for name in sides}
+        outside: dict[str, list[float]] = {name: [] for name in sides}
         for r in range(args.rounds):
             for name in list(sides) if r % 2 == 0 else list(reversed(sides)):
                 runs = _child_run(sides[name], args, Path(tmp) / f"{name}-{r}.json")["runs"]
                 e = statistics.median(run["engine"]["cpu_ms"] for run in runs)
                 lean = statistics.median(run["lean"]["cpu_ms"] for run in runs)
+                # The step less the model's forward and LM head: the engine's own Python, far
+                # less disturbed by the machine's load than the kernels' time.
+                own = statistics.median(
+                    engine_split(run["engine"], "cpu")["total"]
+                    - engine_split(run["engine"], "cpu")["forward"]
+                    - engine_split(run["engine"], "cpu")["lm_head"]
+                    for run in runs
+                )
                 engine[name].append(e)
                 ratio[name].append(e / lean)
-                print(f"round {r + 1} {name:8s}: engine {e:.3f}, lean {lean:.3f} CPU ms/step, "
-                      f"lean/engine {e / lean:.3f}x; load {os.getloadavg()[0]:.2f}", flush=True)  # fmt: skip
+                outside[name].append(own)
+                print(f"round {r + 1} {name:8s}: engine {e:.3f} (outside the model {own:.3f}), "
+                      f"lean {lean:.3f} CPU ms/step, lean/engine {e / lean:.3f}x; "
+                      f"load {os.getloadavg()[0]:.2f}", flush=True)  # fmt: skip
     for name in sides:
+        own = outside[name]
         print(f"{name} ({args.baseline if name == 'baseline' else 'working tree'}): lean/engine "
-              f"{_median_range(ratio[name])}")  # fmt: skip
+              f"{_median_range(ratio[name])}; outside the model {statistics.median(own):.3f} "
+              f"CPU ms/step ({min(own):.3f}-{max(own):.3f})")  # fmt: skip
     speed = [b / c for b, c in zip(engine["baseline"], engine["current"], strict=True)]
     saved = [b - c for b, c in zip(engine["baseline"], engine["current"], strict=True)]
     print(f"engine decode speed, current / baseline: {_median_range(speed)}; CPU ms saved per "

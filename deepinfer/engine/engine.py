@@ -234,7 +234,7 @@ class LLMEngine:
             [c.seq for c in chunks],
             drafts.bases,
             [
-                c.seq.all_ids[base : c.end] + d
+                c.seq.ids_between(base, c.end) + d
                 for c, base, d in zip(chunks, drafts.bases, drafts.tokens)
             ],
             spec.layer_ids if spec is not None else (),

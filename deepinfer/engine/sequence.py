@@ -60,6 +60,16 @@ class Sequence:
     def all_ids(self) -> list[int]:
         return self.prompt_ids + self.output_ids
 
+    def ids_between(self, start: int, end: int) -> list[int]:
+        """``all_ids[start:end]`` (``0 <= start``) without joining prompt and output first: a
+        decode step reads one token, and the join copied the whole context each step."""
+        split = len(self.prompt_ids)
+        if start >= split:
+            return self.output_ids[start - split : end - split]
+        if end <= split:
+            return self.prompt_ids[start:end]
+        return self.prompt_ids[start:] + self.output_ids[: end - split]
+
     @property
     def num_tokens(self) -> int:
         return len(self.prompt_ids) + len(self.output_ids)

@@ -1,5 +1,6 @@
 """``build_step_inputs`` and ``DecodeInputBuffers``: the step's tensors, as
-``AttentionMetadata.build`` and the flat token / position lists define them."""
+``AttentionMetadata.build`` and the flat token / position lists define them; and the tokens
+``Sequence.ids_between`` reads for a step."""
 
 from __future__ import annotations
 
@@ -8,6 +9,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from deepinfer.engine.outputs import RequestMetrics
+from deepinfer.engine.sampling_params import SamplingParams
+from deepinfer.engine.sequence import Sequence
 from deepinfer.engine.step_inputs import DecodeInputBuffers, StepInputs, build_step_inputs
 from deepinfer.models.attention_metadata import AttentionMetadata
 
@@ -117,3 +121,17 @@ def test_decode_buffers_name_the_bad_argument(
 ) -> None:
     with pytest.raises(ValueError, match=match):
         DecodeInputBuffers().fill(tables, starts, tokens, BLOCK)
+
+
+@settings(max_examples=80)
+@given(
+    prompt=st.lists(st.integers(0, 9), min_size=1, max_size=6),
+    output=st.lists(st.integers(0, 9), max_size=6),
+    start=st.integers(0, 14),
+    length=st.integers(0, 14),
+)
+def test_sequence_ids_between_is_a_slice_of_all_ids(
+    prompt: list[int], output: list[int], start: int, length: int
+) -> None:
+    seq = Sequence(0, "r", prompt, SamplingParams(), b"", RequestMetrics(0.0), output_ids=output)
+    assert seq.ids_between(start, start + length) == seq.all_ids[start : start + length]
