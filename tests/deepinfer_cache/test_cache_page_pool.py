@@ -4,6 +4,7 @@ bytes (a corrupt block is still a miss)."""
 
 from __future__ import annotations
 
+import itertools
 import threading
 
 import hypothesis.strategies as st
@@ -13,7 +14,7 @@ from _segment_tier_helpers import PAGE, fill, key, open_tier, page_of
 from hypothesis import HealthCheck, given, settings
 
 from deepinfer_cache import TieredKVStore
-from deepinfer_cache.page_pool import PagePool
+from deepinfer_cache.page_pool import PagePool, huge_page_slab
 from deepinfer_cache.segment_format import RECORD_HEADER_BYTES
 
 
@@ -71,11 +72,42 @@ def test_a_page_freed_while_the_pool_is_locked_does_not_deadlock() -> None:
         ({"page_bytes": -1, "max_bytes": 1}, "page_bytes"),
         ({"page_bytes": 8, "max_bytes": -1}, "max_bytes"),
         ({"page_bytes": 8, "max_bytes": True}, "max_bytes"),
+        ({"page_bytes": 8, "max_bytes": 1, "huge_pages": 1}, "huge_pages"),
     ],
 )
 def test_pool_refuses_bad_sizes(kw, name) -> None:
     with pytest.raises(ValueError, match=name):
         PagePool(**kw)
+
+
+@pytest.mark.parametrize("huge", [True, False])
+def test_new_pages_of_a_take_share_one_huge_page_slab(huge) -> None:
+    page = 1 << 20
+    pool = PagePool(page, 8 * page, huge_pages=huge)
+    pages = pool.take(4)  # 4 MiB: a slab when huge pages are on
+    ptrs = [p.data_ptr() for p in pages]
+    if huge:  # one 2 MiB-aligned slab, the pages back to back
+        assert ptrs[0] % (2 << 20) == 0
+        assert all(b - a == page for a, b in itertools.pairwise(ptrs))
+    for j, p in enumerate(pages):  # no page overlaps another
+        p.fill_(j)
+    assert all(int(p.min()) == int(p.max()) == j for j, p in enumerate(pages))
+    del p, pages
+    assert pool.stats.returned == 4 and pool.idle_bytes() == 4 * page
+    again = pool.take(5)  # the 4 idle buffers first, then one new one (under 2 MiB: no slab)
+    assert {p.data_ptr() for p in again[:4]} == set(ptrs) and pool.stats.reused == 4
+    small = PagePool(4096, 1 << 20, huge_pages=huge).take(3)  # 12 KiB: never a slab
+    assert len({p.data_ptr() for p in small}) == 3
+
+
+def test_huge_page_slab_is_aligned_and_refuses_bad_sizes() -> None:
+    slab = huge_page_slab(3 << 20)
+    assert slab.nbytes == 3 << 20 and slab.ctypes.data % (2 << 20) == 0
+    slab[:] = 7  # writable, all of it
+    assert int(slab.sum()) == 7 * (3 << 20)
+    for bad in (0, -1, True, 1.5):
+        with pytest.raises(ValueError, match="nbytes"):
+            huge_page_slab(bad)  # type: ignore[arg-type]
 
 
 def test_tier_refuses_a_bad_pool_size(tmp_path) -> None:
