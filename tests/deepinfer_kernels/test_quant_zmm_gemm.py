@@ -1,0 +1,110 @@
+"""The many-row (prefill) block-format product on AVX-512 (``quant/csrc/gguf_zmm_gemm.h``,
+run by ``deepinfer_quant_linear_sgemm`` in place of the OpenBLAS sgemm where the kernel is built
+with AVX-512): against gguf's dequantised weights in float64, at the edges of its 8-row tiles,
+2 x 16-column panels and 128-row chunks, every GGUF type, 1 and 2 threads."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from deepinfer_kernels.cpu.build import _cpu_flags
+from deepinfer_kernels.quant import GEMV_MAX_ROWS, QuantType, QuantWeight, dequantize
+from deepinfer_kernels.quant.dense_gemm import DenseGemm
+from deepinfer_kernels.quant.ops import default_cpu_kernel
+from deepinfer_kernels.testing.quant import (
+    BLOCK_TYPES,
+    FLOAT_TYPES,
+    product_tolerance,
+    quant_weights,
+    random_quant_rows,
+)
+
+# Row counts at the tile (8), chunk (128) and GEMV_MAX_ROWS edges.
+EDGE_ROWS = st.sampled_from([17, 21, 23, 24, 25, 127, 128, 129, 136, 257])
+
+
+def _product(x: torch.Tensor, w: QuantWeight, bias: torch.Tensor | None) -> torch.Tensor:
+    """``deepinfer_quant_linear_sgemm`` as ``quant_linear`` calls it for many rows with
+    OpenBLAS chosen: the kernel under test runs in the sgemm's place on AVX-512 builds (the
+    sgemm itself elsewhere)."""
+    if not default_cpu_kernel().available():
+        pytest.skip("no C compiler")
+    try:
+        sgemm = DenseGemm("openblas").in_region_sgemm()
+    except ValueError:
+        sgemm = None
+    if sgemm is None:
+        pytest.skip("numpy's OpenBLAS exports no ILP64 cblas_sgemm")
+    with sgemm.one_thread() as address:
+        return default_cpu_kernel().linear(x, w.data, w.qtype, w.cols, bias, sgemm=address)
+
+
+def _assert_close(y: torch.Tensor, x: torch.Tensor, w: QuantWeight, b: torch.Tensor | None):
+    wf = dequantize(w)
+    want = x.double() @ wf.double().t() + (0 if b is None else b.double())
+    tol = product_tolerance(x, wf).double() + (0 if b is None else 1.2e-7 * b.abs().double())
+    assert y.dtype == torch.float32 and y.shape == (x.shape[0], w.rows)
+    assert ((y.double() - want).abs() <= tol + 1e-6).all(), (y.double() - want).abs().max()
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    w=quant_weights(max_rows=70, max_blocks=2),
+    rows=EDGE_ROWS,
+    threads=st.sampled_from([1, 2]),
+    with_bias=st.booleans(),
+    wide=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_matches_the_float64_product_at_tile_and_chunk_edges(
+    w: QuantWeight, rows: int, threads: int, with_bias: bool, wide: bool, seed: int
+) -> None:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, w.cols + (5 if wide else 0), generator=g)[:, : w.cols]
+    b = torch.randn(w.rows, generator=g) if with_bias else None
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads)
+        _assert_close(_product(x, w, b), x, w, b)
+    finally:
+        torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("qtype", BLOCK_TYPES + FLOAT_TYPES, ids=lambda q: q.name)
+def test_every_format_with_odd_panels_and_rows(qtype: QuantType) -> None:
+    """47 output rows (two whole panels and a partial third: an odd panel count per thread
+    at 2 threads) and 131 x rows (a partial chunk ending in a 3-row tile)."""
+    cols = 256 * 2 if qtype.name.endswith("_K") else 96
+    w = QuantWeight(random_quant_rows(qtype, 47, cols, seed=int(qtype)), qtype, cols)
+    x = torch.randn(131, cols)
+    b = torch.randn(47)
+    for threads in (1, 2):
+        before = torch.get_num_threads()
+        try:
+            torch.set_num_threads(threads)
+            _assert_close(_product(x, w, b), x, w, b)
+        finally:
+            torch.set_num_threads(before)
+
+
+def test_one_hot_rows_return_the_weights_exactly() -> None:
+    w = QuantWeight(random_quant_rows(QuantType.Q4_1, 40, 128, seed=5), QuantType.Q4_1, 128)
+    wf = dequantize(w)
+    ks = torch.arange(GEMV_MAX_ROWS + 9) * 5 % 128
+    hot = torch.zeros(len(ks), 128)
+    hot[torch.arange(len(ks)), ks] = 1.0
+    assert torch.equal(_product(hot, w, None), wf[:, ks].t())
+
+
+@pytest.mark.skipif("avx512f" not in _cpu_flags().split(), reason="AVX-512 path only")
+def test_a_rows_output_does_not_depend_on_its_neighbours() -> None:
+    """On AVX-512 each output is one fma chain over k whatever the tile or chunk it falls in:
+    a row gives the same bits among 200 rows as among 23 (the sgemm gave no such promise)."""
+    w = QuantWeight(random_quant_rows(QuantType.Q4_0, 50, 192, seed=9), QuantType.Q4_0, 192)
+    x = torch.randn(200, 192)
+    whole = _product(x, w, None)
+    part = _product(x[130:153].contiguous(), w, None)
+    assert torch.equal(whole[130:153], part)
