@@ -241,6 +241,9 @@ class LLM:
                 yield merge(params, [latest[r] for r in rids])
                 return
             index = rids.index(out.request_id)
+            if not out.finished and all(c.index == index for c in out.outputs):
+                yield out  # already what the caller sees (one completion running): no copies
+                continue
             # One completion finishing does not finish the request (its outputs[0] says so).
             yield replace(
                 out, finished=False, outputs=[replace(c, index=index) for c in out.outputs]
