@@ -21,14 +21,15 @@ Prints ms per step of each part (median over repeats, with min-max), and the lea
 decode speed ratio per repeat in CPU time and wall time.
 
 ``--baseline REV --rounds N`` instead runs this measurement in child processes, alternating the
-Python of every package at ``REV`` (``git archive``, with the current C sources: the compiled
-kernels are the same; see ``decode_step_python_ab.py``) with the current checkout, and prints
-each side's engine and lean CPU ms per step, the lean / engine ratio, the engine's CPU ms per
-step outside the model's forward and LM head (its own Python: the part the baseline and the
-current code differ in, and far steadier under load than the whole step), and the current
-engine's speed over the baseline's (same compiled code, so the difference is Python):
+packages at ``REV`` with those at ``--current`` (a revision; default: the working tree), each a
+``git archive`` with its own C sources (``--same-c`` gives the baseline the current checkout's C
+files instead, as ``decode_step_python_ab.py`` does, when the C ABI did not change between the
+two), and prints each side's engine and lean CPU ms per step, the lean / engine ratio, the
+engine's CPU ms per step outside the model's forward and LM head (its own Python: far steadier
+under load than the whole step, and the same measure whatever kernels each side compiled), and
+the current engine's speed over the baseline's:
 
-    .venv/bin/python benchmarks/engine_decode_overhead.py --baseline a183eab --rounds 4
+    .venv/bin/python benchmarks/engine_decode_overhead.py --baseline a183eab --current HEAD
 """
 
 from __future__ import annotations
@@ -182,13 +183,23 @@ def _child_run(pythonpath: str | None, args: argparse.Namespace, out: Path) -> d
 
 def compare(args: argparse.Namespace) -> int:
     """Alternate the baseline's Python and the current one in child processes (module doc)."""
-    from decode_step_python_ab import _baseline_tree
+    from decode_step_python_ab import PACKAGE_ROOTS, ROOT, _baseline_tree
+
+    def tree(rev: str, into: Path) -> str:
+        """``rev``'s packages with its own C sources; their PYTHONPATH."""
+        into.mkdir(parents=True)
+        archive = subprocess.run(["git", "-C", str(ROOT), "archive", rev], check=True,
+                                 capture_output=True).stdout  # fmt: skip
+        subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
+        return os.pathsep.join(str(into / p) for p in PACKAGE_ROOTS)
 
     with tempfile.TemporaryDirectory(prefix="engine-overhead-ab-") as tmp:
+        base = Path(tmp) / "baseline"
         sides: dict[str, str | None] = {
-            "baseline": _baseline_tree(args.baseline, Path(tmp) / "tree"),
-            "current": None,
-        }
+            "baseline": _baseline_tree(args.baseline, base) if args.same_c
+            else tree(args.baseline, base),
+            "current": tree(args.current, Path(tmp) / "current") if args.current else None,
+        }  # fmt: skip
         engine: dict[str, list[float]] = {name: [] for name in sides}
         ratio: dict[str, list[float]] = {name: [] for name in sides}
         outside: dict[str, list[float]] = {name: [] for name in sides}
@@ -213,7 +224,8 @@ def compare(args: argparse.Namespace) -> int:
                       f"load {os.getloadavg()[0]:.2f}", flush=True)  # fmt: skip
     for name in sides:
         own = outside[name]
-        print(f"{name} ({args.baseline if name == 'baseline' else 'working tree'}): lean/engine "
+        rev = args.baseline if name == "baseline" else args.current or "working tree"
+        print(f"{name} ({rev}): lean/engine "
               f"{_median_range(ratio[name])}; outside the model {statistics.median(own):.3f} "
               f"CPU ms/step ({min(own):.3f}-{max(own):.3f})")  # fmt: skip
     speed = [b / c for b, c in zip(engine["baseline"], engine["current"], strict=True)]
@@ -236,6 +248,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=1, help="kernel threads (torch and OpenMP)")
     ap.add_argument("--json", type=Path, default=None, help="write the raw figures here")
     ap.add_argument("--baseline", help="git revision whose Python to alternate with (children)")
+    ap.add_argument("--current", help="with --baseline: the other revision (default: the "
+                    "working tree)")  # fmt: skip
+    ap.add_argument("--same-c", action="store_true",
+                    help="with --baseline: the baseline runs the current checkout's C sources")  # fmt: skip
     ap.add_argument("--rounds", type=int, default=4, help="child runs per side with --baseline")
     args = ap.parse_args(argv)
     if args.tokens < 3 or args.repeats < 1 or args.threads < 1 or args.rounds < 1:
