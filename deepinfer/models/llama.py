@@ -139,6 +139,12 @@ class LlamaMLP(nn.Module):
         self.down_proj = Linear(size, config.hidden_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Block-format weights on the CPU: gate, up and silu * up in one compiled pass where it
+        # applies (a prefill; quant_layers.QuantLinear.gated_product), without the [T, 2 I]
+        # product in memory.
+        gated = getattr(self.gate_up_proj, "gated_product", None)
+        if gated is not None and (act := gated(x)) is not None:
+            return self.down_proj.forward(act, contiguous=False)
         # Transposed views are fine here: chunk, silu and mul are element-wise, and the down
         # projection's transposed product wants exactly the transposed operand.
         gate, up = self.gate_up_proj.forward(x, contiguous=False).chunk(2, dim=-1)

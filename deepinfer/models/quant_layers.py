@@ -25,7 +25,14 @@ from torch import nn
 
 from deepinfer.models.layers import Embedding, Linear
 from deepinfer_kernels.cpu import BlockMatrix, PackedWeight
-from deepinfer_kernels.quant import QuantType, QuantWeight, dequantize, quant_linear, row_bytes
+from deepinfer_kernels.quant import (
+    QuantType,
+    QuantWeight,
+    dequantize,
+    quant_linear,
+    quant_swiglu,
+    row_bytes,
+)
 
 
 class QuantLinear(Linear):
@@ -103,6 +110,15 @@ class QuantLinear(Linear):
             ys.append(quant_linear(x, part, b))
             start += part.rows
         return torch.cat(ys, dim=-1)
+
+    def gated_product(self, x: torch.Tensor) -> torch.Tensor | None:
+        """``silu(x Wg^T) * (x Wu^T)`` for a gate-and-up projection (the gate's rows, then the
+        up's) in one compiled pass, or None where that does not apply (several formats, a
+        bias, few rows, no AVX-512: see ``quant_swiglu``); ``LlamaMLP`` asks first."""
+        runs = self.runs()
+        if len(runs) != 1 or self.bias is not None:
+            return None
+        return quant_swiglu(x, runs[0])
 
     def block_matrix(self) -> BlockMatrix | None:
         """The weight as the compiled block-format decoder layer reads it (a view of its bytes,

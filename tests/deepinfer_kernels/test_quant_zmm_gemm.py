@@ -1,7 +1,8 @@
 """The many-row (prefill) block-format product on AVX-512 (``quant/csrc/gguf_zmm_gemm.h``,
 run by ``deepinfer_quant_linear_sgemm`` in place of the OpenBLAS sgemm where the kernel is built
 with AVX-512): against gguf's dequantised weights in float64, at the edges of its 8-row tiles,
-2 x 16-column panels and 128-row chunks, every GGUF type, 1 and 2 threads."""
+2 x 16-column panels and 128-row chunks, every GGUF type, 1 and 2 threads; and the fused
+SwiGLU (``quant_swiglu``: gate, up and ``silu(g) * u`` in one pass) against float64."""
 
 from __future__ import annotations
 
@@ -11,7 +12,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from deepinfer_kernels.cpu.build import _cpu_flags
-from deepinfer_kernels.quant import GEMV_MAX_ROWS, QuantType, QuantWeight, dequantize
+from deepinfer_kernels.quant import (
+    GEMV_MAX_ROWS,
+    QuantType,
+    QuantWeight,
+    dequantize,
+    quant_swiglu,
+)
 from deepinfer_kernels.quant.dense_gemm import DenseGemm
 from deepinfer_kernels.quant.ops import default_cpu_kernel
 from deepinfer_kernels.testing.quant import (
@@ -108,3 +115,59 @@ def test_a_rows_output_does_not_depend_on_its_neighbours() -> None:
     whole = _product(x, w, None)
     part = _product(x[130:153].contiguous(), w, None)
     assert torch.equal(whole[130:153], part)
+
+
+def _swiglu_reference(x: torch.Tensor, w: QuantWeight) -> tuple[torch.Tensor, torch.Tensor]:
+    """float64 ``silu(x Wg^T) * (x Wu^T)`` and its fp32-rounding bound: the products' bound
+    carried through silu (|silu'| <= 1.1) and the product with the other half, plus a few ulp
+    of the result for the exponential, the division and the multiplication."""
+    wf = dequantize(w)
+    gate, up = (x.double() @ wf.double().t()).chunk(2, dim=-1)
+    tol_g, tol_u = product_tolerance(x, wf).double().chunk(2, dim=-1)
+    silu = torch.nn.functional.silu(gate)
+    want = silu * up
+    tol = 1.1 * tol_g * up.abs() + tol_u * silu.abs() + 8 * 1.2e-7 * want.abs() + 1e-6
+    return want, tol
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    w=quant_weights(max_rows=35, max_blocks=2),
+    rows=EDGE_ROWS,
+    threads=st.sampled_from([1, 2]),
+    wide=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_swiglu_matches_the_float64_reference(
+    w: QuantWeight, rows: int, threads: int, wide: bool, seed: int
+) -> None:
+    """``quant_swiglu`` on gate-and-up weights of every format (twice the drawn rows: gate and
+    up), at the tile and chunk edges, rows wider than the weight's cols, 1 and 2 threads."""
+    both = QuantWeight(torch.cat([w.data, w.data.flip(0)]), w.qtype, w.cols)
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, w.cols + (3 if wide else 0), generator=g)[:, : w.cols]
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads)
+        with torch.inference_mode():
+            got = quant_swiglu(x, both)
+    finally:
+        torch.set_num_threads(before)
+    if got is None:
+        pytest.skip("no fused path here (no AVX-512 or OpenBLAS)")
+    want, tol = _swiglu_reference(x, both)
+    assert got.shape == (rows, w.rows) and got.dtype == torch.float32
+    assert ((got.double() - want).abs() <= tol).all(), (got.double() - want).abs().max()
+
+
+def test_swiglu_declines_where_it_does_not_apply_and_names_bad_arguments() -> None:
+    w = QuantWeight(random_quant_rows(QuantType.Q4_1, 8, 64, seed=1), QuantType.Q4_1, 64)
+    few = torch.randn(GEMV_MAX_ROWS, 64)
+    assert quant_swiglu(few, w) is None  # the decode step's rows: the fused decoder layer's
+    grad = torch.randn(40, 64, requires_grad=True)
+    assert quant_swiglu(grad, w) is None
+    odd = QuantWeight(random_quant_rows(QuantType.Q4_1, 7, 64, seed=1), QuantType.Q4_1, 64)
+    with pytest.raises(ValueError, match="weight"):
+        quant_swiglu(torch.randn(40, 64), odd)
+    with pytest.raises(ValueError, match="x"):
+        quant_swiglu(torch.randn(40, 32), w)

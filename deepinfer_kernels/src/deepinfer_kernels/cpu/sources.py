@@ -74,7 +74,7 @@ PAGED_ATTENTION_TILES = CSource(
 # Not in ALL_SOURCES: it is built on first use, as before.
 QUANT_GEMV = CSource(
     CSRC.parent.parent / "quant" / "csrc" / "quant_gemv.c",
-    2,
+    3,
     (
         # x, M, x_stride, w, N, K, row_bytes, qtype, bias, y
         CSignature("deepinfer_quant_linear", "piipiiiipp", "i"),
@@ -82,6 +82,8 @@ QUANT_GEMV = CSource(
         CSignature("deepinfer_quant_dequantize", "piiip", "i"),
         # sgemm, x, M, x_stride, w, N, K, row_bytes, qtype, bias, y
         CSignature("deepinfer_quant_linear_sgemm", "ppiipiiiipp", "i"),
+        # x, M, x_stride, w, I, K, row_bytes, qtype, y
+        CSignature("deepinfer_quant_gated", "piipiiiip", "i"),
     ),
 )
 CAUSAL_PREFILL_ATTENTION = CSource(

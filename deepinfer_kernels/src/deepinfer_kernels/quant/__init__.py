@@ -24,7 +24,7 @@ from deepinfer_kernels.quant.formats import (
 
 if TYPE_CHECKING:
     from deepinfer_kernels.quant.cpu import QuantGemvKernel
-    from deepinfer_kernels.quant.ops import GEMV_MAX_ROWS, dequantize, quant_linear
+    from deepinfer_kernels.quant.ops import GEMV_MAX_ROWS, dequantize, quant_linear, quant_swiglu
 
 # PEP 562 lazy re-exports of the torch parts ({name: module}): the formats above import no
 # torch, so a torch-free process can read block geometry (``deepinfer_kernels.cpu.numpy_ops``).
@@ -33,6 +33,7 @@ _EXPORTS = {
     "GEMV_MAX_ROWS": "ops",
     "dequantize": "ops",
     "quant_linear": "ops",
+    "quant_swiglu": "ops",
 }
 
 
@@ -58,6 +59,7 @@ __all__ = [
     "QuantWeight",
     "dequantize",
     "quant_linear",
+    "quant_swiglu",
     "quant_type",
     "row_bytes",
 ]

@@ -21,8 +21,8 @@ from deepinfer_kernels.quant.formats import QuantType, row_bytes
 
 SOURCE = Path(__file__).parent / "csrc" / "quant_gemv.c"
 ABI = (
-    "2|deepinfer_quant_linear(piipiiiipp)i|deepinfer_quant_dequantize(piiip)i"
-    "|deepinfer_quant_linear_sgemm(ppiipiiiipp)i"
+    "3|deepinfer_quant_linear(piipiiiipp)i|deepinfer_quant_dequantize(piiip)i"
+    "|deepinfer_quant_linear_sgemm(ppiipiiiipp)i|deepinfer_quant_gated(piipiiiip)i"
 )
 _P, _I = ctypes.c_void_p, ctypes.c_int64
 
@@ -75,6 +75,8 @@ class QuantGemvKernel:
         lib.deepinfer_quant_dequantize.restype = ctypes.c_int
         lib.deepinfer_quant_linear_sgemm.argtypes = [_P, _P, _I, _I, _P, _I, _I, _I, _I, _P, _P]
         lib.deepinfer_quant_linear_sgemm.restype = ctypes.c_int
+        lib.deepinfer_quant_gated.argtypes = [_P, _I, _I, _P, _I, _I, _I, _I, _P]
+        lib.deepinfer_quant_gated.restype = ctypes.c_int
         self._lib = lib
 
     def linear(
@@ -107,6 +109,29 @@ class QuantGemvKernel:
             rc = self._lib.deepinfer_quant_linear_sgemm(sgemm, *args)
         if rc != 0:
             raise RuntimeError(f"{name} failed with code {rc}")
+        return y
+
+    def gated(
+        self, x: torch.Tensor, data: torch.Tensor, qtype: QuantType, cols: int
+    ) -> torch.Tensor | None:
+        """``silu(x Wg^T) * (x Wu^T)`` ``[M, I]`` for contiguous-row fp32 CPU ``x [M, cols]``
+        and uint8 ``data`` holding ``2 I`` rows (the gate's, then the up's), or None where the
+        kernel has no fused path (built without AVX-512): then take the product and the
+        activation separately."""
+        if not self.available():
+            raise RuntimeError(f"the quantised CPU kernel is unavailable: {self.error}")
+        rows, n = x.shape[0], data.shape[0]
+        if n % 2:
+            raise ValueError(f"data: expected an even number of rows (gate and up), got {n}")
+        y = torch.empty(rows, n // 2, dtype=torch.float32)
+        rc = self._lib.deepinfer_quant_gated(
+            x.data_ptr(), rows, x.stride(0), data.data_ptr(), n // 2, cols,
+            row_bytes(qtype, cols), int(qtype), y.data_ptr(),
+        )  # fmt: skip
+        if rc == -3:
+            return None
+        if rc != 0:
+            raise RuntimeError(f"deepinfer_quant_gated failed with code {rc}")
         return y
 
     def dequantize(self, data: torch.Tensor, qtype: QuantType, cols: int) -> torch.Tensor:

@@ -156,6 +156,46 @@ def quant_linear(
     return out
 
 
+def quant_swiglu(x: torch.Tensor, weight: QuantWeight) -> torch.Tensor | None:
+    """``silu(x Wg^T) * (x Wu^T)`` ``[..., rows / 2]`` for a gate-and-up ``weight`` (the gate's
+    rows, then the up's, one format), in one pass of the compiled AVX-512 GEMM
+    (``quant/csrc/gguf_zmm_gemm.h``: no ``[T, rows]`` product in memory, no separate silu
+    and mul), or None where that path does not apply: then compute it as ``gate, up =
+    quant_linear(x, weight).chunk(2, -1); F.silu(gate) * up``. It applies to fp32 CPU ``x``
+    of more than ``GEMV_MAX_ROWS`` rows outside autograd and compilation, where the many-row
+    products run on the kernel's GEMM (OpenBLAS chosen, kernel built with AVX-512).
+    ``silu(g) = g / (1 + e^-g)`` with the decode step's exponential (vec_math.h, within 2 ulp),
+    so it agrees with the torch ops to fp32 rounding.
+
+    Example::
+
+        act = quant_swiglu(x, gate_up)  # gate_up: QuantWeight [2 * I, H]; x [T, H]
+        if act is None:
+            gate, up = quant_linear(x, gate_up).chunk(2, dim=-1)
+            act = F.silu(gate) * up
+    """
+    _check(x, weight, None)
+    if weight.rows % 2:
+        raise ValueError(f"weight: expected an even number of rows (gate, up), got {weight.rows}")
+    if (
+        torch.compiler.is_compiling()
+        or (torch.is_grad_enabled() and x.requires_grad)
+        or x.device.type != "cpu"
+        or x.dtype != torch.float32
+    ):
+        return None
+    flat = x.reshape(-1, weight.cols)
+    kernel = _cpu_kernel_ready()
+    if flat.shape[0] <= GEMV_MAX_ROWS or kernel is None:
+        return None
+    if default_dense_gemm().in_region_sgemm() is None:  # MKL's side: not measured there
+        return None
+    if flat.stride(-1) != 1:
+        flat = flat.contiguous()
+    y = kernel.gated(flat, weight.data.contiguous(), QuantType(weight.qtype), weight.cols)
+    return None if y is None else y.view(*x.shape[:-1], weight.rows // 2)
+
+
 def dequantize(weight: QuantWeight) -> torch.Tensor:
     """fp32 values ``[rows, cols]`` of ``weight``, bit-identical to ``gguf.quants.dequantize``."""
     if not isinstance(weight, QuantWeight):

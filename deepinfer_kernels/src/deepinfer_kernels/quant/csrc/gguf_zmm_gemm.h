@@ -30,6 +30,7 @@
 #include <stdlib.h>
 
 #include "gguf_blocks.h"
+#include "../../cpu/csrc/vec_math.h"
 
 #if defined(__AVX512F__) && !defined(DEEPINFER_NO_ZMM_GEMM)
 #define ZMM_GEMM 1
@@ -70,16 +71,24 @@ static void zg_pack_panel(const uint8_t *rows, int64_t row_bytes, int64_t count,
     }
 }
 
+/* silu(g) u = (g / (1 + e^-g)) u lane by lane, with vec_math.h's expf8 on each half: the
+ * same formula and exponential as the decode step's MLP (quant_decoder_layer.c). */
+static inline __m512 zg_silu_mul(__m512 g, __m512 u) {
+    __m512 e = _mm512_sub_ps(_mm512_setzero_ps(), g);
+    __m256 lo = expf8(_mm512_castps512_ps256(e)), hi = expf8(_mm512_extractf32x8_ps(e, 1));
+    e = _mm512_insertf32x8(_mm512_castps256_ps512(lo), hi, 1);
+    return _mm512_mul_ps(_mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.0f), e)), u);
+}
+
 /* y[t * N + 16 c + j] = x[t] . W[16 c + j] (+ bias[16 c + j]) for t < R x rows (row stride xs)
  * and the C (1 or 2) panels wt + c * panel (cols columns in all: the last panel may be
  * partial); y and bias point at the first panel's first column. R and C are constants after
  * inlining, so acc[] lives in registers (R = 8, C = 2: 16 accumulators, and the 8 x row
  * pointers still fit the general registers: at 16 rows gcc spilled them into the loop). */
-static inline __attribute__((always_inline)) void zg_tile(const float *restrict x, int64_t xs,
-                                                          const float *restrict wt,
-                                                          int64_t panel, int64_t K, const int R,
-                                                          const int C, float *y, int64_t N,
-                                                          int64_t cols, const float *bias) {
+static inline __attribute__((always_inline)) void zg_tile_any(
+    const float *restrict x, int64_t xs, const float *restrict wt, int64_t panel, int64_t K,
+    const int R, const int C, const int gated, float *y, int64_t N, int64_t cols,
+    const float *bias) {
     __m512 acc[ZG_ROWS][ZG_PANELS], sum[ZG_ROWS][ZG_PANELS];
     for (int t = 0; t < R; t++)
         for (int c = 0; c < C; c++) sum[t][c] = _mm512_setzero_ps();
@@ -102,6 +111,12 @@ static inline __attribute__((always_inline)) void zg_tile(const float *restrict 
     }
     for (int t = 0; t < R; t++)
         for (int c = 0; c < C; c++) acc[t][c] = sum[t][c];
+    if (gated) { /* C = 2: y[t][j] = silu(g) u for the gate acc[t][0] and the up acc[t][1] */
+        __mmask16 keep = (__mmask16)(cols >= ZG_COLS ? 0xffff : (1u << cols) - 1u);
+        for (int t = 0; t < R; t++)
+            _mm512_mask_storeu_ps(y + t * N, keep, zg_silu_mul(acc[t][0], acc[t][1]));
+        return;
+    }
     for (int c = 0; c < C; c++) {
         int64_t left = cols - ZG_COLS * c;
         __mmask16 keep = (__mmask16)(left >= ZG_COLS ? 0xffff : (1u << left) - 1u);
@@ -112,6 +127,9 @@ static inline __attribute__((always_inline)) void zg_tile(const float *restrict 
         }
     }
 }
+
+#define zg_tile(x, xs, wt, panel, K, R, C, y, N, cols, bias) \
+    zg_tile_any(x, xs, wt, panel, K, R, C, 0, y, N, cols, bias)
 
 /* zg_tile() of one panel (C = 1) for a runtime row count 1 <= R <= ZG_ROWS: the last tiles of
  * a chunk and the panels past the last whole group of ZG_PANELS. */
@@ -176,6 +194,74 @@ static int zmm_gemm_linear(const float *x, int64_t M, int64_t xs, const uint8_t 
                                              left < ZG_COLS ? left : ZG_COLS,
                                              b ? b + ZG_COLS * c : NULL);
                             }
+                        }
+                    }
+                }
+                free(wt);
+            }
+        }
+    }
+    return failed ? -2 : 0;
+}
+
+/* zg_tile_any() gated (gate and up panels a pair) for a runtime row count 1 <= R <= ZG_ROWS. */
+static void zg_gated_rows(const float *x, int64_t xs, const float *wt, int64_t panel, int64_t K,
+                          int R, float *y, int64_t N, int64_t cols) {
+    switch (R) {
+#define ZG_CASE(r) \
+    case r: zg_tile_any(x, xs, wt, panel, K, r, 2, 1, y, N, cols, NULL); break;
+        ZG_CASE(1) ZG_CASE(2) ZG_CASE(3) ZG_CASE(4) ZG_CASE(5) ZG_CASE(6) ZG_CASE(7)
+#if ZG_ROWS > 8
+        ZG_CASE(8) ZG_CASE(9) ZG_CASE(10) ZG_CASE(11)
+#endif
+#undef ZG_CASE
+    default: zg_tile_any(x, xs, wt, panel, K, ZG_ROWS, 2, 1, y, N, cols, NULL); break;
+    }
+}
+
+/* y[M, I] (contiguous) = silu(x Wg^T) * (x Wu^T) for W's 2 I rows of one known format (the gate
+ * rows, then the up rows, stored row_bytes apart) and x[M, K] (row stride xs): a SwiGLU MLP's
+ * first half in one pass, without the [M, 2 I] product in memory. Each OpenMP thread takes a
+ * contiguous share of the gate's 16-column panels and the same panels of the up rows; the
+ * products are zmm_gemm_linear()'s (same sums, same order). Returns 0, or -2 when a thread
+ * could not get its buffer. */
+static int zmm_gated_linear(const float *x, int64_t M, int64_t xs, const uint8_t *w, int64_t I,
+                            int64_t K, int64_t row_bytes, int qtype, float *y) {
+    int failed = 0;
+    int64_t panels = (I + ZG_COLS - 1) / ZG_COLS;
+#pragma omp parallel reduction(| : failed)
+    {
+        int64_t p_lo, p_hi;
+        thread_share(panels, &p_lo, &p_hi);
+        if (p_hi > p_lo) {
+            size_t panel_floats = (size_t)K * ZG_COLS, mine = (size_t)(p_hi - p_lo);
+            size_t bytes = (2 * mine * panel_floats + (size_t)K + 16) * sizeof(float);
+            float *wt = (float *)aligned_alloc(64, (bytes + 63) / 64 * 64);
+            if (wt == NULL) {
+                failed = 1;
+            } else {
+                float *tmp = wt + 2 * mine * panel_floats;
+                for (int64_t p = p_lo; p < p_hi; p++) {
+                    int64_t n0 = p * ZG_COLS, cols = I - n0 < ZG_COLS ? I - n0 : ZG_COLS;
+                    float *gate = wt + (size_t)(p - p_lo) * panel_floats;
+                    zg_pack_panel(w + n0 * row_bytes, row_bytes, cols, qtype, K, tmp, gate);
+                    zg_pack_panel(w + (I + n0) * row_bytes, row_bytes, cols, qtype, K, tmp,
+                                  gate + mine * panel_floats);
+                }
+                int64_t up = (int64_t)(mine * panel_floats);
+                for (int64_t m0 = 0; m0 < M; m0 += ZG_CHUNK) {
+                    int64_t m1 = M - m0 < ZG_CHUNK ? M : m0 + ZG_CHUNK;
+                    for (int64_t p = p_lo; p < p_hi; p++) {
+                        int64_t n0 = p * ZG_COLS, cols = I - n0 < ZG_COLS ? I - n0 : ZG_COLS;
+                        const float *gate = wt + (size_t)(p - p_lo) * panel_floats;
+                        for (int64_t t = m0; t < m1; t += ZG_ROWS) {
+                            int R = (int)(m1 - t < ZG_ROWS ? m1 - t : ZG_ROWS);
+                            if (R == ZG_ROWS)
+                                zg_tile_any(x + t * xs, xs, gate, up, K, ZG_ROWS, 2, 1,
+                                            y + t * I + n0, I, cols, NULL);
+                            else
+                                zg_gated_rows(x + t * xs, xs, gate, up, K, R, y + t * I + n0, I,
+                                              cols);
                         }
                     }
                 }

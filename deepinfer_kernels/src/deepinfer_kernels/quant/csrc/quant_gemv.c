@@ -15,8 +15,8 @@
 #include "gguf_zmm_gemm.h"
 
 const char *deepinfer_abi_quant_gemv(void) {
-    return "2|deepinfer_quant_linear(piipiiiipp)i|deepinfer_quant_dequantize(piiip)i"
-           "|deepinfer_quant_linear_sgemm(ppiipiiiipp)i";
+    return "3|deepinfer_quant_linear(piipiiiipp)i|deepinfer_quant_dequantize(piiip)i"
+           "|deepinfer_quant_linear_sgemm(ppiipiiiipp)i|deepinfer_quant_gated(piipiiiip)i";
 }
 
 /* y[M, N] (contiguous) = x[M, K] (row stride x_stride) W^T + bias.
@@ -98,6 +98,22 @@ int deepinfer_quant_linear_sgemm(void *sgemm, const float *x, int64_t M, int64_t
         }
     }
     return failed ? -2 : 0;
+}
+
+/* y[M, I] (contiguous) = silu(x Wg^T) * (x Wu^T), W's 2 I rows the gate's then the up's (one
+ * format, row_bytes apart), x[M, K] with row stride x_stride: a SwiGLU MLP's gate, up and
+ * activation in one pass on the AVX-512 GEMM (gguf_zmm_gemm.h). Returns 0, -1 for an unknown
+ * type, -2 when a thread could not get its buffer, -3 where the kernel is built without
+ * AVX-512 (nothing written: the caller takes the product and the activation separately). */
+int deepinfer_quant_gated(const float *x, int64_t M, int64_t x_stride, const uint8_t *w, int64_t I,
+                          int64_t K, int64_t row_bytes, int64_t qtype, float *y) {
+    if (!known_type(qtype)) return -1;
+#ifdef ZMM_GEMM
+    return zmm_gated_linear(x, M, x_stride, w, I, K, row_bytes, (int)qtype, y);
+#else
+    (void)x, (void)M, (void)x_stride, (void)w, (void)I, (void)K, (void)row_bytes, (void)y;
+    return -3;
+#endif
 }
 
 /* out[N, K] = the fp32 values of N raw rows. Returns 0, or -1 for an unknown type. */
