@@ -16,7 +16,9 @@ reports round 1 (the first read after writing) apart from the steady rounds 2..,
 released, as ``fetch`` uses it) >= 0.8 of that baseline.
 Round 1 costs more for every reader on a VM that hands freed memory back to its host (free
 page reporting): the page cache then fills with memory that faults on the host when first
-touched (``benchmarks/results/cache.md``, session 15). Also shown: the raw read into a reused
+touched (``benchmarks/results/cache.md``, session 15). Since session 16 the store's read uses
+``O_DIRECT`` (no page cache; "released, buffered" is the same read through the page cache, as
+until session 15). Also shown: the raw read into a reused
 16-block stage (``get_many_into``'s baseline) and into fresh 2 MiB blocks (a reader returning
 new pages), and both formats' ``get_many`` of every block at once with every page kept.
 """
@@ -220,6 +222,13 @@ def bench_segments(directory: str, n: int, threads: int, rounds: int = 3) -> Non
             assert all(g is not None for g in got)
             del got
 
+    def released_buffered() -> None:  # the same through the page cache (session 15's read)
+        seg._direct_reads = False
+        try:
+            released()
+        finally:
+            seg._direct_reads = True
+
     def into() -> None:  # into a reused 16-block staging buffer
         for lo in range(0, n, 16):
             ks = keys[lo : lo + 16]
@@ -232,6 +241,7 @@ def bench_segments(directory: str, n: int, threads: int, rounds: int = 3) -> Non
     variants: dict[str, tuple[Callable[[], object], Callable[[], None]]] = {
         base_name: (lambda: raw_read_into_buffer(raw, n), raw_drop),
         "Segment get_many, 16 a call, released": (released, lambda: drop_dir(seg_dir)),
+        "Segment get_many, released, buffered": (released_buffered, lambda: drop_dir(seg_dir)),
         "Segment get_many_into, 16-block stage": (into, lambda: drop_dir(seg_dir)),
         "raw into a 16-block stage": (lambda: raw_read_into_stage(raw, n, raw_rows), raw_drop),
         "raw into fresh 2 MiB blocks": (lambda: raw_read_into_fresh(raw, n), raw_drop),

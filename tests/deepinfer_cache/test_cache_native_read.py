@@ -175,6 +175,49 @@ def test_the_tier_serves_the_same_pages_either_way(tmp_path: Path, native: bool)
     tier.close()
 
 
+@pytest.mark.parametrize("direct", [True, False])
+def test_pool_reads_go_direct_and_a_short_direct_read_is_read_again_buffered(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, direct: bool
+) -> None:
+    if native_read.record_reader() is None:
+        pytest.skip("no native reader here")
+    calls: list[tuple[bool, list[bool]]] = []
+    real = RecordReader.__call__
+
+    def counted(self, *args, **kw):  # type: ignore[no-untyped-def]
+        got = real(self, *args, **kw)
+        calls.append((bool(args[10]) if len(args) > 10 else bool(kw.get("direct")), got[0]))
+        return got
+
+    monkeypatch.setattr(RecordReader, "__call__", counted)
+    tier = open_tier(tmp_path / "t", segment_bytes=64 * 4096)
+    tier._direct_reads = direct
+    fill(tier, range(6))  # one segment; its file ends inside the last slot
+    got = tier.get_many([key(i) for i in range(6)])
+    assert all(g is not None and torch.equal(g, page_of(i)) for i, g in enumerate(got))
+    kinds = [d for d, _ in calls]
+    if direct and any(kinds):  # O_DIRECT where the file system takes it: one direct read,
+        # whole although the file ends inside the last slot (the read stops at the end)
+        assert calls == [(True, [True] * 6)]
+    else:
+        assert kinds == [False]
+    # A file cut inside the last payload: the direct read comes up short, the run is read
+    # again buffered (which comes up short too): the last block is a miss, the others served.
+    path, off = tier.location_of(key(5))
+    os.truncate(path, off + RECORD_HEADER_BYTES + 10)
+    calls.clear()
+    got = tier.get_many([key(i) for i in range(6)])
+    assert got[5] is None and all(torch.equal(got[i], page_of(i)) for i in range(5))
+    if direct and any(kinds):
+        assert [d for d, _ in calls] == [True, False]
+        assert calls[0][1] == calls[1][1] == [True] * 5 + [False]
+    out = torch.empty((3, 2, 3, 4), dtype=torch.bfloat16)
+    calls.clear()
+    assert tier.get_many_into([key(i) for i in range(3)], out) == [True] * 3
+    assert [d for d, _ in calls] == [False]  # the caller's rows: never direct
+    tier.close()
+
+
 @settings(
     max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import itertools
 import os
 import tempfile
 import warnings
@@ -102,6 +103,7 @@ class RecordReader:
             ctypes.c_void_p,  # digests
             ctypes.c_void_p,  # done
             ctypes.c_int,  # overlap
+            ctypes.c_int,  # direct
         ]
         self._fn = fn
         self._fns = _xxh3_state_functions()
@@ -120,11 +122,15 @@ class RecordReader:
         piece_bytes: int,
         hot_bytes: int,
         overlap: bool = False,
+        direct: bool = False,
     ) -> tuple[list[bool], list[int], OSError | None]:
         """``dests``: the payload buffers' addresses (each ``page_bytes`` writable bytes that
         stay alive during the call); ``heads``: a writable uint8 array of ``n * head_bytes``;
         ``overlap``: when the run takes more than one read, a second thread reads while this
-        one hashes (the results are the same either way)."""
+        one hashes (the results are the same either way); ``direct``: each slot is read whole
+        into a frame of ``slot_bytes`` writable bytes starting ``head_bytes`` before its dest
+        (for an ``O_DIRECT`` descriptor: the caller aligns the frames and the offset), and a
+        short read ends the run."""
         n = len(dests)
         if heads.dtype != np.uint8 or heads.size < n * head_bytes or not heads.flags.writeable:
             raise ValueError(f"heads must be a writable uint8 array of {n * head_bytes} bytes")
@@ -148,6 +154,7 @@ class RecordReader:
             digests.__array_interface__["data"][0],
             done.__array_interface__["data"][0],
             int(overlap),
+            int(direct),
         )
         if rc == -1:
             raise ValueError("read_records: unusable arguments or out of memory")
@@ -163,8 +170,11 @@ class RecordReader:
         with tempfile.TemporaryFile() as f:
             f.write(data.tobytes())
             f.flush()
-            for piece, hot, overlap in ((256, 512, True), (256, 512, False), (4096, 1 << 20, True)):
-                pages = [np.empty(page, dtype=np.uint8) for _ in range(3)]
+            cases = ((256, 512, True), (256, 512, False), (4096, 1 << 20, True))
+            for (piece, hot, overlap), direct in itertools.product(cases, (False, True)):
+                # direct: frames of a slot each, the page head bytes into its frame
+                frames = [np.empty(slot, dtype=np.uint8) for _ in range(3)]
+                pages = [fr[head : head + page] if direct else fr[:page] for fr in frames]
                 heads = np.empty(3 * head, dtype=np.uint8)
                 done, digests, error = self(
                     f.fileno(),
@@ -177,6 +187,7 @@ class RecordReader:
                     piece,
                     hot,
                     overlap,
+                    direct,
                 )
                 if error is not None:
                     raise NativeHashUnavailable(f"the C record reader failed: {error}")

@@ -21,6 +21,13 @@ Huge pages: new buffers are cut from one slab per ``take`` when the slab is at l
 with 4 KiB pages, 0.21 with huge ones; ``benchmarks/results/cache.md``). A slab's memory goes
 back to the system when the last of its buffers is freed, so a page freed beyond ``max_bytes``
 releases its memory only with its slab's siblings.
+
+Frames: with ``frame_bytes`` each buffer is a frame of that many bytes and the page lent out
+is its ``page_offset``.. ``page_offset + page_bytes`` part; frames are always cut from
+page-aligned slabs, back to back. A disk tier reads a whole record slot (header, payload,
+padding) into a frame with ``O_DIRECT``, which needs aligned memory, and lends the payload.
+``max_bytes`` and ``idle_bytes`` count pages, not frames (a frame's extra bytes are a record's
+header and padding: 4 KiB per 2 MiB page in a segment tier).
 """
 
 from __future__ import annotations
@@ -48,17 +55,40 @@ class PagePool:
     """Lends ``page_bytes``-sized uint8 CPU tensors, reusing the buffers of pages no longer
     referenced (see the module docstring for the ownership rule). Thread-safe."""
 
-    def __init__(self, page_bytes: int, max_bytes: int, *, huge_pages: bool = True) -> None:
-        for name, v in (("page_bytes", page_bytes), ("max_bytes", max_bytes)):
+    def __init__(
+        self,
+        page_bytes: int,
+        max_bytes: int,
+        *,
+        huge_pages: bool = True,
+        frame_bytes: int | None = None,
+        page_offset: int = 0,
+    ) -> None:
+        for name, v in (
+            ("page_bytes", page_bytes),
+            ("max_bytes", max_bytes),
+            ("page_offset", page_offset),
+            ("frame_bytes", page_bytes if frame_bytes is None else frame_bytes),
+        ):
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
                 raise ValueError(f"{name} must be an int >= 0, got {v!r}")
         if page_bytes == 0:
             raise ValueError("page_bytes must be > 0")
         if not isinstance(huge_pages, bool):
             raise ValueError(f"huge_pages must be a bool, got {huge_pages!r}")
+        if frame_bytes is not None and page_offset + page_bytes > frame_bytes:
+            raise ValueError(
+                f"frame_bytes ({frame_bytes}) must hold page_offset + page_bytes "
+                f"({page_offset} + {page_bytes})"
+            )
+        if frame_bytes is None and page_offset:
+            raise ValueError("page_offset needs frame_bytes")
         self.page_bytes = page_bytes
         self.max_bytes = max_bytes
         self.huge_pages = huge_pages
+        self.frames = frame_bytes is not None
+        self.frame_bytes = page_bytes if frame_bytes is None else frame_bytes
+        self.page_offset = page_offset
         self.stats = PagePoolStats()
         self._idle: list[np.ndarray] = []
         # Re-entrant: a page can die inside ``take`` (a garbage collection run by one of its
@@ -89,16 +119,18 @@ class PagePool:
     def _new_buffers(self, k: int) -> list[np.ndarray]:
         """``k`` new buffers: slices of one huge-page slab when it is at least a huge page,
         else separate arrays."""
-        pb = self.page_bytes
-        if not self.huge_pages or k * pb < _HUGE_PAGE:
-            return [np.empty(pb, dtype=np.uint8) for _ in range(k)]
-        slab = huge_page_slab(k * pb)
-        return [slab[i * pb : (i + 1) * pb] for i in range(k)]
+        fb = self.frame_bytes
+        if k == 0:
+            return []
+        if not self.frames and (not self.huge_pages or k * fb < _HUGE_PAGE):
+            return [np.empty(fb, dtype=np.uint8) for _ in range(k)]
+        slab = huge_page_slab(k * fb, huge=self.huge_pages)
+        return [slab[i * fb : (i + 1) * fb] for i in range(k)]
 
     def _lend(self, buf: np.ndarray) -> torch.Tensor:
         # A fresh array object over ``buf``'s memory: the tensor's storage holds it (and
         # nothing else does), so it dies exactly when the last view of the page does.
-        lent = buf[:]
+        lent = buf[self.page_offset : self.page_offset + self.page_bytes]
         done = weakref.finalize(lent, self._give_back, buf)
         done.atexit = False  # at exit the memory goes with the process
         return torch.from_numpy(lent)
@@ -114,10 +146,11 @@ class PagePool:
                 self.stats.freed += 1
 
 
-def huge_page_slab(nbytes: int) -> np.ndarray:
+def huge_page_slab(nbytes: int, *, huge: bool = True) -> np.ndarray:
     """``nbytes`` of private anonymous memory starting on a 2 MiB boundary, advised
-    ``MADV_HUGEPAGE`` where the platform has it (a hint: the kernel may still use 4 KiB
-    pages). The mapping is unmapped when the returned array and every view of it are gone."""
+    ``MADV_HUGEPAGE`` (``huge``) where the platform has it (a hint: the kernel may still use
+    4 KiB pages). The mapping is unmapped when the returned array and every view of it are
+    gone."""
     if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes <= 0:
         raise ValueError(f"nbytes must be an int > 0, got {nbytes!r}")
     flags = getattr(mmap, "MAP_PRIVATE", 0) | getattr(mmap, "MAP_ANONYMOUS", 0)
@@ -127,7 +160,7 @@ def huge_page_slab(nbytes: int) -> np.ndarray:
         return np.empty(nbytes, dtype=np.uint8)
     whole = np.frombuffer(mapping, dtype=np.uint8)  # holds ``mapping`` open while alive
     start = -whole.ctypes.data % _HUGE_PAGE
-    if hasattr(mmap, "MADV_HUGEPAGE"):
+    if huge and hasattr(mmap, "MADV_HUGEPAGE"):
         mapping.madvise(mmap.MADV_HUGEPAGE, start, nbytes)
     return whole[start : start + nbytes]
 

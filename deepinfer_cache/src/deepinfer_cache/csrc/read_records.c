@@ -20,6 +20,12 @@
  * thread alternating the two takes the read time plus the hashing time, since the kernel's
  * readahead keeps only about one request ahead of a reader.
  *
+ * With direct set (for an O_DIRECT descriptor, whose reads must be aligned, which the caller
+ * ensures), each slot is read whole by one iovec into a frame of slot_bytes that starts
+ * head_bytes before dests[i] (the header lands in front of the payload, the padding after it),
+ * batches of about hot_bytes, and headers are copied to heads afterwards; a short read ends the
+ * run (the records it did not complete are not done).
+ *
  * Results: done[i] = 1 when record i was read whole and digests[i] holds its payload's XXH3-64,
  * else 0 (the file ended, or a read failed, before it was complete). Returns 0, -1 for an
  * unusable argument or a failed allocation, or -errno of the failed read (records completed
@@ -63,8 +69,10 @@ typedef struct {
 #define DIC_MAX_IOV 1000 /* iovecs per preadv, below IOV_MAX (1024) */
 
 /* preadv until `total` bytes are in or the file ends; the bytes read, or -errno. iov is
- * advanced in place on short reads. */
-static int64_t read_all(int fd, struct iovec *iov, int cnt, int64_t offset, size_t total) {
+ * advanced in place on short reads. With `direct` (an O_DIRECT descriptor) a short read is
+ * taken as the end of the file: a retry would start at an unaligned offset. */
+static int64_t read_all(int fd, struct iovec *iov, int cnt, int64_t offset, size_t total,
+                        int direct) {
     size_t got = 0;
     int at = 0;
     while (got < total && at < cnt) {
@@ -77,6 +85,8 @@ static int64_t read_all(int fd, struct iovec *iov, int cnt, int64_t offset, size
         if (r == 0)
             break; /* end of file */
         got += (size_t)r;
+        if (direct && got < total)
+            break;
         size_t n = (size_t)r;
         while (at < cnt && n >= iov[at].iov_len) {
             n -= iov[at].iov_len;
@@ -104,6 +114,7 @@ typedef struct {
 /* The batches shared between the reading thread and the hashing (calling) thread. */
 typedef struct {
     int fd;
+    int direct;
     struct iovec *iov;
     dic_batch *batches;
     int64_t nb;
@@ -113,15 +124,15 @@ typedef struct {
     pthread_cond_t cv;
 } dic_shared;
 
-static int64_t read_batch(int fd, struct iovec *iov, dic_batch *b) {
-    return read_all(fd, iov + b->iov0, b->cnt, b->pos, b->bytes);
+static int64_t read_batch(int fd, struct iovec *iov, dic_batch *b, int direct) {
+    return read_all(fd, iov + b->iov0, b->cnt, b->pos, b->bytes, direct);
 }
 
 static void *reader_main(void *arg) {
     dic_shared *sh = (dic_shared *)arg;
     for (int64_t b = 0; b < sh->nb; ++b) {
         dic_batch *bt = &sh->batches[b];
-        bt->got = read_batch(sh->fd, sh->iov, bt);
+        bt->got = read_batch(sh->fd, sh->iov, bt, sh->direct);
         int stop = bt->got < 0 || (size_t)bt->got < bt->bytes;
         pthread_mutex_lock(&sh->mu);
         sh->published = b + 1;
@@ -160,7 +171,8 @@ static int hash_batch(const dic_xxh3_fns *fns, void *state, const dic_piece *pie
 int dic_read_records(const dic_xxh3_fns *fns, int fd, int64_t offset, int64_t n,
                      int64_t slot_bytes, int64_t head_bytes, int64_t page_bytes,
                      int64_t piece_bytes, int64_t hot_bytes, uint8_t *heads,
-                     uint8_t *const *dests, uint64_t *digests, uint8_t *done, int overlap) {
+                     uint8_t *const *dests, uint64_t *digests, uint8_t *done, int overlap,
+                     int direct) {
     if (fns == NULL || fns->create == NULL || fns->free_state == NULL || fns->reset == NULL ||
         fns->update == NULL || fns->digest == NULL || n < 0 || head_bytes <= 0 ||
         page_bytes <= 0 || piece_bytes <= 0 || hot_bytes <= 0 ||
@@ -198,6 +210,43 @@ int dic_read_records(const dic_xxh3_fns *fns, int fd, int64_t offset, int64_t n,
     for (int64_t i = 0; i < n; ++i) {
         int64_t payload_at = 0;
         int stage = 0; /* 0 header, 1 payload, 2 padding, 3 done */
+        if (direct) {
+            /* The whole slot in one iovec, into the frame around dests[i]: its header in
+             * the head_bytes before the payload, its padding after it. */
+            size_t start = cur->bytes;
+            iov[nv].iov_base = dests[i] - head_bytes;
+            iov[nv].iov_len = (size_t)slot_bytes;
+            while (payload_at < page_bytes) {
+                size_t len = (size_t)(page_bytes - payload_at);
+                if (len > (size_t)piece_bytes)
+                    len = (size_t)piece_bytes;
+                dic_piece *pc = &pieces[np++];
+                pc->record = i;
+                pc->data = dests[i] + payload_at;
+                pc->len = len;
+                pc->first = payload_at == 0;
+                payload_at += (int64_t)len;
+                pc->last = payload_at == page_bytes;
+                pc->end = start + (size_t)head_bytes + (size_t)payload_at;
+                cur->pieces++;
+            }
+            cur->bytes += (size_t)slot_bytes;
+            cur->cnt++;
+            ++nv;
+            int last = i + 1 == n;
+            if (last || cur->bytes >= (size_t)hot_bytes || cur->cnt >= DIC_MAX_IOV) {
+                ++nb;
+                if (!last) {
+                    int64_t pos = cur->pos + (int64_t)cur->bytes;
+                    cur = &batches[nb];
+                    memset(cur, 0, sizeof(*cur));
+                    cur->pos = pos;
+                    cur->iov0 = nv;
+                    cur->piece0 = np;
+                }
+            }
+            continue;
+        }
         while (stage < 3) {
             if (stage == 0) {
                 iov[nv].iov_base = heads + i * head_bytes;
@@ -251,6 +300,7 @@ int dic_read_records(const dic_xxh3_fns *fns, int fd, int64_t offset, int64_t n,
     pthread_t tid;
     if (overlap && nb > 1) {
         sh.fd = fd;
+        sh.direct = direct;
         sh.iov = iov;
         sh.batches = batches;
         sh.nb = nb;
@@ -276,7 +326,7 @@ int dic_read_records(const dic_xxh3_fns *fns, int fd, int64_t offset, int64_t n,
             if (!ready)
                 break; /* the reader stopped before this batch */
         } else {
-            batches[b].got = read_batch(fd, iov, &batches[b]);
+            batches[b].got = read_batch(fd, iov, &batches[b], direct);
         }
         if (hash_batch(fns, state, pieces, &batches[b], digests, done, &rc))
             break;
@@ -288,6 +338,10 @@ int dic_read_records(const dic_xxh3_fns *fns, int fd, int64_t offset, int64_t n,
         pthread_cond_destroy(&sh.cv);
         pthread_mutex_destroy(&sh.mu);
     }
+    if (direct) /* every header read whole is in its frame: hand it over as a run's heads */
+        for (int64_t i = 0; i < n; ++i)
+            if (done[i])
+                memcpy(heads + i * head_bytes, dests[i] - head_bytes, (size_t)head_bytes);
 out:
     if (state != NULL)
         fns->free_state(state);

@@ -46,6 +46,7 @@ from ..lockfile import DirectoryLock
 from ..meta import RecoveredBlock
 from ..page_pool import PagePool
 from ..segment_format import (
+    RECORD_HEADER_BYTES,
     Geometry,
     segment_name,
     slot_bytes_for,
@@ -146,7 +147,14 @@ class SegmentDiskTier(SegmentWrites, SegmentReads, SegmentMaintenance):
         self.checkpoint_every = checkpoint_every
         self.max_read_slots = max(1, max_read_bytes // self.record_bytes)
         # Pages read from disk land in reused memory (no first-touch faults); see page_pool.
-        self.page_pool = PagePool(self.page_bytes, read_pool_bytes)
+        # Each buffer is a whole slot's frame, so that a record can be read with O_DIRECT
+        # straight into it (segment_read.py); the page lent out is its payload.
+        self.page_pool = PagePool(
+            self.page_bytes,
+            read_pool_bytes,
+            frame_bytes=self.record_bytes,
+            page_offset=RECORD_HEADER_BYTES,
+        )
         self.counters = SegmentCounters()
         self._segdir = os.path.join(self.directory, "segments")
         self._tmp = os.path.join(self.directory, "tmp")

@@ -62,6 +62,10 @@ _PIECE_BYTES = 256 << 10
 # readahead starts small, so streams much shorter than this cost 4 KiB folios again.
 _STREAM_BYTES = 64 << 20
 _SPARE_DESCRIPTIONS = 2  # idle descriptions kept per segment for later streams
+# Bytes per O_DIRECT preadv (whole slots): on the development VM's virtio disk one 4-8 MiB
+# request at a time read 2.1-2.6 GB/s, 2 MiB ones 1.5-2.3 (session 16, results/cache.md).
+_DIRECT_BATCH_BYTES = 8 << 20
+_DIRECT_ALIGN = 4096  # O_DIRECT: memory, offsets and lengths in whole logical blocks
 
 if TYPE_CHECKING:
     from .segment_disk import SegmentCounters
@@ -88,6 +92,16 @@ class SegmentReads:
     # readahead window). Off: session 16's loaded A/B (results/cache.md) could not tell it
     # from plain reads; kept for the A/B. Applied when a description is opened.
     _sequential_hint: bool = False
+    # Reads into the page pool's frames go through an O_DIRECT description where the file
+    # system takes one (falling back to the buffered read for a run it does not finish): no
+    # page cache, so no kernel copy and none of this VM's slow first touches of page-cache
+    # memory (session 16, results/cache.md). ``get_many_into`` (the caller's rows, not
+    # frames) always reads buffered.
+    _direct_reads: bool = True
+    # Direct reads on a second thread while this one hashes: off, the hash is small next to
+    # the read (0.07-0.09 s of CPU per GB in all) and session 16's loaded A/B gave the single
+    # thread the same or better wall ratios (0.83-1.82 against 0.77-1.11 with 16 MiB reads).
+    _direct_overlap: bool = False
 
     if TYPE_CHECKING:
         dtype: torch.dtype
@@ -276,6 +290,7 @@ class SegmentReads:
         payloads straight into ``dest`` rows (uint8, ``page_bytes`` each; ``page_pool``'s when None)
         and are verified there."""
         n = len(keys)
+        frames = dest is None  # pool pages: each the payload of a whole slot's frame
         if dest is None:
             dest = self.page_pool.take(n)
         out: list[torch.Tensor | None] = [None] * n
@@ -330,7 +345,11 @@ class SegmentReads:
                 fd = None
             reader = record_reader() if self._native_read else None
             if reader is not None and fd is not None:
-                nread = self._read_run_native(reader, fd, keys, recs, todo, dest, out)
+                direct = None
+                if frames and self._direct_reads:
+                    with contextlib.suppress(OSError):
+                        direct = fds.direct_of(seg, self._fd(seg))
+                nread = self._read_run_native(reader, fd, keys, recs, todo, dest, out, direct)
                 todo = []  # read above
             for lo in range(0, len(todo), per_read):
                 part = todo[lo : lo + per_read]
@@ -402,32 +421,54 @@ class SegmentReads:
         todo: list[int],
         dest: Sequence[torch.Tensor],
         out: list[torch.Tensor | None],
+        direct_fd: int | None = None,
     ) -> int:
         """``_read_run``'s reads in one C call (``native_read.py``): the records of ``todo``
         (consecutive slots) read and their payloads hashed without the GIL, then every header
         checked and every digest compared here in one pass (``check_run_heads``: the same
-        conditions as the Python loop's ``check_record_parts``). Returns how many records
-        passed."""
+        conditions as the Python loop's ``check_record_parts``). With ``direct_fd`` (an
+        ``O_DIRECT`` description; ``dest`` rows are then frame payloads) the slots are read
+        whole into their frames; a run the direct read does not finish (a short read, an
+        error, memory or offsets it cannot use) is read again buffered, so a record is only
+        judged on what the buffered read gives. Returns how many records passed."""
         first = recs[todo[0]]
         assert first is not None
         n = len(todo)
         raw_heads = bytearray(n * RECORD_HEADER_BYTES)
         heads = np.frombuffer(raw_heads, dtype=np.uint8)  # writable: over a bytearray
-        # Large pages are read in pieces (each hashed while still in the core's cache), small
-        # ones about _HOT_BYTES of records a read, as the Python loop reads them.
-        hot = _PIECE_BYTES if self.page_bytes > _PIECE_BYTES else _HOT_BYTES
-        done, digests, _error = reader(
-            fd,
-            slot_offset(first[1], self.record_bytes),
-            self.record_bytes,
-            RECORD_HEADER_BYTES,
-            [dest[i].data_ptr() for i in todo],
-            self.page_bytes,
-            heads,
-            _PIECE_BYTES,
-            hot,
-            self._read_overlap,
-        )
+        offset = slot_offset(first[1], self.record_bytes)
+        ptrs = [dest[i].data_ptr() for i in todo]
+        done: list[bool] = []
+        if direct_fd is not None and _direct_aligned(offset, self.record_bytes, ptrs):
+            done, digests, _error = reader(
+                direct_fd,
+                offset,
+                self.record_bytes,
+                RECORD_HEADER_BYTES,
+                ptrs,
+                self.page_bytes,
+                heads,
+                self.page_bytes,  # whole payloads: direct reads leave nothing in the cache
+                _DIRECT_BATCH_BYTES,
+                self._direct_overlap,
+                True,
+            )
+        if not all(done) or not done:
+            # Large pages are read in pieces (each hashed while still in the core's cache),
+            # small ones about _HOT_BYTES of records a read, as the Python loop reads them.
+            hot = _PIECE_BYTES if self.page_bytes > _PIECE_BYTES else _HOT_BYTES
+            done, digests, _error = reader(
+                fd,
+                offset,
+                self.record_bytes,
+                RECORD_HEADER_BYTES,
+                ptrs,
+                self.page_bytes,
+                heads,
+                _PIECE_BYTES,
+                hot,
+                self._read_overlap,
+            )
         # A failed read (``_error``) leaves the records it did not finish not done: each is a
         # miss below, as when the Python loop's read raises.
         ok = check_run_heads(
@@ -511,6 +552,16 @@ def _fan_out(
                 futs[i].set_result(job.result()[r][j])
 
 
+def _direct_aligned(offset: int, slot_bytes: int, payloads: Sequence[int]) -> bool:
+    """Whether whole slots from ``offset`` can be read with O_DIRECT into the frames that
+    start ``RECORD_HEADER_BYTES`` before ``payloads``."""
+    return (
+        offset % _DIRECT_ALIGN == 0
+        and slot_bytes % _DIRECT_ALIGN == 0
+        and all((p - RECORD_HEADER_BYTES) % _DIRECT_ALIGN == 0 for p in payloads)
+    )
+
+
 class _Descriptions:
     """The open file descriptions one read stream uses, one per segment; handed back to the
     tier (kept idle for a later stream, or closed) when the stream ends.
@@ -520,12 +571,25 @@ class _Descriptions:
     other streams of the same segment; through the tier's shared descriptor their reads
     interleave and look random. With ``own`` False the shared descriptor is used."""
 
-    __slots__ = ("_fds", "_tier", "own")
+    __slots__ = ("_direct", "_fds", "_tier", "own")
 
     def __init__(self, tier: SegmentReads, own: bool) -> None:
         self._tier = tier
         self.own = own
         self._fds: dict[int, tuple[_Segment, int]] = {}
+        self._direct: dict[int, int | None] = {}  # segment id -> O_DIRECT description, or None
+
+    def direct_of(self, seg: _Segment, shared: int) -> int | None:
+        """An ``O_DIRECT`` description of ``seg`` for this stream (closed with it), or None
+        where the platform or file system has none (then asked only once per stream)."""
+        if seg.id not in self._direct:
+            fd: int | None = None
+            flag = getattr(os, "O_DIRECT", 0)
+            if flag:
+                with contextlib.suppress(OSError):
+                    fd = os.open(f"/proc/self/fd/{shared}", os.O_RDONLY | os.O_CLOEXEC | flag)
+            self._direct[seg.id] = fd
+        return self._direct[seg.id]
 
     def of(self, seg: _Segment, shared: int) -> int:
         """This stream's descriptor for ``seg`` (``shared`` is the tier's, held open by the
@@ -553,6 +617,11 @@ class _Descriptions:
         for seg, fd in self._fds.values():
             self._tier._keep_description(seg, fd)
         self._fds.clear()
+        for direct in self._direct.values():
+            if direct is not None:
+                with contextlib.suppress(OSError):
+                    os.close(direct)
+        self._direct.clear()
 
 
 def _own_description(fd: int) -> int:
