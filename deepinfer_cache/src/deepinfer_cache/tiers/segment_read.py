@@ -12,6 +12,11 @@ forgotten, a copy is kept in ``quarantine/`` and it is a miss. Where the C reade
 (``native_read.py``) is available, a whole run's reads and payload hashes are one call without
 the GIL, in the same pieces; the headers and digests are still checked here, record by record.
 
+Reads into the page pool (``get``/``get_many``) go around the page cache (session 16): the
+pool's buffers are frames of a whole slot, and each run's slots are read with ``O_DIRECT``
+straight into them (``_direct_reads``; the C reader's ``direct`` mode), with no kernel copy;
+a run the direct read does not finish is read again buffered before any record is judged.
+
 Why no ``POSIX_FADV_WILLNEED`` and why a descriptor per run (measured, Linux 6.18 / ext4,
 ``benchmarks/results/cache.md`` session 14): the kernel's own readahead of a sequential reader
 fills the page cache with large folios, while ``WILLNEED`` (``force_page_cache_ra``) and reads
