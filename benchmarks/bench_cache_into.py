@@ -16,10 +16,10 @@ per GB (all threads) and wall GB/s, as ranges over the rounds:
 * ``into calling thread``: every stream read in the calling thread (no reader threads);
 * ``get_many released``: the store's read, 16 blocks per call, pages released after use (the
   tier's page pool reuses their memory; since session 16 read with ``O_DIRECT`` into the
-  pool's frames); ``get_many released, overlap``: the same with the C reader's overlap on (a
-  second thread reads while the calling one hashes, instead of one thread alternating them;
-  off by default, see ``SegmentReads._read_overlap`` / ``_direct_overlap``); ``get_many
-  released, buffered``: through the page cache, as until session 15;
+  pool's frames, a second thread making the reads while the calling one hashes, see
+  ``SegmentReads._direct_overlap``); ``get_many released, one thread``: the same with one
+  thread alternating reads and hashes; ``get_many released, buffered``: through the page
+  cache, as until session 15 (one thread);
 * ``raw warm`` / ``into warm``: the same reads from a page cache that holds every byte.
 
 The order of the variants is rotated every round and each timed variant runs right after a
@@ -172,10 +172,9 @@ def _run(root: str, n: int, rounds: int, only: list[str] | None) -> None:
             tier._read_hint = "none"
             tier._own_readahead = True
 
-    def get_many_released(overlap: bool = False, direct: bool = True) -> tuple[float, float]:
+    def get_many_released(direct: bool = True, one_thread: bool = False) -> tuple[float, float]:
         drop_dir(tier_dir)
-        tier._read_overlap = overlap
-        tier._direct_overlap = overlap
+        tier._direct_overlap = not one_thread
         tier._direct_reads = direct
 
         def go() -> None:
@@ -187,8 +186,7 @@ def _run(root: str, n: int, rounds: int, only: list[str] | None) -> None:
         try:
             return timed(go)
         finally:
-            tier._read_overlap = False
-            tier._direct_overlap = False
+            tier._direct_overlap = True
             tier._direct_reads = True
 
     variants: dict[str, Callable[[], tuple[float, float]]] = {
@@ -200,7 +198,7 @@ def _run(root: str, n: int, rounds: int, only: list[str] | None) -> None:
         "into shared descriptor": lambda: into(own=False),
         "into calling thread": lambda: into(inline=True),
         "get_many released": get_many_released,
-        "get_many released, overlap": lambda: get_many_released(overlap=True),
+        "get_many released, one thread": lambda: get_many_released(one_thread=True),
         "get_many released, buffered": lambda: get_many_released(direct=False),
         "raw warm": lambda: raw_read(False),
         "into warm": lambda: into(cold=False),

@@ -229,6 +229,7 @@ def test_pool_reads_go_direct_and_a_short_direct_read_is_read_again_buffered(
     piece=st.sampled_from([4096, 1 << 18]),
     overlap=st.booleans(),
     whole=st.booleans(),
+    direct=st.sampled_from(["off", "one batch", "a batch per slot"]),
 )
 def test_a_damaged_record_is_a_miss_in_any_position(
     tmp_path_factory: pytest.TempPathFactory,
@@ -240,6 +241,7 @@ def test_a_damaged_record_is_a_miss_in_any_position(
     piece,
     overlap,
     whole,
+    direct,
 ) -> None:
     if native and native_read.record_reader() is None:
         native = False
@@ -258,6 +260,9 @@ def test_a_damaged_record_is_a_miss_in_any_position(
     tier._native_read = native
     tier._read_overlap = overlap
     tier._whole_streams = whole  # the stream read by one call, or run by run
+    tier._direct_reads = direct != "off"
+    if direct == "a batch per slot":  # several direct reads a run: the reading thread's path
+        monkeypatch.setattr(segment_read, "_DIRECT_BATCH_BYTES", page_bytes)
     for i in range(count):
         assert tier.put(key(i), _big_page(i), BlockMeta(None, "chat", 4e9), block=True)
     assert tier.flush()
