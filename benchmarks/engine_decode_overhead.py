@@ -223,11 +223,11 @@ def compare(args: argparse.Namespace) -> int:
                       f"lean {lean:.3f} CPU ms/step, lean/engine {e / lean:.3f}x; "
                       f"load {os.getloadavg()[0]:.2f}", flush=True)  # fmt: skip
     for name in sides:
-        own = outside[name]
+        own_ms = outside[name]
         rev = args.baseline if name == "baseline" else args.current or "working tree"
         print(f"{name} ({rev}): lean/engine "
-              f"{_median_range(ratio[name])}; outside the model {statistics.median(own):.3f} "
-              f"CPU ms/step ({min(own):.3f}-{max(own):.3f})")  # fmt: skip
+              f"{_median_range(ratio[name])}; outside the model {statistics.median(own_ms):.3f} "
+              f"CPU ms/step ({min(own_ms):.3f}-{max(own_ms):.3f})")  # fmt: skip
     speed = [b / c for b, c in zip(engine["baseline"], engine["current"], strict=True)]
     saved = [b - c for b, c in zip(engine["baseline"], engine["current"], strict=True)]
     print(f"engine decode speed, current / baseline: {_median_range(speed)}; CPU ms saved per "
