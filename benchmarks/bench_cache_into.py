@@ -17,7 +17,7 @@ per GB (all threads) and wall GB/s, as ranges over the rounds:
 * ``get_many released``: the store's read, 16 blocks per call, pages released after use (the
   tier's page pool reuses their memory; since session 16 read with ``O_DIRECT`` into the
   pool's frames, a second thread making the reads while the calling one hashes, see
-  ``SegmentReads._direct_overlap``); ``get_many released, one thread``: the same with one
+  ``SegmentReads._direct_readers``); ``get_many released, one thread``: the same with one
   thread alternating reads and hashes; ``get_many released, buffered``: through the page
   cache, as until session 15 (one thread);
 * ``raw warm`` / ``into warm``: the same reads from a page cache that holds every byte.
@@ -174,7 +174,7 @@ def _run(root: str, n: int, rounds: int, only: list[str] | None) -> None:
 
     def get_many_released(direct: bool = True, one_thread: bool = False) -> tuple[float, float]:
         drop_dir(tier_dir)
-        tier._direct_overlap = not one_thread
+        tier._direct_readers = 0 if one_thread else SegmentDiskTier._direct_readers
         tier._direct_reads = direct
 
         def go() -> None:
@@ -186,7 +186,7 @@ def _run(root: str, n: int, rounds: int, only: list[str] | None) -> None:
         try:
             return timed(go)
         finally:
-            tier._direct_overlap = True
+            tier._direct_readers = SegmentDiskTier._direct_readers
             tier._direct_reads = True
 
     variants: dict[str, Callable[[], tuple[float, float]]] = {

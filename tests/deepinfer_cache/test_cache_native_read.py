@@ -50,7 +50,7 @@ def _read(
     page: int,
     piece: int,
     hot: int,
-    overlap: bool = True,
+    overlap: bool | int = True,
 ):
     pages = [np.full(page, 0xEE, dtype=np.uint8) for _ in range(n)]
     heads = np.zeros(n * head, dtype=np.uint8)
@@ -82,7 +82,7 @@ def _read(
     offset=st.sampled_from([0, 3, 4096]),
     cut=st.one_of(st.none(), st.integers(0, 10**6)),
     seed=st.integers(0, 2**32 - 1),
-    overlap=st.booleans(),
+    overlap=st.sampled_from([0, 1, 2, 4]),  # reading threads
 )
 def test_reads_and_digests_equal_a_python_reference(
     reader: RecordReader, tmp_path: Path, n, head, page, pad, piece, hot, offset, cut, seed, overlap
@@ -228,6 +228,7 @@ def test_pool_reads_go_direct_and_a_short_direct_read_is_read_again_buffered(
     where=st.sampled_from(["header", "payload start", "payload middle", "payload end", "truncate"]),
     piece=st.sampled_from([4096, 1 << 18]),
     overlap=st.booleans(),
+    readers=st.sampled_from([0, 1, 2]),
     whole=st.booleans(),
     direct=st.sampled_from(["off", "one batch", "a batch per slot"]),
 )
@@ -240,6 +241,7 @@ def test_a_damaged_record_is_a_miss_in_any_position(
     where,
     piece,
     overlap,
+    readers,
     whole,
     direct,
 ) -> None:
@@ -261,6 +263,7 @@ def test_a_damaged_record_is_a_miss_in_any_position(
     tier._read_overlap = overlap
     tier._whole_streams = whole  # the stream read by one call, or run by run
     tier._direct_reads = direct != "off"
+    tier._direct_readers = readers
     if direct == "a batch per slot":  # several direct reads a run: the reading thread's path
         monkeypatch.setattr(segment_read, "_DIRECT_BATCH_BYTES", page_bytes)
     for i in range(count):

@@ -121,13 +121,14 @@ class RecordReader:
         heads: np.ndarray,
         piece_bytes: int,
         hot_bytes: int,
-        overlap: bool = False,
+        overlap: bool | int = False,
         direct: bool = False,
     ) -> tuple[list[bool], list[int], OSError | None]:
         """``dests``: the payload buffers' addresses (each ``page_bytes`` writable bytes that
         stay alive during the call); ``heads``: a writable uint8 array of ``n * head_bytes``;
-        ``overlap``: when the run takes more than one read, a second thread reads while this
-        one hashes (the results are the same either way); ``direct``: each slot is read whole
+        ``overlap``: when the run takes more than one read, that many threads (True: one,
+        at most 4) make the reads while this one hashes (the results are the same either
+        way); ``direct``: each slot is read whole
         into a frame of ``slot_bytes`` writable bytes starting ``head_bytes`` before its dest
         (for an ``O_DIRECT`` descriptor: the caller aligns the frames and the offset), and a
         short read ends the run."""

@@ -15,10 +15,11 @@
  * _digest/XXH3_freeState from the xxhash module Python has already loaded), so this file needs
  * no xxHash headers and hashes with the very code the Python path uses.
  *
- * With overlap set and more than one preadv to make, a second thread makes the reads in order
- * while the calling thread hashes each piece as soon as the read that filled it is done: one
- * thread alternating the two takes the read time plus the hashing time, since the kernel's
- * readahead keeps only about one request ahead of a reader.
+ * With overlap > 0 and more than one preadv to make, that many threads (up to 4) make the
+ * reads, claiming them in file order, while the calling thread hashes each piece as soon as
+ * the read that filled it is done: one thread alternating the two takes the read time plus
+ * the hashing time, since the kernel's readahead keeps only about one request ahead of a
+ * reader (and none at all for O_DIRECT, where two threads keep two requests in flight).
  *
  * With direct set (for an O_DIRECT descriptor, whose reads must be aligned, which the caller
  * ensures), each slot is read whole by one iovec into a frame of slot_bytes that starts
@@ -67,6 +68,7 @@ typedef struct {
 } dic_piece;
 
 #define DIC_MAX_IOV 1000 /* iovecs per preadv, below IOV_MAX (1024) */
+#define DIC_MAX_READERS 4 /* reading threads of one call */
 
 /* preadv until `total` bytes are in or the file ends; the bytes read, or -errno. iov is
  * advanced in place on short reads. With `direct` (an O_DIRECT descriptor) a short read is
@@ -109,17 +111,18 @@ typedef struct {
     int64_t piece0; /* first piece */
     int64_t pieces;
     int64_t got;   /* bytes read, or -errno */
+    int ready;     /* its read has finished (got is set); under dic_shared.mu */
 } dic_batch;
 
-/* The batches shared between the reading thread and the hashing (calling) thread. */
+/* The batches shared between the reading threads and the hashing (calling) thread. */
 typedef struct {
     int fd;
     int direct;
     struct iovec *iov;
     dic_batch *batches;
     int64_t nb;
-    int64_t published; /* batches whose read has finished (their got is set) */
-    int stopped;       /* the reader stopped early (end of file or error) */
+    int64_t next;    /* the next batch a reading thread claims, in file order */
+    int64_t stop_at; /* the first batch that came up short or failed (nb: none yet) */
     pthread_mutex_t mu;
     pthread_cond_t cv;
 } dic_shared;
@@ -128,19 +131,26 @@ static int64_t read_batch(int fd, struct iovec *iov, dic_batch *b, int direct) {
     return read_all(fd, iov + b->iov0, b->cnt, b->pos, b->bytes, direct);
 }
 
+/* A reading thread: claims the next batch in file order and reads it, until none is left or
+ * a batch came up short (with two threads, two reads are in flight at once). */
 static void *reader_main(void *arg) {
     dic_shared *sh = (dic_shared *)arg;
-    for (int64_t b = 0; b < sh->nb; ++b) {
-        dic_batch *bt = &sh->batches[b];
-        bt->got = read_batch(sh->fd, sh->iov, bt, sh->direct);
-        int stop = bt->got < 0 || (size_t)bt->got < bt->bytes;
+    for (;;) {
         pthread_mutex_lock(&sh->mu);
-        sh->published = b + 1;
-        sh->stopped = stop;
-        pthread_cond_signal(&sh->cv);
+        int64_t b = sh->next++;
+        int over = b >= sh->nb || b > sh->stop_at;
         pthread_mutex_unlock(&sh->mu);
-        if (stop)
+        if (over)
             break;
+        dic_batch *bt = &sh->batches[b];
+        int64_t got = read_batch(sh->fd, sh->iov, bt, sh->direct);
+        pthread_mutex_lock(&sh->mu);
+        bt->got = got;
+        bt->ready = 1;
+        if ((got < 0 || (size_t)got < bt->bytes) && b < sh->stop_at)
+            sh->stop_at = b;
+        pthread_cond_broadcast(&sh->cv);
+        pthread_mutex_unlock(&sh->mu);
     }
     return NULL;
 }
@@ -291,50 +301,56 @@ int dic_read_records(const dic_xxh3_fns *fns, int fd, int64_t offset, int64_t n,
             }
         }
     }
-    /* Run: with overlap and more than one batch, a second thread reads the batches in order
-     * while this one hashes each as soon as its read is done, so the reads keep the disk
-     * busy while the payloads are hashed (a single thread alternates the two: the run then
-     * takes the read time plus the hashing time). */
+    /* Run: with overlap (the number of reading threads, at most DIC_MAX_READERS) and more
+     * than one batch, reading threads claim the batches in file order while this one hashes
+     * each as soon as its read is done, so the reads keep the disk busy while the payloads
+     * are hashed (a single thread alternates the two: the run then takes the read time plus
+     * the hashing time). */
     dic_shared sh;
-    int threaded = 0;
-    pthread_t tid;
-    if (overlap && nb > 1) {
+    int threads = 0;
+    pthread_t tids[DIC_MAX_READERS];
+    if (overlap > 0 && nb > 1) {
         sh.fd = fd;
         sh.direct = direct;
         sh.iov = iov;
         sh.batches = batches;
         sh.nb = nb;
-        sh.published = 0;
-        sh.stopped = 0;
+        sh.next = 0;
+        sh.stop_at = nb;
+        int want = overlap < DIC_MAX_READERS ? overlap : DIC_MAX_READERS;
         if (pthread_mutex_init(&sh.mu, NULL) == 0) {
             if (pthread_cond_init(&sh.cv, NULL) == 0) {
-                threaded = pthread_create(&tid, NULL, reader_main, &sh) == 0;
-                if (!threaded)
+                while (threads < want &&
+                       pthread_create(&tids[threads], NULL, reader_main, &sh) == 0)
+                    ++threads;
+                if (!threads)
                     pthread_cond_destroy(&sh.cv);
             }
-            if (!threaded)
+            if (!threads)
                 pthread_mutex_destroy(&sh.mu);
         }
     }
     for (int64_t b = 0; b < nb; ++b) {
-        if (threaded) {
+        if (threads) {
             pthread_mutex_lock(&sh.mu);
-            while (sh.published <= b && !sh.stopped)
+            while (!batches[b].ready && sh.stop_at >= b)
                 pthread_cond_wait(&sh.cv, &sh.mu);
-            int ready = sh.published > b;
+            int ready = batches[b].ready;
             pthread_mutex_unlock(&sh.mu);
             if (!ready)
-                break; /* the reader stopped before this batch */
+                break; /* an earlier batch came up short: this one is not read */
         } else {
             batches[b].got = read_batch(fd, iov, &batches[b], direct);
         }
         if (hash_batch(fns, state, pieces, &batches[b], digests, done, &rc))
             break;
     }
-    if (threaded) {
-        /* The reader stops by itself after the last batch or a short read; this thread only
-         * leaves the loop early after such a batch, so the join does not wait on more I/O. */
-        pthread_join(tid, NULL);
+    if (threads) {
+        /* The readers stop by themselves after the last batch or past a short one; this
+         * thread only leaves the loop early after such a batch, so the joins wait on at most
+         * the reads already in flight. */
+        for (int t = 0; t < threads; ++t)
+            pthread_join(tids[t], NULL);
         pthread_cond_destroy(&sh.cv);
         pthread_mutex_destroy(&sh.mu);
     }

@@ -103,12 +103,11 @@ class SegmentReads:
     # memory (session 16, results/cache.md). ``get_many_into`` (the caller's rows, not
     # frames) always reads buffered.
     _direct_reads: bool = True
-    # Direct reads are made on a second thread while this one hashes what has arrived: that
-    # thread only waits for the disk (no copy, so none of ``_read_overlap``'s cache cost), and
-    # the next read is in flight during the hash. Session 16's loaded A/Bs: the same medians
-    # as one thread, fewer slow rounds (lowest paired ratios 0.77-0.93 against 0.71-0.90),
-    # +0.01 s of CPU per GB.
-    _direct_overlap: bool = True
+    # Direct reads are made by this many threads (0: the calling thread reads and hashes in
+    # turn) while the calling thread hashes what has arrived: they only wait for the disk (no
+    # copy, so none of ``_read_overlap``'s cache cost), and with two, two requests are in
+    # flight (O_DIRECT has no readahead). Session 16's loaded A/Bs in results/cache.md.
+    _direct_readers: int = 2
 
     if TYPE_CHECKING:
         dtype: torch.dtype
@@ -457,7 +456,7 @@ class SegmentReads:
                 heads,
                 self.page_bytes,  # whole payloads: direct reads leave nothing in the cache
                 _DIRECT_BATCH_BYTES,
-                self._direct_overlap,
+                self._direct_readers,
                 True,
             )
         if not all(done) or not done:
