@@ -18,7 +18,8 @@ Round 1 costs more for every reader on a VM that hands freed memory back to its 
 page reporting): the page cache then fills with memory that faults on the host when first
 touched (``benchmarks/results/cache.md``, session 15). Since session 16 the store's read uses
 ``O_DIRECT`` (no page cache; "released, buffered" is the same read through the page cache, as
-until session 15). Also shown: the raw read into a reused
+until session 15), so two raw ``O_DIRECT`` reads (2 MiB, one reader and two) are shown too, with
+the store's steady read against their median. Also shown: the raw read into a reused
 16-block stage (``get_many_into``'s baseline) and into fresh 2 MiB blocks (a reader returning
 new pages), and both formats' ``get_many`` of every block at once with every page kept.
 """
@@ -26,10 +27,12 @@ new pages), and both formats' ``get_many`` of every block at once with every pag
 from __future__ import annotations
 
 import argparse
+import mmap
 import os
 import random
 import shutil
 import tempfile
+import threading
 import time
 import zlib
 from collections.abc import Callable
@@ -83,6 +86,33 @@ def raw_read_into_buffer(path: str, n: int) -> None:
     with open(path, "rb", buffering=0) as f:
         for _ in range(n):
             f.readinto(buf)
+
+
+def raw_read_direct(path: str, n: int, threads: int = 1) -> None:
+    """``O_DIRECT`` sequential read of ``n`` 2 MiB blocks into reused page-aligned 2 MiB
+    buffers (``dd iflag=direct bs=2M``; with ``threads`` > 1 that many readers take
+    interleaved blocks, ``threads`` requests in flight): the page cache is bypassed, so the
+    read is cold by construction and pays no copy out of it. The store's read uses
+    ``O_DIRECT`` since session 16, so this is its like-for-like raw baseline."""
+
+    def reader(first: int) -> None:
+        buf = mmap.mmap(-1, 2 * MIB)  # page-aligned, as O_DIRECT requires
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
+        try:
+            for i in range(first, n, threads):
+                os.preadv(fd, [buf], i * 2 * MIB)
+        finally:
+            os.close(fd)
+            buf.close()
+
+    if threads == 1:
+        reader(0)
+        return
+    workers = [threading.Thread(target=reader, args=(t,)) for t in range(threads)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
 
 
 def raw_read_into_stage(path: str, n: int, rows: list[memoryview]) -> None:
@@ -243,6 +273,8 @@ def bench_segments(directory: str, n: int, threads: int, rounds: int = 3) -> Non
         "Segment get_many, 16 a call, released": (released, lambda: drop_dir(seg_dir)),
         "Segment get_many, released, buffered": (released_buffered, lambda: drop_dir(seg_dir)),
         "Segment get_many_into, 16-block stage": (into, lambda: drop_dir(seg_dir)),
+        "raw O_DIRECT, 2 MiB reads": (lambda: raw_read_direct(raw, n), raw_drop),
+        "raw O_DIRECT, 2 readers": (lambda: raw_read_direct(raw, n, 2), raw_drop),
         "raw into a 16-block stage": (lambda: raw_read_into_stage(raw, n, raw_rows), raw_drop),
         "raw into fresh 2 MiB blocks": (lambda: raw_read_into_fresh(raw, n), raw_drop),
         "DiskTier get_many, all kept": (
@@ -327,6 +359,12 @@ def bench_segments(directory: str, n: int, threads: int, rounds: int = 3) -> Non
             f"{min(target):.2f}-{max(target):.2f} -> "
             f"{'met' if min(target) >= 0.8 else 'met in some rounds' if max(target) >= 0.8 else 'not met'}"
         )
+        for direct in ("raw O_DIRECT, 2 MiB reads", "raw O_DIRECT, 2 readers"):
+            # Like for like: the store's steady read time against the raw O_DIRECT read's
+            # median steady time (both bypass the page cache).
+            ref = sorted(wall[direct][i] for i in steady)[len(steady) // 2]
+            vs = [ref / wall[got][i] for i in steady]
+            print(f"  the store's read / {direct} (its median): {min(vs):.2f}-{max(vs):.2f}")
 
 
 def bench_checksum(reps: int = 50) -> None:
