@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
-from itertools import repeat
-from operator import is_
 from typing import Any
 
 import torch
@@ -80,10 +78,11 @@ class BoundStep:
         weights = [(post.weight, after.weight) for post, after in norms]
         # What the bound norm arguments point at: each module's parameter dict, the tensor,
         # its storage (replacing the parameter or its ``.data`` re-binds; in-place is fine).
-        # Kept as parallel lists for norms_current's C-level map loops (60 in SmolLM2-135M).
-        self._norm_params = [m._parameters for pair in norms for m in pair]
-        self._norm_weights = [w for ws in weights for w in ws]
-        self._norm_ptrs = [w.data_ptr() for w in self._norm_weights]
+        self._norms = [
+            (m._parameters, w, w.data_ptr())
+            for pair, ws in zip(norms, weights)
+            for m, w in zip(pair, ws)
+        ]
         self.layers = kernel.bind(shape, panels, self.normed, self.qkv, self.cos, self.sin,
                                   self.slots, k_caches, v_caches, self.attn_out, self.residual,
                                   weights, eps, scratch)  # fmt: skip
@@ -131,9 +130,8 @@ class BoundStep:
 
     def norms_current(self) -> bool:
         """Whether every norm weight is still the tensor and storage the calls were bound to."""
-        return (
-            all(map(is_, map(dict.get, self._norm_params, repeat("weight")), self._norm_weights))
-            and list(map(torch.Tensor.data_ptr, self._norm_weights)) == self._norm_ptrs
+        return all(
+            params.get("weight") is w and w.data_ptr() == ptr for params, w, ptr in self._norms
         )
 
     def load(
