@@ -65,10 +65,20 @@ class RotaryEmbedding:
     """Rotates the two halves of each head: for ``x = [x1, x2]`` and angle ``a = pos * inv_freq``,
     ``rope(x) = [x1 cos a - x2 sin a, x2 cos a + x1 sin a]``.
 
-    Angles are computed in fp32 from the positions on every call (no table bounded by a maximum
-    length); ``inv_freq`` is a plain fp32 tensor, not a module buffer, so casting the model to
-    bf16 never degrades it.
+    Angles are computed in fp32 (``inv_freq`` is a plain fp32 tensor, not a module buffer, so
+    casting the model to bf16 never degrades it) into a table of positions ``0..N-1`` per
+    dtype and device, grown on demand (doubled, up to ``max_position_embeddings``, or to the
+    position asked for past it: no hard length bound), and looked up per call. Torch's
+    elementwise ``cos``/``sin`` give each element the same bits whatever the tensor's length,
+    so a looked-up row equals the direct computation for that position bit for bit
+    (``tests/deepinfer/models/test_rope_table.py``); a decode step then pays one index, not
+    eight small ops.
     """
+
+    _FIRST_TABLE_ROWS = 256
+    # Up to this many positions are checked with Python's min/max over a list: cheaper than
+    # two tensor reductions for a decode step's few tokens.
+    _SHORT_POSITIONS = 16
 
     def __init__(
         self,
@@ -82,23 +92,60 @@ class RotaryEmbedding:
         self.inv_freq = inverse_frequencies(head_dim, theta, scaling)
         # YaRN scales cos and sin (the attention temperature); 1 for the other types.
         self.attention_factor = 1.0 if scaling is None else scaling.attention_factor
+        # (dtype, device) -> (full_cos, signed_sin), each [N, D] for positions 0..N-1.
+        self._tables: dict[tuple[torch.dtype, torch.device], tuple[torch.Tensor, torch.Tensor]] = {}
 
     def cos_sin(
         self, positions: torch.Tensor, dtype: torch.dtype
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Full-width tables ``cos = [cos a, cos a]`` and ``sin = [-sin a, sin a]``, shaped
-        ``[*positions.shape, 1, D]`` (broadcast over heads), for :meth:`apply`."""
+        ``[*positions.shape, 1, D]`` (broadcast over heads), for :meth:`apply` (new tensors:
+        rows copied out of the cached table)."""
         if positions.dtype not in (torch.int32, torch.int64):
             raise TypeError(f"positions must be an integer tensor, got {positions.dtype}")
-        if positions.numel() and int(positions.min()) < 0:
+        count = positions.numel()
+        if count == 0:
+            low = high = 0
+        elif count <= self._SHORT_POSITIONS:
+            values = positions.reshape(-1).tolist()
+            low, high = min(values), max(values)
+        else:
+            low, high = int(positions.min()), int(positions.max())
+        if low < 0:
             raise ValueError("positions must be >= 0")
+        full_cos, signed_sin = self._table(high, dtype, positions.device)
+        flat = positions.reshape(-1)
+        shape = (*positions.shape, 1, self.head_dim)
+        return full_cos[flat].view(shape), signed_sin[flat].view(shape)
+
+    def _table(
+        self, position: int, dtype: torch.dtype, device: torch.device
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The cached ``(full_cos, signed_sin)`` of ``dtype`` on ``device``, holding at least
+        rows ``0..position``."""
+        key = (dtype, device)
+        table = self._tables.get(key)
+        if table is not None and position < table[0].shape[0]:
+            return table
+        size = self._FIRST_TABLE_ROWS if table is None else 2 * table[0].shape[0]
+        if self.max_position_embeddings is not None:
+            size = min(size, max(self.max_position_embeddings, self._FIRST_TABLE_ROWS))
+        size = max(size, position + 1)
+        table = self._compute(torch.arange(size, device=device), dtype)
+        self._tables[key] = table
+        return table
+
+    def _compute(
+        self, positions: torch.Tensor, dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(full_cos, signed_sin)`` ``[N, D]`` of the 1-d ``positions``, computed directly."""
         inv = self.inv_freq.to(positions.device)
         angles = positions.float().unsqueeze(-1) * inv
         cos, sin = angles.cos(), angles.sin()
         if self.attention_factor != 1.0:
             cos, sin = cos * self.attention_factor, sin * self.attention_factor
-        full_cos = torch.cat((cos, cos), dim=-1).to(dtype).unsqueeze(-2)
-        signed_sin = torch.cat((-sin, sin), dim=-1).to(dtype).unsqueeze(-2)
+        full_cos = torch.cat((cos, cos), dim=-1).to(dtype)
+        signed_sin = torch.cat((-sin, sin), dim=-1).to(dtype)
         return full_cos, signed_sin
 
     @staticmethod
