@@ -36,6 +36,9 @@ from deepinfer_kernels.cpu import (
     linear,
 )
 
+# Up to this many ids are range-checked with Python's min/max over a list (see _check_ids).
+_SHORT_IDS = 16
+
 
 class LlamaAttention(nn.Module):
     """GQA self-attention: ``softmax(q k^T / sqrt(D) + causal mask) v`` over the paged cache,
@@ -531,9 +534,17 @@ class LlamaModel(nn.Module):
     def _check_ids(self, input_ids: torch.Tensor) -> None:
         if input_ids.dtype not in (torch.int32, torch.int64):
             raise TypeError(f"input_ids must be an integer tensor, got {input_ids.dtype}")
-        if input_ids.numel() and (
-            int(input_ids.min()) < 0 or int(input_ids.max()) >= self.config.vocab_size
-        ):
+        count = input_ids.numel()
+        if count == 0:
+            return
+        if count <= _SHORT_IDS:
+            # A decode step's few ids: Python's min/max over a list costs less than two
+            # tensor reductions.
+            values = input_ids.reshape(-1).tolist()
+            low, high = min(values), max(values)
+        else:
+            low, high = int(input_ids.min()), int(input_ids.max())
+        if low < 0 or high >= self.config.vocab_size:
             raise ValueError(f"input_ids must be in [0, {self.config.vocab_size})")
 
     def _check_inputs(self, input_ids: torch.Tensor, positions: torch.Tensor, tokens: int) -> None:

@@ -146,6 +146,15 @@ def test_bad_inputs_raise(tiny) -> None:
         model(torch.tensor([1, model.config.vocab_size]), attn.positions(), attn, pool)
     with pytest.raises(ValueError, match="slot_mapping covers 2"):
         model(torch.tensor([1, 2, 3]), torch.tensor([0, 1, 2]), attn, pool)
+    # Both ways of checking the range: a short list (<= 16 ids) and tensor reductions.
+    vocab = model.config.vocab_size
+    for count in (1, 16, 17, 40):
+        for bad in (-1, vocab):
+            ids = torch.zeros(count, dtype=torch.int64)
+            ids[count // 2] = bad
+            with pytest.raises(ValueError, match="input_ids must be in"):
+                model.embed(ids)
+        assert model.embed(torch.full((count,), vocab - 1)).shape[0] == count
     with pytest.raises(TypeError, match="integer"):
         model(torch.tensor([1.0, 2.0]), attn.positions(), attn, pool)
     with pytest.raises(ValueError, match="layer_ids"):
