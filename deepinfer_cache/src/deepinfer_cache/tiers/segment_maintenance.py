@@ -144,7 +144,11 @@ class SegmentMaintenance:
     def _checkpoint(self, force: bool = False) -> bool:
         with self._manifest_lock:
             with self._lock:
-                if not force and not self._changed:
+                # Records deleted while being written (or a compaction copy that lost its
+                # race) are in ``_invalid`` without counting as a change: they were never in
+                # a manifest, but their headers sit in the tail a reopen scans, so they must
+                # still be zeroed here or the block comes back (issue #20).
+                if not force and not self._changed and not self._invalid:
                     return True
                 changed, self._changed = self._changed, 0
                 invalid, self._invalid = self._invalid, []
