@@ -25,6 +25,7 @@ from torch import nn
 
 from deepinfer.models.layers import Embedding, Linear
 from deepinfer_kernels.cpu import BlockMatrix, PackedWeight
+from deepinfer_kernels.cpu.decoder_panels import weight_key
 from deepinfer_kernels.quant import (
     QuantType,
     QuantWeight,
@@ -163,9 +164,23 @@ class QuantEmbedding(Embedding):
         self.num_embeddings, self.embedding_dim = table.rows, table.cols
         self.qtype = table.qtype
         self.weight = nn.Parameter(table.data, requires_grad=False)
+        # The last table() answer and the weight it was made from (the tensor and its
+        # weight_key): the LM head asks at every step.
+        self._table: tuple[QuantWeight, torch.Tensor, tuple[int, int]] | None = None
 
     def table(self) -> QuantWeight:
-        return QuantWeight(self.weight.detach(), self.qtype, self.embedding_dim)
+        """:attr:`weight`'s bytes as a :class:`QuantWeight` (a view, no copy), kept while the
+        weight is current (the same tensor, storage and version: ``LayerWeightCache``'s
+        rule), so that a replaced weight, new ``.data`` or an in-place write is seen."""
+        weight = self._parameters["weight"]
+        cached = self._table
+        if cached is not None and cached[1] is weight and weight_key(weight) == cached[2]:
+            return cached[0]
+        if weight is None:
+            raise ValueError("weight: QuantEmbedding has no weight")
+        table = QuantWeight(weight.detach(), self.qtype, self.embedding_dim)
+        self._table = (table, weight, weight_key(weight))
+        return table
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         rows = self.weight.detach().index_select(0, ids.reshape(-1))
