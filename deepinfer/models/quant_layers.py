@@ -30,6 +30,7 @@ from deepinfer_kernels.quant import (
     QuantType,
     QuantWeight,
     dequantize,
+    dequantize_rows,
     quant_linear,
     quant_swiglu,
     row_bytes,
@@ -183,9 +184,8 @@ class QuantEmbedding(Embedding):
         return table
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        rows = self.weight.detach().index_select(0, ids.reshape(-1))
-        values = dequantize(QuantWeight(rows, self.qtype, self.embedding_dim))
-        return values.view(*ids.shape, self.embedding_dim)
+        """fp32 ``[*ids.shape, dim]``: the rows ``ids``, dequantised (only those rows)."""
+        return dequantize_rows(self.table(), ids)
 
     def head_product(self, x: torch.Tensor) -> torch.Tensor:
         """``x E^T``: the tied LM head on the table's bytes."""

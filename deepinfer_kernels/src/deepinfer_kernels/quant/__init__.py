@@ -24,7 +24,13 @@ from deepinfer_kernels.quant.formats import (
 
 if TYPE_CHECKING:
     from deepinfer_kernels.quant.cpu import QuantGemvKernel
-    from deepinfer_kernels.quant.ops import GEMV_MAX_ROWS, dequantize, quant_linear, quant_swiglu
+    from deepinfer_kernels.quant.ops import (
+        GEMV_MAX_ROWS,
+        dequantize,
+        dequantize_rows,
+        quant_linear,
+        quant_swiglu,
+    )
 
 # PEP 562 lazy re-exports of the torch parts ({name: module}): the formats above import no
 # torch, so a torch-free process can read block geometry (``deepinfer_kernels.cpu.numpy_ops``).
@@ -32,6 +38,7 @@ _EXPORTS = {
     "QuantGemvKernel": "cpu",
     "GEMV_MAX_ROWS": "ops",
     "dequantize": "ops",
+    "dequantize_rows": "ops",
     "quant_linear": "ops",
     "quant_swiglu": "ops",
 }
@@ -58,6 +65,7 @@ __all__ = [
     "QuantType",
     "QuantWeight",
     "dequantize",
+    "dequantize_rows",
     "quant_linear",
     "quant_swiglu",
     "quant_type",

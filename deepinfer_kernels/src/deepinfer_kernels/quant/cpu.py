@@ -12,6 +12,7 @@ import ctypes
 import os
 import threading
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -133,6 +134,24 @@ class QuantGemvKernel:
         if rc != 0:
             raise RuntimeError(f"deepinfer_quant_gated failed with code {rc}")
         return y
+
+    def dequantize_rows(
+        self, data: torch.Tensor, ids: Sequence[int], qtype: QuantType, cols: int
+    ) -> torch.Tensor:
+        """fp32 ``[len(ids), cols]``: row ``ids[i]`` of the raw rows ``data`` (CPU,
+        contiguous; ids already checked in range), one C call per row at its offset in
+        ``data`` (no gathered copy of the bytes; each row's values do not depend on the
+        others, so they equal :meth:`dequantize`'s bit for bit)."""
+        if not self.available():
+            raise RuntimeError(f"the quantised CPU kernel is unavailable: {self.error}")
+        out = torch.empty(len(ids), cols, dtype=torch.float32)
+        src, dst, stride = data.data_ptr(), out.data_ptr(), data.stride(0)
+        fn, kind = self._lib.deepinfer_quant_dequantize, int(qtype)
+        for i, row in enumerate(ids):
+            rc = fn(src + row * stride, 1, cols, kind, dst + 4 * cols * i)
+            if rc != 0:
+                raise RuntimeError(f"deepinfer_quant_dequantize failed with code {rc}")
+        return out
 
     def dequantize(self, data: torch.Tensor, qtype: QuantType, cols: int) -> torch.Tensor:
         """fp32 ``[N, cols]`` values of the raw rows ``data`` (CPU, contiguous)."""

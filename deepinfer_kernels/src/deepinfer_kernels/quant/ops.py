@@ -203,3 +203,41 @@ def dequantize(weight: QuantWeight) -> torch.Tensor:
     fn = eager_or_op(dequantize_op, dequantize_impl)
     out: torch.Tensor = fn(weight.data, int(quant_type(weight.qtype)), weight.cols)
     return out
+
+
+def dequantize_rows(weight: QuantWeight, ids: torch.Tensor) -> torch.Tensor:
+    """fp32 ``[*ids.shape, cols]``: rows ``ids`` of ``weight``'s values, ``dequantize(weight)[ids]``
+    bit for bit, dequantising only those rows (a token-embedding lookup).
+
+    On the CPU with the C kernel, up to ``GEMV_MAX_ROWS`` ids (a decode step's) run one C call
+    per row at its offset in the bytes: no gather of the bytes and no op dispatch; more ids
+    gather their bytes and dequantise them in one call. Ids out of ``[0, rows)`` raise a
+    ``ValueError`` naming ``ids``.
+    """
+    if not isinstance(weight, QuantWeight):
+        raise TypeError(f"weight: expected a QuantWeight, got {type(weight).__name__}")
+    if ids.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"ids: expected an integer tensor, got {ids.dtype}")
+    flat = ids.reshape(-1)
+    count, data = flat.numel(), weight.data
+    short = count <= GEMV_MAX_ROWS
+    values: list[int] = []
+    if count:
+        if short:
+            values = flat.tolist()
+            low, high = min(values), max(values)
+        else:
+            low, high = int(flat.min()), int(flat.max())
+        if low < 0 or high >= weight.rows:
+            raise ValueError(f"ids: expected ids in [0, {weight.rows}), got {low}..{high}")
+    if (
+        short
+        and data.device.type == "cpu"
+        and not torch.compiler.is_compiling()
+        and (kernel := _cpu_kernel_ready()) is not None
+    ):
+        out = kernel.dequantize_rows(data, values, weight.qtype, weight.cols)
+    else:
+        rows = data.index_select(0, flat.to(data.device))
+        out = dequantize(QuantWeight(rows, weight.qtype, weight.cols))
+    return out.view(*ids.shape, weight.cols)
