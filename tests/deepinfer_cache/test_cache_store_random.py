@@ -7,7 +7,7 @@ import tempfile
 
 import hypothesis.strategies as st
 from _cache_helpers import BS, make_store, page_for, pages_for
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 
 from deepinfer_cache import FakeClock, hash_token_blocks
 
@@ -97,8 +97,19 @@ def test_random_ops_keep_tiers_and_index_consistent(
     run_ops(seq, dev, host, disk, policy, segments=False)
 
 
+# Issue #20: a sequence that (rarely: it takes a writer-thread race) brought a block evicted
+# while its record was being written back after the reopen; the race itself is reproduced
+# deterministically in test_cache_segment_resurrection.py.
+_RESURRECTION_SEQ = [
+    ("fetch", 2), ("lookup", 3), ("gc", 7), ("fetch", 4), ("store", 8), ("gc", 1),
+    ("lookup", 8), ("store", 0), ("store", 4), ("store", 5), ("store", 3), ("fetch", 1),
+    ("store", 8), ("fetch", 3), ("gc", 6), ("gc", 5), ("fetch", 0),
+]  # fmt: skip
+
+
 @settings(max_examples=30, deadline=None)
 @given(*strategies)
+@example(_RESURRECTION_SEQ, 3, 3, 1, "write-through")
 def test_random_ops_on_segment_disk(
     seq: list[tuple[str, int]], dev: int, host: int, disk: int, policy: str
 ) -> None:
