@@ -63,19 +63,27 @@ def _child(tokens: int, repeats: int) -> int:
     return 0
 
 
-def _baseline_tree(rev: str, into: Path) -> str:
-    """``rev``'s Python packages with the current C sources; returns their PYTHONPATH."""
+def revision_tree(rev: str, into: Path) -> str:
+    """``rev``'s packages with its own C sources, extracted under ``into``; their PYTHONPATH
+    (the A/B scripts' way to run another revision beside the working tree)."""
+    into.mkdir(parents=True, exist_ok=True)
     archive = subprocess.run(
         ["git", "-C", str(ROOT), "archive", rev], check=True, capture_output=True
     ).stdout
     with tarfile.open(fileobj=BytesIO(archive)) as tar:
         tar.extractall(into, filter="data")
+    return os.pathsep.join(str(into / p) for p in PACKAGE_ROOTS)
+
+
+def _baseline_tree(rev: str, into: Path) -> str:
+    """``rev``'s Python packages with the current C sources; returns their PYTHONPATH."""
+    pythonpath = revision_tree(rev, into)
     for c in (ROOT / "deepinfer_kernels" / "src").rglob("*"):
         if c.suffix in (".c", ".h") and c.is_file():
             target = into / c.relative_to(ROOT)
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(c, target)
-    return os.pathsep.join(str(into / p) for p in PACKAGE_ROOTS)
+    return pythonpath
 
 
 def _run_side(pythonpath: str | None, args: argparse.Namespace) -> list[float]:

@@ -183,22 +183,14 @@ def _child_run(pythonpath: str | None, args: argparse.Namespace, out: Path) -> d
 
 def compare(args: argparse.Namespace) -> int:
     """Alternate the baseline's Python and the current one in child processes (module doc)."""
-    from decode_step_python_ab import PACKAGE_ROOTS, ROOT, _baseline_tree
-
-    def tree(rev: str, into: Path) -> str:
-        """``rev``'s packages with its own C sources; their PYTHONPATH."""
-        into.mkdir(parents=True)
-        archive = subprocess.run(["git", "-C", str(ROOT), "archive", rev], check=True,
-                                 capture_output=True).stdout  # fmt: skip
-        subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
-        return os.pathsep.join(str(into / p) for p in PACKAGE_ROOTS)
+    from decode_step_python_ab import _baseline_tree, revision_tree
 
     with tempfile.TemporaryDirectory(prefix="engine-overhead-ab-") as tmp:
         base = Path(tmp) / "baseline"
         sides: dict[str, str | None] = {
             "baseline": _baseline_tree(args.baseline, base) if args.same_c
-            else tree(args.baseline, base),
-            "current": tree(args.current, Path(tmp) / "current") if args.current else None,
+            else revision_tree(args.baseline, base),
+            "current": revision_tree(args.current, Path(tmp) / "current") if args.current else None,
         }  # fmt: skip
         engine: dict[str, list[float]] = {name: [] for name in sides}
         ratio: dict[str, list[float]] = {name: [] for name in sides}

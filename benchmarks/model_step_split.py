@@ -134,17 +134,13 @@ def _range(values: list[float]) -> str:
 def compare(args: argparse.Namespace) -> None:
     """Alternate child processes over the two revisions' trees (module doc)."""
 
-    def tree(rev: str, into: Path) -> str:
-        into.mkdir(parents=True)
-        archive = subprocess.run(["git", "-C", str(ROOT), "archive", rev], check=True,
-                                 capture_output=True).stdout  # fmt: skip
-        subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
-        return os.pathsep.join(str(into / p) for p in PACKAGE_ROOTS)
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from decode_step_python_ab import revision_tree
 
     with tempfile.TemporaryDirectory(prefix="model-step-split-") as tmp:
         sides: dict[str, str | None] = {
-            "baseline": tree(args.baseline, Path(tmp) / "baseline"),
-            "current": tree(args.current, Path(tmp) / "current") if args.current else None,
+            "baseline": revision_tree(args.baseline, Path(tmp) / "baseline"),
+            "current": revision_tree(args.current, Path(tmp) / "current") if args.current else None,
         }
         medians: dict[str, dict[str, list[float]]] = {name: {} for name in sides}
         for r in range(args.rounds):
