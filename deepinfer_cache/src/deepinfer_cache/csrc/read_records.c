@@ -114,6 +114,25 @@ typedef struct {
     int ready;     /* its read has finished (got is set); under dic_shared.mu */
 } dic_batch;
 
+/* Planning: closes `cur` (counts it in *nb) when it is the run's last (`last`) or holds about
+ * hot_bytes or DIC_MAX_IOV iovecs, and then (unless last) starts the next batch right after
+ * it in the file, at iovec nv and piece np; returns the batch to keep filling. */
+static dic_batch *close_batch_if_full(dic_batch *batches, dic_batch *cur, int64_t *nb, int last,
+                                      int64_t hot_bytes, int64_t nv, int64_t np) {
+    if (!last && cur->bytes < (size_t)hot_bytes && cur->cnt < DIC_MAX_IOV)
+        return cur;
+    ++*nb;
+    if (last)
+        return cur;
+    int64_t pos = cur->pos + (int64_t)cur->bytes;
+    dic_batch *next = &batches[*nb];
+    memset(next, 0, sizeof(*next));
+    next->pos = pos;
+    next->iov0 = nv;
+    next->piece0 = np;
+    return next;
+}
+
 /* The batches shared between the reading threads and the hashing (calling) thread. */
 typedef struct {
     int fd;
@@ -243,18 +262,7 @@ int dic_read_records(const dic_xxh3_fns *fns, int fd, int64_t offset, int64_t n,
             cur->bytes += (size_t)slot_bytes;
             cur->cnt++;
             ++nv;
-            int last = i + 1 == n;
-            if (last || cur->bytes >= (size_t)hot_bytes || cur->cnt >= DIC_MAX_IOV) {
-                ++nb;
-                if (!last) {
-                    int64_t pos = cur->pos + (int64_t)cur->bytes;
-                    cur = &batches[nb];
-                    memset(cur, 0, sizeof(*cur));
-                    cur->pos = pos;
-                    cur->iov0 = nv;
-                    cur->piece0 = np;
-                }
-            }
+            cur = close_batch_if_full(batches, cur, &nb, i + 1 == n, hot_bytes, nv, np);
             continue;
         }
         while (stage < 3) {
@@ -287,18 +295,8 @@ int dic_read_records(const dic_xxh3_fns *fns, int fd, int64_t offset, int64_t n,
             cur->bytes += iov[nv].iov_len;
             cur->cnt++;
             ++nv;
-            int last = i + 1 == n && stage == 3;
-            if (last || cur->bytes >= (size_t)hot_bytes || cur->cnt >= DIC_MAX_IOV) {
-                ++nb;
-                if (!last) {
-                    int64_t pos = cur->pos + (int64_t)cur->bytes;
-                    cur = &batches[nb];
-                    memset(cur, 0, sizeof(*cur));
-                    cur->pos = pos;
-                    cur->iov0 = nv;
-                    cur->piece0 = np;
-                }
-            }
+            cur = close_batch_if_full(batches, cur, &nb, i + 1 == n && stage == 3, hot_bytes, nv,
+                                      np);
         }
     }
     /* Run: with overlap (the number of reading threads, at most DIC_MAX_READERS) and more
