@@ -71,7 +71,7 @@ class RotaryEmbedding:
     position asked for past it: no hard length bound), and looked up per call. Torch's
     elementwise ``cos``/``sin`` give each element the same bits whatever the tensor's length,
     so a looked-up row equals the direct computation for that position bit for bit
-    (``tests/deepinfer/models/test_rope_table.py``); a decode step then pays one index, not
+    (``tests/deepinfer/test_model_rope_table.py``); a decode step then pays one index, not
     eight small ops.
     """
 
