@@ -114,6 +114,24 @@ typedef struct {
     int ready;     /* its read has finished (got is set); under dic_shared.mu */
 } dic_batch;
 
+/* Planning: the next piece of record `record`'s payload (at most piece_bytes, from *payload_at
+ * of page_bytes, in `payload`), which lands at batch-relative byte `at`; advances *payload_at
+ * and returns the piece's length. */
+static size_t plan_piece(dic_piece *pc, int64_t record, const uint8_t *payload,
+                         int64_t *payload_at, int64_t page_bytes, int64_t piece_bytes, size_t at) {
+    size_t len = (size_t)(page_bytes - *payload_at);
+    if (len > (size_t)piece_bytes)
+        len = (size_t)piece_bytes;
+    pc->record = record;
+    pc->data = payload + *payload_at;
+    pc->len = len;
+    pc->first = *payload_at == 0;
+    *payload_at += (int64_t)len;
+    pc->last = *payload_at == page_bytes;
+    pc->end = at + len;
+    return len;
+}
+
 /* Planning: closes `cur` (counts it in *nb) when it is the run's last (`last`) or holds about
  * hot_bytes or DIC_MAX_IOV iovecs, and then (unless last) starts the next batch right after
  * it in the file, at iovec nv and piece np; returns the batch to keep filling. */
@@ -246,17 +264,8 @@ int dic_read_records(const dic_xxh3_fns *fns, int fd, int64_t offset, int64_t n,
             iov[nv].iov_base = dests[i] - head_bytes;
             iov[nv].iov_len = (size_t)slot_bytes;
             while (payload_at < page_bytes) {
-                size_t len = (size_t)(page_bytes - payload_at);
-                if (len > (size_t)piece_bytes)
-                    len = (size_t)piece_bytes;
-                dic_piece *pc = &pieces[np++];
-                pc->record = i;
-                pc->data = dests[i] + payload_at;
-                pc->len = len;
-                pc->first = payload_at == 0;
-                payload_at += (int64_t)len;
-                pc->last = payload_at == page_bytes;
-                pc->end = start + (size_t)head_bytes + (size_t)payload_at;
+                size_t at = start + (size_t)head_bytes + (size_t)payload_at;
+                plan_piece(&pieces[np++], i, dests[i], &payload_at, page_bytes, piece_bytes, at);
                 cur->pieces++;
             }
             cur->bytes += (size_t)slot_bytes;
@@ -271,19 +280,9 @@ int dic_read_records(const dic_xxh3_fns *fns, int fd, int64_t offset, int64_t n,
                 iov[nv].iov_len = (size_t)head_bytes;
                 stage = 1;
             } else if (stage == 1) {
-                size_t len = (size_t)(page_bytes - payload_at);
-                if (len > (size_t)piece_bytes)
-                    len = (size_t)piece_bytes;
                 iov[nv].iov_base = dests[i] + payload_at;
-                iov[nv].iov_len = len;
-                dic_piece *pc = &pieces[np++];
-                pc->record = i;
-                pc->data = dests[i] + payload_at;
-                pc->len = len;
-                pc->first = payload_at == 0;
-                payload_at += (int64_t)len;
-                pc->last = payload_at == page_bytes;
-                pc->end = cur->bytes + len;
+                iov[nv].iov_len = plan_piece(&pieces[np++], i, dests[i], &payload_at, page_bytes,
+                                             piece_bytes, cur->bytes);
                 cur->pieces++;
                 if (payload_at == page_bytes)
                     stage = (pad && i + 1 < n) ? 2 : 3;
