@@ -8,11 +8,11 @@ For sequence ``b`` feeding ``tokens[b]`` at positions ``starts[b] ..`` over its 
 * ``seq_lens[b] = starts[b] + len(tokens[b])``, ``cu_seqlens_q`` their query-length prefix sums;
 * ``block_table``: the block ids, each row padded with 0 to the longest (at least one column).
 
-The same tensors as ``AttentionMetadata.build`` (which stays the model's general constructor)
-with fewer torch calls: one ``torch.tensor`` per field from Python lists, no zero-filled table
-written row by row and no device copy when the target is the CPU. At batch 1 on the CPU the
-step's few small torch calls run right after ~10 ms of kernels have evicted the interpreter's
-working set, where each costs tens of microseconds rather than the few a warm loop measures.
+The paged-KV fields are ``AttentionMetadata.build``'s (one ``torch.tensor`` per field from
+Python lists, no device copy when the target is the CPU); this module adds the ids and positions
+and, for decode steps on the CPU, `DecodeInputBuffers`. At batch 1 on the CPU the step's few
+small torch calls run right after ~10 ms of kernels have evicted the interpreter's working set,
+where each costs tens of microseconds rather than the few a warm loop measures.
 """
 
 from __future__ import annotations
@@ -53,53 +53,29 @@ def build_step_inputs(
             f"block_tables, starts and tokens must have the same length, got "
             f"{len(block_tables)}, {len(starts)} and {len(tokens)}"
         )
-    if block_size <= 0:
-        raise ValueError(f"block_size must be positive, got {block_size}")
-    width = max(1, max((len(blocks) for blocks in block_tables), default=0))
     ids: list[int] = []
     positions: list[int] = []
-    slots: list[int] = []
-    table: list[list[int]] = []
     seq_lens: list[int] = []
-    cu = [0]
-    for b, (blocks, start, toks) in enumerate(zip(block_tables, starts, tokens)):
+    query_lens: list[int] = []
+    for b, (start, toks) in enumerate(zip(starts, tokens)):
         count = len(toks)
-        end = start + count
         if count < 1 or start < 0:
             raise ValueError(f"tokens[{b}] must be non-empty at starts[{b}] >= 0, got {start}")
-        if len(blocks) * block_size < end:
-            raise ValueError(
-                f"block_tables[{b}] has {len(blocks)} blocks of {block_size}: too few for "
-                f"{end} positions"
-            )
         ids.extend(toks)
-        if count == 1:  # a decode token: no range objects
+        if count == 1:  # a decode token: no range object
             positions.append(start)
-            slots.append(blocks[start // block_size] * block_size + start % block_size)
         else:
-            positions.extend(range(start, end))
-            slots.extend(
-                blocks[p // block_size] * block_size + p % block_size for p in positions[-count:]
-            )
-        table.append(list(blocks) + [0] * (width - len(blocks)))
-        seq_lens.append(end)
-        cu.append(cu[-1] + count)
-    # None is torch.tensor's own default (the CPU): no device argument to resolve.
-    target = None if str(device) == "cpu" else torch.device(device)
-    block_table = (
-        torch.tensor(table, dtype=torch.int32, device=target)
-        if table
-        else torch.zeros((0, 1), dtype=torch.int32, device=target)
-    )
+            positions.extend(range(start, start + count))
+        seq_lens.append(start + count)
+        query_lens.append(count)
+    # AttentionMetadata.build checks block_size and that each sequence's blocks cover its
+    # positions.
+    attn = AttentionMetadata.build(block_tables, seq_lens, query_lens, block_size, device=device)
+    target = attn.seq_lens.device
     return StepInputs(
         input_ids=torch.tensor(ids, dtype=torch.int64, device=target),
         positions=torch.tensor(positions, dtype=torch.int64, device=target),
-        attn=AttentionMetadata(
-            block_table=block_table,
-            seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=target),
-            cu_seqlens_q=torch.tensor(cu, dtype=torch.int32, device=target),
-            slot_mapping=torch.tensor(slots, dtype=torch.int64, device=target),
-        ),
+        attn=attn,
     )
 
 

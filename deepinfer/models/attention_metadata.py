@@ -85,8 +85,8 @@ class AttentionMetadata:
             raise ValueError("block_tables, seq_lens and query_lens must have the same length")
         if block_size <= 0:
             raise ValueError(f"block_size must be positive, got {block_size}")
-        max_blocks = max((len(t) for t in block_tables), default=0)
-        table = torch.zeros((len(block_tables), max(max_blocks, 1)), dtype=torch.int32)
+        width = max(1, max((len(t) for t in block_tables), default=0))
+        table: list[list[int]] = []
         slots: list[int] = []
         cu = [0]
         for b, (blocks, seq_len, q_len) in enumerate(zip(block_tables, seq_lens, query_lens)):
@@ -99,16 +99,27 @@ class AttentionMetadata:
                     f"block_tables[{b}] has {len(blocks)} blocks of {block_size}: too few for "
                     f"seq_lens[{b}]={seq_len}"
                 )
-            if blocks:
-                table[b, : len(blocks)] = torch.tensor(list(blocks), dtype=torch.int32)
-            for pos in range(seq_len - q_len, seq_len):
+            # Each row padded with 0 to the longest: the table is one torch.tensor call, not a
+            # zero-filled tensor written row by row (a few small torch calls a sequence).
+            table.append(list(blocks) + [0] * (width - len(blocks)))
+            if q_len == 1:  # a decode token: no range object
+                pos = seq_len - 1
                 slots.append(blocks[pos // block_size] * block_size + pos % block_size)
+            else:
+                slots.extend(
+                    blocks[p // block_size] * block_size + p % block_size
+                    for p in range(seq_len - q_len, seq_len)
+                )
             cu.append(cu[-1] + q_len)
+        # None is torch.tensor's own default (the CPU): no device argument to resolve.
+        target = None if str(device) == "cpu" else torch.device(device)
         return cls(
-            block_table=table.to(device),
-            seq_lens=torch.tensor(list(seq_lens), dtype=torch.int32, device=device),
-            cu_seqlens_q=torch.tensor(cu, dtype=torch.int32, device=device),
-            slot_mapping=torch.tensor(slots, dtype=torch.int64, device=device),
+            block_table=torch.tensor(table, dtype=torch.int32, device=target)
+            if table
+            else torch.zeros((0, 1), dtype=torch.int32, device=target),
+            seq_lens=torch.tensor(list(seq_lens), dtype=torch.int32, device=target),
+            cu_seqlens_q=torch.tensor(cu, dtype=torch.int32, device=target),
+            slot_mapping=torch.tensor(slots, dtype=torch.int64, device=target),
         )
 
     def positions(self) -> torch.Tensor:

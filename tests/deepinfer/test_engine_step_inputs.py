@@ -55,6 +55,12 @@ def _assert_matches_build(
         p for s, toks in zip(starts, tokens) for p in range(s, s + len(toks))
     ]
     assert torch.equal(got.positions, want.positions())
+    # The module doc's formula, computed here rather than trusted to either builder.
+    assert got.attn.slot_mapping.tolist() == [
+        tables[b][p // BLOCK] * BLOCK + p % BLOCK
+        for b, (s, toks) in enumerate(zip(starts, tokens))
+        for p in range(s, s + len(toks))
+    ]
     assert got.num_tokens == sum(len(t) for t in tokens)
 
 
