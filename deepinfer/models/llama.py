@@ -18,6 +18,7 @@ import deepinfer_kernels
 from deepinfer.models.attention_metadata import AttentionMetadata
 from deepinfer.models.config import LlamaConfig
 from deepinfer.models.fused_step import BoundStep, BoundSteps
+from deepinfer.models.int_range import int_range
 from deepinfer.models.kv_pool import KVPool
 from deepinfer.models.layers import Embedding, Linear, RMSNorm
 from deepinfer.models.rope import RotaryEmbedding
@@ -35,9 +36,6 @@ from deepinfer_kernels.cpu import (
     add_rms_norm,
     linear,
 )
-
-# Up to this many ids are range-checked with Python's min/max over a list (see _check_ids).
-_SHORT_IDS = 16
 
 
 class LlamaAttention(nn.Module):
@@ -534,17 +532,8 @@ class LlamaModel(nn.Module):
     def _check_ids(self, input_ids: torch.Tensor) -> None:
         if input_ids.dtype not in (torch.int32, torch.int64):
             raise TypeError(f"input_ids must be an integer tensor, got {input_ids.dtype}")
-        count = input_ids.numel()
-        if count == 0:
-            return
-        if count <= _SHORT_IDS:
-            # A decode step's few ids: Python's min/max over a list costs less than two
-            # tensor reductions.
-            values = input_ids.reshape(-1).tolist()
-            low, high = min(values), max(values)
-        else:
-            low, high = int(input_ids.min()), int(input_ids.max())
-        if low < 0 or high >= self.config.vocab_size:
+        bounds = int_range(input_ids)
+        if bounds is not None and (bounds[0] < 0 or bounds[1] >= self.config.vocab_size):
             raise ValueError(f"input_ids must be in [0, {self.config.vocab_size})")
 
     def _check_inputs(self, input_ids: torch.Tensor, positions: torch.Tensor, tokens: int) -> None:

@@ -7,6 +7,7 @@ import math
 import torch
 
 from deepinfer.models.config import RopeScaling
+from deepinfer.models.int_range import int_range
 
 
 def inverse_frequencies(
@@ -76,9 +77,6 @@ class RotaryEmbedding:
     """
 
     _FIRST_TABLE_ROWS = 256
-    # Up to this many positions are checked with Python's min/max over a list: cheaper than
-    # two tensor reductions for a decode step's few tokens.
-    _SHORT_POSITIONS = 16
 
     def __init__(
         self,
@@ -103,14 +101,7 @@ class RotaryEmbedding:
         rows copied out of the cached table)."""
         if positions.dtype not in (torch.int32, torch.int64):
             raise TypeError(f"positions must be an integer tensor, got {positions.dtype}")
-        count = positions.numel()
-        if count == 0:
-            low = high = 0
-        elif count <= self._SHORT_POSITIONS:
-            values = positions.reshape(-1).tolist()
-            low, high = min(values), max(values)
-        else:
-            low, high = int(positions.min()), int(positions.max())
+        low, high = int_range(positions) or (0, 0)
         if low < 0:
             raise ValueError("positions must be >= 0")
         full_cos, signed_sin = self._table(high, dtype, positions.device)
