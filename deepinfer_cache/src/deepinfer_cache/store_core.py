@@ -183,8 +183,11 @@ class StoreCore:
         if self.index.tiers_of(victim) >> (i + 1) == 0 and i + 1 < len(self.tiers):
             page = self.tiers[i].get(victim)
             if page is not None:
+                meta = self._meta(victim)  # while it is indexed: a placement below may evict it
                 for j in range(i + 1, len(self.tiers)):
-                    if self._place(j, victim, page, self._meta(victim)):
+                    if victim not in self.index:  # a nested eviction dropped it with an ancestor
+                        break
+                    if self._place(j, victim, page, meta):
                         if victim in self.index:
                             self.index.add_tier(victim, j)
                             self._c["demotions"] += 1
