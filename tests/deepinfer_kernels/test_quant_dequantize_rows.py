@@ -57,3 +57,33 @@ def test_ids_keep_their_shape_and_bad_ids_name_the_argument() -> None:
         dequantize_rows(w, torch.tensor([1.0]))
     with pytest.raises(TypeError, match="weight"):
         dequantize_rows(w.data, torch.tensor([1]))  # type: ignore[arg-type]
+
+
+def test_op_passes_opcheck_on_both_paths() -> None:
+    w = QuantWeight(random_quant_rows(QuantType.Q4_K, 40, 256, seed=6), QuantType.Q4_K, 256)
+    op = torch.ops.deepinfer.dequantize_rows.default
+    few = torch.tensor([[3, 0], [39, 3]])
+    many = torch.arange(GEMV_MAX_ROWS + 4, dtype=torch.int32) * 7 % 40
+    for ids in (few, many, torch.zeros(0, dtype=torch.int64)):
+        torch.library.opcheck(op, (w.data, ids, int(w.qtype), w.cols))
+        assert _same_bits(op(w.data, ids, int(w.qtype), w.cols), dequantize(w)[ids.long()])
+
+
+def test_compiled_lookup_traces_the_op_and_checks_ids_at_run_time() -> None:
+    """A compiled embedding lookup holds the op in one graph (no graph break on the ids'
+    values); ids out of range still raise ``ValueError`` naming ``ids`` when it runs."""
+    w = QuantWeight(random_quant_rows(QuantType.Q8_0, 30, 64, seed=7), QuantType.Q8_0, 64)
+    graphs: list[str] = []
+
+    def backend(gm: torch.fx.GraphModule, inputs: list[torch.Tensor]):  # type: ignore[no-untyped-def]
+        graphs.append(str(gm.graph))
+        return gm.forward
+
+    compiled = torch.compile(
+        lambda ids: dequantize_rows(w, ids) * 2, backend=backend, fullgraph=True
+    )
+    ids = torch.tensor([4, 29, 0])
+    assert _same_bits(compiled(ids), dequantize(w)[ids] * 2)
+    assert len(graphs) == 1 and "deepinfer.dequantize_rows" in graphs[0]
+    with pytest.raises(ValueError, match="ids"):
+        compiled(torch.tensor([4, 30, 0]))

@@ -21,12 +21,14 @@ from deepinfer_kernels.quant import (
 )
 from deepinfer_kernels.quant.dense_gemm import DenseGemm
 from deepinfer_kernels.quant.ops import default_cpu_kernel
+from deepinfer_kernels.reference.quant import quant_swiglu_reference
 from deepinfer_kernels.testing.quant import (
     BLOCK_TYPES,
     FLOAT_TYPES,
     product_tolerance,
     quant_weights,
     random_quant_rows,
+    swiglu_tolerance,
 )
 
 # Row counts at the tile (8), chunk (128) and GEMV_MAX_ROWS edges.
@@ -118,16 +120,9 @@ def test_a_rows_output_does_not_depend_on_its_neighbours() -> None:
 
 
 def _swiglu_reference(x: torch.Tensor, w: QuantWeight) -> tuple[torch.Tensor, torch.Tensor]:
-    """float64 ``silu(x Wg^T) * (x Wu^T)`` and its fp32-rounding bound: the products' bound
-    carried through silu (|silu'| <= 1.1) and the product with the other half, plus a few ulp
-    of the result for the exponential, the division and the multiplication."""
-    wf = dequantize(w)
-    gate, up = (x.double() @ wf.double().t()).chunk(2, dim=-1)
-    tol_g, tol_u = product_tolerance(x, wf).double().chunk(2, dim=-1)
-    silu = torch.nn.functional.silu(gate)
-    want = silu * up
-    tol = 1.1 * tol_g * up.abs() + tol_u * silu.abs() + 8 * 1.2e-7 * want.abs() + 1e-6
-    return want, tol
+    """float64 ``quant_swiglu_reference`` and its fp32-rounding bound (``swiglu_tolerance``)."""
+    want = quant_swiglu_reference(x.double(), w.data, w.qtype)
+    return want, swiglu_tolerance(x, dequantize(w))
 
 
 @settings(max_examples=25, deadline=None)

@@ -136,7 +136,7 @@ class QuantGemvKernel:
         return y
 
     def dequantize_rows(
-        self, data: torch.Tensor, ids: Sequence[int], qtype: QuantType, cols: int
+        self, data: torch.Tensor, ids: Sequence[int], qtype: int, cols: int
     ) -> torch.Tensor:
         """fp32 ``[len(ids), cols]``: row ``ids[i]`` of the raw rows ``data`` (CPU,
         contiguous; ids already checked in range), one C call per row at its offset in

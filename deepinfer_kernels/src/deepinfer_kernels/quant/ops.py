@@ -13,8 +13,10 @@ Paths (the op decides; all compute ``x W^T`` in fp32 with ``W`` exactly the form
   there): OpenBLAS or MKL, whichever :mod:`deepinfer_kernels.quant.dense_gemm` picks for the CPU;
 * anything else, or no C compiler: the torch reference.
 
-``torch.ops.deepinfer.quant_linear`` is registered with a fake, so it traces under
-``torch.compile``; eager calls run its body directly (see :func:`~deepinfer_kernels._dispatch.eager_or_op`).
+``torch.ops.deepinfer.quant_linear``, ``dequantize``, ``quant_swiglu`` and ``dequantize_rows``
+are registered with fakes, so they trace under ``torch.compile``; eager calls run their bodies
+directly (see :func:`~deepinfer_kernels._dispatch.eager_or_op`: the dispatcher's round trip
+would be the whole cost of a decode step's embedding lookup).
 """
 
 from __future__ import annotations
@@ -156,16 +158,61 @@ def quant_linear(
     return out
 
 
+def _fused_swiglu(
+    x: torch.Tensor, data: torch.Tensor, qtype: int, cols: int
+) -> torch.Tensor | None:
+    """The fused C pass of :func:`quant_swiglu`, or None where it does not apply (not fp32 CPU
+    ``x``, at most ``GEMV_MAX_ROWS`` rows, no kernel, MKL chosen, no AVX-512)."""
+    if x.numel() <= GEMV_MAX_ROWS * cols or x.device.type != "cpu" or x.dtype != torch.float32:
+        return None
+    flat = x.reshape(-1, cols)
+    kernel = _cpu_kernel_ready()
+    if kernel is None:
+        return None
+    if default_dense_gemm().in_region_sgemm() is None:  # MKL's side: not measured there
+        return None
+    if flat.stride(-1) != 1:
+        flat = flat.contiguous()
+    y = kernel.gated(flat, data.contiguous(), QuantType(qtype), cols)
+    return None if y is None else y.view(*x.shape[:-1], data.shape[0] // 2)
+
+
+def quant_swiglu_impl(
+    x: torch.Tensor, data: torch.Tensor, qtype: int, cols: int, use_triton: bool
+) -> torch.Tensor:
+    """The op's body: the fused pass where it applies, else the product then ``silu(g) * u``
+    (what :func:`quant_swiglu`'s callers run when it returns None), so the op always answers."""
+    y = None if use_triton else _fused_swiglu(x, data, qtype, cols)
+    if y is not None:
+        return y
+    gate, up = quant_linear_impl(x, data, qtype, cols, None, use_triton).chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
+quant_swiglu_op = torch.library.custom_op(
+    "deepinfer::quant_swiglu", quant_swiglu_impl, mutates_args=()
+)
+
+
+@quant_swiglu_op.register_fake
+def _(x: torch.Tensor, data: torch.Tensor, qtype: int, cols: int, use_triton: bool) -> torch.Tensor:
+    return x.new_empty(*x.shape[:-1], data.shape[0] // 2)
+
+
 def quant_swiglu(x: torch.Tensor, weight: QuantWeight) -> torch.Tensor | None:
     """``silu(x Wg^T) * (x Wu^T)`` ``[..., rows / 2]`` for a gate-and-up ``weight`` (the gate's
     rows, then the up's, one format), in one pass of the compiled AVX-512 GEMM
     (``quant/csrc/gguf_zmm_gemm.h``: no ``[T, rows]`` product in memory, no separate silu
     and mul), or None where that path does not apply: then compute it as ``gate, up =
     quant_linear(x, weight).chunk(2, -1); F.silu(gate) * up``. It applies to fp32 CPU ``x``
-    of more than ``GEMV_MAX_ROWS`` rows outside autograd and compilation, where the many-row
-    products run on the kernel's GEMM (OpenBLAS chosen, kernel built with AVX-512).
+    of more than ``GEMV_MAX_ROWS`` rows outside autograd, where the many-row products run on
+    the kernel's GEMM (OpenBLAS chosen, kernel built with AVX-512).
     ``silu(g) = g / (1 + e^-g)`` with the decode step's exponential (vec_math.h, within 2 ulp),
     so it agrees with the torch ops to fp32 rounding.
+
+    Under ``torch.compile`` (outside autograd) it returns ``torch.ops.deepinfer.quant_swiglu``,
+    never None: the op runs the fused pass where it applies at run time and the product then
+    silu and mul elsewhere, so the graph need not know the row count or the build.
 
     Example::
 
@@ -177,23 +224,15 @@ def quant_swiglu(x: torch.Tensor, weight: QuantWeight) -> torch.Tensor | None:
     _check(x, weight, None)
     if weight.rows % 2:
         raise ValueError(f"weight: expected an even number of rows (gate, up), got {weight.rows}")
-    if (
-        torch.compiler.is_compiling()
-        or (torch.is_grad_enabled() and x.requires_grad)
-        or x.device.type != "cpu"
-        or x.dtype != torch.float32
-    ):
+    if torch.is_grad_enabled() and x.requires_grad:  # the op has no backward
         return None
-    flat = x.reshape(-1, weight.cols)
-    kernel = _cpu_kernel_ready()
-    if flat.shape[0] <= GEMV_MAX_ROWS or kernel is None:
+    if torch.compiler.is_compiling():
+        triton = should_use_triton(x.device)
+        out: torch.Tensor = quant_swiglu_op(x, weight.data, int(weight.qtype), weight.cols, triton)
+        return out
+    if x.numel() <= GEMV_MAX_ROWS * weight.cols:  # a decode step's rows, every layer: answer first
         return None
-    if default_dense_gemm().in_region_sgemm() is None:  # MKL's side: not measured there
-        return None
-    if flat.stride(-1) != 1:
-        flat = flat.contiguous()
-    y = kernel.gated(flat, weight.data.contiguous(), QuantType(weight.qtype), weight.cols)
-    return None if y is None else y.view(*x.shape[:-1], weight.rows // 2)
+    return _fused_swiglu(x, weight.data, weight.qtype, weight.cols)
 
 
 def dequantize(weight: QuantWeight) -> torch.Tensor:
@@ -205,21 +244,13 @@ def dequantize(weight: QuantWeight) -> torch.Tensor:
     return out
 
 
-def dequantize_rows(weight: QuantWeight, ids: torch.Tensor) -> torch.Tensor:
-    """fp32 ``[*ids.shape, cols]``: rows ``ids`` of ``weight``'s values, ``dequantize(weight)[ids]``
-    bit for bit, dequantising only those rows (a token-embedding lookup).
-
-    On the CPU with the C kernel, up to ``GEMV_MAX_ROWS`` ids (a decode step's) run one C call
-    per row at its offset in the bytes: no gather of the bytes and no op dispatch; more ids
-    gather their bytes and dequantise them in one call. Ids out of ``[0, rows)`` raise a
-    ``ValueError`` naming ``ids``.
-    """
-    if not isinstance(weight, QuantWeight):
-        raise TypeError(f"weight: expected a QuantWeight, got {type(weight).__name__}")
-    if ids.dtype not in (torch.int32, torch.int64):
-        raise TypeError(f"ids: expected an integer tensor, got {ids.dtype}")
+def dequantize_rows_impl(
+    data: torch.Tensor, ids: torch.Tensor, qtype: int, cols: int
+) -> torch.Tensor:
+    """The op's body (``ids`` already checked integer): ids out of range raise here, where
+    their values are known (under ``torch.compile`` too)."""
     flat = ids.reshape(-1)
-    count, data = flat.numel(), weight.data
+    count = flat.numel()
     short = count <= GEMV_MAX_ROWS
     values: list[int] = []
     if count:
@@ -228,16 +259,43 @@ def dequantize_rows(weight: QuantWeight, ids: torch.Tensor) -> torch.Tensor:
             low, high = min(values), max(values)
         else:
             low, high = int(flat.min()), int(flat.max())
-        if low < 0 or high >= weight.rows:
-            raise ValueError(f"ids: expected ids in [0, {weight.rows}), got {low}..{high}")
-    if (
-        short
-        and data.device.type == "cpu"
-        and not torch.compiler.is_compiling()
-        and (kernel := _cpu_kernel_ready()) is not None
-    ):
-        out = kernel.dequantize_rows(data, values, weight.qtype, weight.cols)
+        if low < 0 or high >= data.shape[0]:
+            raise ValueError(f"ids: expected ids in [0, {data.shape[0]}), got {low}..{high}")
+    if short and data.device.type == "cpu" and (kernel := _cpu_kernel_ready()) is not None:
+        out = kernel.dequantize_rows(data, values, qtype, cols)
     else:
-        rows = data.index_select(0, flat.to(data.device))
-        out = dequantize(QuantWeight(rows, weight.qtype, weight.cols))
-    return out.view(*ids.shape, weight.cols)
+        out = dequantize_impl(data.index_select(0, flat.to(data.device)), qtype, cols)
+    return out.view(*ids.shape, cols)
+
+
+dequantize_rows_op = torch.library.custom_op(
+    "deepinfer::dequantize_rows", dequantize_rows_impl, mutates_args=()
+)
+
+
+@dequantize_rows_op.register_fake
+def _(data: torch.Tensor, ids: torch.Tensor, qtype: int, cols: int) -> torch.Tensor:
+    return data.new_empty(*ids.shape, cols, dtype=torch.float32)
+
+
+def dequantize_rows(weight: QuantWeight, ids: torch.Tensor) -> torch.Tensor:
+    """fp32 ``[*ids.shape, cols]``: rows ``ids`` of ``weight``'s values, ``dequantize(weight)[ids]``
+    bit for bit, dequantising only those rows (a token-embedding lookup).
+
+    On the CPU with the C kernel, up to ``GEMV_MAX_ROWS`` ids (a decode step's) run one C call
+    per row at its offset in the bytes: no gather of the bytes and no op dispatch; more ids
+    gather their bytes and dequantise them in one call. Ids out of ``[0, rows)`` raise a
+    ``ValueError`` naming ``ids``. Under ``torch.compile`` it is
+    ``torch.ops.deepinfer.dequantize_rows`` (same body).
+    """
+    if not isinstance(weight, QuantWeight):
+        raise TypeError(f"weight: expected a QuantWeight, got {type(weight).__name__}")
+    if not isinstance(ids, torch.Tensor) or ids.dtype not in (torch.int32, torch.int64):
+        got = ids.dtype if isinstance(ids, torch.Tensor) else type(ids).__name__
+        raise TypeError(f"ids: expected an integer tensor, got {got}")
+    # A decode step's lookup costs ~8 us eagerly: the dispatcher would add ~4.5 more
+    # (benchmarks/quant_op_dispatch.py), so the op is for tracing only (eager_or_op's rule).
+    if torch.compiler.is_compiling():
+        out: torch.Tensor = dequantize_rows_op(weight.data, ids, int(weight.qtype), weight.cols)
+        return out
+    return dequantize_rows_impl(weight.data, ids, weight.qtype, weight.cols)

@@ -39,7 +39,11 @@ from deepinfer_kernels.reference.penalties import (
     apply_penalties_reference,
     apply_token_bitmask_reference,
 )
-from deepinfer_kernels.reference.quant import dequantize_reference, quant_linear_reference
+from deepinfer_kernels.reference.quant import (
+    dequantize_reference,
+    quant_linear_reference,
+    quant_swiglu_reference,
+)
 from deepinfer_kernels.reference.sampling import sample_reference, sampling_probs_reference
 from deepinfer_kernels.reference.verify import (
     greedy_verify_reference,
@@ -70,6 +74,7 @@ __all__: list[str] = [
     # weights in GGUF block formats
     "dequantize_reference",
     "quant_linear_reference",
+    "quant_swiglu_reference",
     # verification, sampling and KV movement
     "apply_logit_bias_reference",
     "apply_penalties_reference",

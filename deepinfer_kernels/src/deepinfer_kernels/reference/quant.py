@@ -134,3 +134,18 @@ def quant_linear_reference(
     if bias is not None:
         y = y + bias.to(torch.float32)
     return y.to(x.dtype)
+
+
+def quant_swiglu_reference(
+    x: torch.Tensor, data: torch.Tensor, qtype: int | QuantType
+) -> torch.Tensor:
+    """``silu(x Wg^T) * (x Wu^T)`` ``[..., rows / 2]`` with ``W = dequantize_reference(data,
+    qtype)`` holding the gate's rows then the up's (a SwiGLU MLP's first half, what
+    ``quant_swiglu`` fuses), in fp32 (float64 for float64 ``x``, for error bounds), in the dtype
+    of ``x``."""
+    if data.dim() != 2 or data.shape[0] % 2:
+        raise ValueError(f"data: expected [2 * I, row_bytes] (gate, up), got {tuple(data.shape)}")
+    acc = torch.float64 if x.dtype == torch.float64 else torch.float32
+    w = dequantize_reference(data, qtype).to(device=x.device, dtype=acc)
+    gate, up = (x.to(acc) @ w.t()).chunk(2, dim=-1)
+    return (torch.nn.functional.silu(gate) * up).to(x.dtype)

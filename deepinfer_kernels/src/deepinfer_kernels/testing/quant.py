@@ -92,3 +92,14 @@ def product_tolerance(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     ``K * eps * (|x| @ |w|.T)`` plus a tiny absolute floor."""
     k = x.shape[-1]
     return k * 1.2e-7 * (x.abs().double() @ w.abs().double().t()).float() + 1e-30
+
+
+def swiglu_tolerance(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """Per-element bound (float64) on fp32 rounding of ``silu(x Wg^T) * (x Wu^T)`` for ``w``
+    the fp32 gate rows then up rows: the products' bound carried through silu
+    (``|silu'| <= 1.1``) and the product with the other half, plus a few ulp of the result
+    for the exponential, the division and the multiplication."""
+    gate, up = (x.double() @ w.double().t()).chunk(2, dim=-1)
+    tol_g, tol_u = product_tolerance(x, w).double().chunk(2, dim=-1)
+    silu = torch.nn.functional.silu(gate)
+    return 1.1 * tol_g * up.abs() + tol_u * silu.abs() + 8 * 1.2e-7 * (silu * up).abs() + 1e-6
