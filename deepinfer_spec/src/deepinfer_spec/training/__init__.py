@@ -19,9 +19,11 @@ from deepinfer_spec.training.checkpoint import (
 from deepinfer_spec.training.data import frequent_tokens, read_jsonl, sample_from_target
 from deepinfer_spec.training.evaluate import EvalReport, evaluate
 from deepinfer_spec.training.loss import LossTerms, LossWeights, dspark_loss, position_weights
+from deepinfer_spec.training.teacher import DraftVocabTeacher
 from deepinfer_spec.training.trainer import TrainConfig, TrainResult, train_drafter
 
 __all__ = [
+    "DraftVocabTeacher",
     "EvalReport",
     "LossTerms",
     "LossWeights",

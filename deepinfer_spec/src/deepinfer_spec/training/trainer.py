@@ -23,6 +23,7 @@ from deepinfer_spec.training.checkpoint import (
 )
 from deepinfer_spec.training.data import batches
 from deepinfer_spec.training.loss import LossWeights, dspark_loss, sample_anchors
+from deepinfer_spec.training.teacher import DraftVocabTeacher
 
 
 @dataclass(frozen=True)
@@ -124,6 +125,11 @@ def train_drafter(
     fit_stats = config is not None and train.standardize_features
     bar = _progress(train, step)
     window: list[dict[str, float]] = []
+    draft_ids = drafter.draft_vocab_ids
+    # A target that returns the very same output for a repeated batch (a caching target) has it
+    # reduced to the draft vocabulary once, not once per step.
+    last_out: object = None
+    teacher: Any = None
     for ids, lengths in stream:
         if step >= train.steps:
             break
@@ -133,8 +139,13 @@ def train_drafter(
         if fit_stats:
             drafter.fit_feature_stats(_ordinary_positions(target_out.features, lengths))
             fit_stats = False
+        if draft_ids is None:
+            teacher = target_out
+        elif target_out is not last_out:
+            teacher = DraftVocabTeacher.from_target(target_out, draft_ids)
+        last_out = target_out
         rows, anchors = sample_anchors(lengths, gamma, train.anchors_per_sequence, gen)
-        terms = dspark_loss(drafter, ids, target_out, rows, anchors, train.loss_weights)
+        terms = dspark_loss(drafter, ids, teacher, rows, anchors, train.loss_weights)
         for group in opt.param_groups:
             group["lr"] = train.lr * min(1.0, (step + 1) / max(1, train.warmup_steps))
         opt.zero_grad(set_to_none=True)
