@@ -6,6 +6,9 @@ SwiGLU (``quant_swiglu``: gate, up and ``silu(g) * u`` in one pass) against floa
 
 from __future__ import annotations
 
+import ctypes
+
+import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
@@ -35,10 +38,12 @@ from deepinfer_kernels.testing.quant import (
 EDGE_ROWS = st.sampled_from([17, 21, 23, 24, 25, 127, 128, 129, 136, 257])
 
 
-def _product(x: torch.Tensor, w: QuantWeight, bias: torch.Tensor | None) -> torch.Tensor:
+def _product(
+    x: torch.Tensor, w: QuantWeight, bias: torch.Tensor | None, force_sgemm: bool = False
+) -> torch.Tensor:
     """``deepinfer_quant_linear_sgemm`` as ``quant_linear`` calls it for many rows with
     OpenBLAS chosen: the kernel under test runs in the sgemm's place on AVX-512 builds (the
-    sgemm itself elsewhere)."""
+    sgemm itself elsewhere); ``force_sgemm``: the sgemm path on every build."""
     if not default_cpu_kernel().available():
         pytest.skip("no C compiler")
     try:
@@ -48,7 +53,8 @@ def _product(x: torch.Tensor, w: QuantWeight, bias: torch.Tensor | None) -> torc
     if sgemm is None:
         pytest.skip("numpy's OpenBLAS exports no ILP64 cblas_sgemm")
     with sgemm.one_thread() as address:
-        return default_cpu_kernel().linear(x, w.data, w.qtype, w.cols, bias, sgemm=address)
+        kernel = default_cpu_kernel()
+        return kernel.linear(x, w.data, w.qtype, w.cols, bias, address, force_sgemm=force_sgemm)
 
 
 def _assert_close(y: torch.Tensor, x: torch.Tensor, w: QuantWeight, b: torch.Tensor | None):
@@ -66,24 +72,34 @@ def _assert_close(y: torch.Tensor, x: torch.Tensor, w: QuantWeight, b: torch.Ten
     threads=st.sampled_from([1, 2]),
     with_bias=st.booleans(),
     wide=st.booleans(),
+    force_sgemm=st.booleans(),
     seed=st.integers(0, 2**16),
 )
 def test_matches_the_float64_product_at_tile_and_chunk_edges(
-    w: QuantWeight, rows: int, threads: int, with_bias: bool, wide: bool, seed: int
+    w: QuantWeight,
+    rows: int,
+    threads: int,
+    with_bias: bool,
+    wide: bool,
+    force_sgemm: bool,
+    seed: int,
 ) -> None:
+    """Both paths of the entry: the kernel's GEMM (AVX-512 builds) and the sgemm it replaced
+    (``force_sgemm``, or a build without AVX-512)."""
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(rows, w.cols + (5 if wide else 0), generator=g)[:, : w.cols]
     b = torch.randn(w.rows, generator=g) if with_bias else None
     before = torch.get_num_threads()
     try:
         torch.set_num_threads(threads)
-        _assert_close(_product(x, w, b), x, w, b)
+        _assert_close(_product(x, w, b, force_sgemm), x, w, b)
     finally:
         torch.set_num_threads(before)
 
 
+@pytest.mark.parametrize("force_sgemm", [False, True], ids=["default", "force_sgemm"])
 @pytest.mark.parametrize("qtype", BLOCK_TYPES + FLOAT_TYPES, ids=lambda q: q.name)
-def test_every_format_with_odd_panels_and_rows(qtype: QuantType) -> None:
+def test_every_format_with_odd_panels_and_rows(qtype: QuantType, force_sgemm: bool) -> None:
     """47 output rows (two whole panels and a partial third: an odd panel count per thread
     at 2 threads) and 131 x rows (a partial chunk ending in a 3-row tile)."""
     cols = 256 * 2 if qtype.name.endswith("_K") else 96
@@ -94,9 +110,69 @@ def test_every_format_with_odd_panels_and_rows(qtype: QuantType) -> None:
         before = torch.get_num_threads()
         try:
             torch.set_num_threads(threads)
-            _assert_close(_product(x, w, b), x, w, b)
+            _assert_close(_product(x, w, b, force_sgemm), x, w, b)
         finally:
             torch.set_num_threads(before)
+
+
+def _floats(address: int, rows: int, cols: int, ld: int) -> np.ndarray:
+    """The fp32 matrix ``[rows, cols]`` with row stride ``ld`` at ``address`` (a view)."""
+    ptr = ctypes.cast(address, ctypes.POINTER(ctypes.c_float))
+    flat = np.ctypeslib.as_array(ptr, shape=((rows - 1) * ld + cols,))
+    return np.lib.stride_tricks.as_strided(flat, (rows, cols), (ld * 4, 4))
+
+
+SGEMM64 = ctypes.CFUNCTYPE(
+    None, *[ctypes.c_int] * 3, *[ctypes.c_int64] * 3, ctypes.c_float, ctypes.c_void_p,
+    ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_void_p,
+    ctypes.c_int64,
+)  # fmt: skip
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_force_sgemm_runs_the_given_sgemm_and_the_default_only_without_own_gemm(
+    threads: int,
+) -> None:
+    """An sgemm written here (row-major ``C = A B^T``, recording its calls) stands in for
+    OpenBLAS: ``force_sgemm`` calls it for every output column on every build; the default
+    calls it only where the kernel has no GEMM of its own (``own_gemm()``), so the flag is
+    what lets an AVX-512 machine test the sgemm path."""
+    kernel = default_cpu_kernel()
+    if not kernel.available():
+        pytest.skip("no C compiler")
+    calls: list[tuple[int, int, int]] = []
+
+    def sgemm(order, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc):  # type: ignore[no-untyped-def]
+        assert (order, ta, tb, alpha, beta) == (101, 111, 112, 1.0, 0.0)
+        calls.append((m, n, k))
+        _floats(c, m, n, ldc)[:] = _floats(a, m, k, lda) @ _floats(b, n, k, ldb).T
+
+    callback = SGEMM64(sgemm)  # kept alive for the calls below
+    address = ctypes.cast(callback, ctypes.c_void_p).value
+    w = QuantWeight(random_quant_rows(QuantType.Q8_0, 37, 64, seed=3), QuantType.Q8_0, 64)
+    x, b = torch.randn(GEMV_MAX_ROWS + 4, 64), torch.randn(37)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads)
+        forced = kernel.linear(x, w.data, w.qtype, w.cols, b, address, force_sgemm=True)
+        assert calls and sum(n for _, n, _ in calls) == 37
+        assert all(m == x.shape[0] and k == 64 for m, _, k in calls)
+        _assert_close(forced, x, w, b)
+        calls.clear()
+        default = kernel.linear(x, w.data, w.qtype, w.cols, b, address)
+    finally:
+        torch.set_num_threads(before)
+    assert bool(calls) != kernel.own_gemm()
+    _assert_close(default, x, w, b)
+    with pytest.raises(ValueError, match="force_sgemm"):
+        kernel.linear(x, w.data, w.qtype, w.cols, b, None, force_sgemm=True)
+
+
+@pytest.mark.skipif("avx512f" not in _cpu_flags().split(), reason="AVX-512 builds only")
+def test_avx512_builds_have_their_own_gemm() -> None:
+    if not default_cpu_kernel().available():
+        pytest.skip("no C compiler")
+    assert default_cpu_kernel().own_gemm()
 
 
 def test_one_hot_rows_return_the_weights_exactly() -> None:

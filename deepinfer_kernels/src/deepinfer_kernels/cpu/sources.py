@@ -74,7 +74,7 @@ PAGED_ATTENTION_TILES = CSource(
 # Not in ALL_SOURCES: it is built on first use, as before.
 QUANT_GEMV = CSource(
     CSRC.parent.parent / "quant" / "csrc" / "quant_gemv.c",
-    3,
+    4,
     (
         # x, M, x_stride, w, N, K, row_bytes, qtype, bias, y
         CSignature("deepinfer_quant_linear", "piipiiiipp", "i"),
@@ -84,6 +84,10 @@ QUANT_GEMV = CSource(
         CSignature("deepinfer_quant_linear_sgemm", "ppiipiiiipp", "i"),
         # x, M, x_stride, w, I, K, row_bytes, qtype, y
         CSignature("deepinfer_quant_gated", "piipiiiip", "i"),
+        # as deepinfer_quant_linear_sgemm, always on the sgemm (also on AVX-512 builds)
+        CSignature("deepinfer_quant_linear_blas", "ppiipiiiipp", "i"),
+        # 1: deepinfer_quant_linear_sgemm runs the kernel's own GEMM (AVX-512), 0: the sgemm
+        CSignature("deepinfer_quant_own_gemm", "", "i"),
     ),
 )
 CAUSAL_PREFILL_ATTENTION = CSource(

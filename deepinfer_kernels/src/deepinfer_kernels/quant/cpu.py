@@ -22,8 +22,9 @@ from deepinfer_kernels.quant.formats import QuantType, row_bytes
 
 SOURCE = Path(__file__).parent / "csrc" / "quant_gemv.c"
 ABI = (
-    "3|deepinfer_quant_linear(piipiiiipp)i|deepinfer_quant_dequantize(piiip)i"
+    "4|deepinfer_quant_linear(piipiiiipp)i|deepinfer_quant_dequantize(piiip)i"
     "|deepinfer_quant_linear_sgemm(ppiipiiiipp)i|deepinfer_quant_gated(piipiiiip)i"
+    "|deepinfer_quant_linear_blas(ppiipiiiipp)i|deepinfer_quant_own_gemm()i"
 )
 _P, _I = ctypes.c_void_p, ctypes.c_int64
 
@@ -78,7 +79,20 @@ class QuantGemvKernel:
         lib.deepinfer_quant_linear_sgemm.restype = ctypes.c_int
         lib.deepinfer_quant_gated.argtypes = [_P, _I, _I, _P, _I, _I, _I, _I, _P]
         lib.deepinfer_quant_gated.restype = ctypes.c_int
+        lib.deepinfer_quant_linear_blas.argtypes = lib.deepinfer_quant_linear_sgemm.argtypes
+        lib.deepinfer_quant_linear_blas.restype = ctypes.c_int
+        lib.deepinfer_quant_own_gemm.argtypes, lib.deepinfer_quant_own_gemm.restype = (
+            [],
+            ctypes.c_int,
+        )
         self._lib = lib
+
+    def own_gemm(self) -> bool:
+        """Whether ``linear(sgemm=...)`` runs the kernel's own many-row GEMM
+        (``gguf_zmm_gemm.h``: built with AVX-512) rather than the given sgemm."""
+        if not self.available():
+            raise RuntimeError(f"the quantised CPU kernel is unavailable: {self.error}")
+        return bool(self._lib.deepinfer_quant_own_gemm())
 
     def linear(
         self,
@@ -88,12 +102,16 @@ class QuantGemvKernel:
         cols: int,
         bias: torch.Tensor | None,
         sgemm: int | None = None,
+        *,
+        force_sgemm: bool = False,
     ) -> torch.Tensor:
         """``x [M, K] @ W^T + bias`` for contiguous fp32 CPU ``x`` rows and uint8 ``data``
         (operands already validated by the op). With ``sgemm``, the address of a
         single-threaded ILP64 ``cblas_sgemm`` (see ``quant.dense_gemm``), many rows run on it:
         each OpenMP thread dequantises its share of ``W``'s rows and multiplies all of ``x``
-        by it."""
+        by it; except where the kernel has its own GEMM (:meth:`own_gemm`, AVX-512), which
+        runs instead unless ``force_sgemm`` (the path it replaced: tests compare the two; the
+        engine never sets it)."""
         if not self.available():
             raise RuntimeError(f"the quantised CPU kernel is unavailable: {self.error}")
         rows, n = x.shape[0], data.shape[0]
@@ -104,7 +122,12 @@ class QuantGemvKernel:
             None if bias is None else bias.data_ptr(), y.data_ptr(),
         )  # fmt: skip
         if sgemm is None:
+            if force_sgemm:
+                raise ValueError("force_sgemm: needs an sgemm address")
             name, rc = "deepinfer_quant_linear", self._lib.deepinfer_quant_linear(*args)
+        elif force_sgemm:
+            name = "deepinfer_quant_linear_blas"
+            rc = self._lib.deepinfer_quant_linear_blas(sgemm, *args)
         else:
             name = "deepinfer_quant_linear_sgemm"
             rc = self._lib.deepinfer_quant_linear_sgemm(sgemm, *args)

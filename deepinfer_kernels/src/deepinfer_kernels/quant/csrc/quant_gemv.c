@@ -15,8 +15,19 @@
 #include "gguf_zmm_gemm.h"
 
 const char *deepinfer_abi_quant_gemv(void) {
-    return "3|deepinfer_quant_linear(piipiiiipp)i|deepinfer_quant_dequantize(piiip)i"
-           "|deepinfer_quant_linear_sgemm(ppiipiiiipp)i|deepinfer_quant_gated(piipiiiip)i";
+    return "4|deepinfer_quant_linear(piipiiiipp)i|deepinfer_quant_dequantize(piiip)i"
+           "|deepinfer_quant_linear_sgemm(ppiipiiiipp)i|deepinfer_quant_gated(piipiiiip)i"
+           "|deepinfer_quant_linear_blas(ppiipiiiipp)i|deepinfer_quant_own_gemm()i";
+}
+
+/* 1 where deepinfer_quant_linear_sgemm runs the kernel's own GEMM (built with AVX-512 and
+ * without -DDEEPINFER_NO_ZMM_GEMM), 0 where it calls the caller's sgemm. */
+int deepinfer_quant_own_gemm(void) {
+#ifdef ZMM_GEMM
+    return 1;
+#else
+    return 0;
+#endif
 }
 
 /* y[M, N] (contiguous) = x[M, K] (row stride x_stride) W^T + bias.
@@ -59,21 +70,15 @@ typedef void (*cblas_sgemm64_fn)(int, int, int, int64_t, int64_t, int64_t, float
                                  int64_t, const float *, int64_t, float, float *, int64_t);
 
 /* y[M, N] (contiguous) = x[M, K] (row stride x_stride) W^T + bias on a caller-given sgemm, for
- * many rows (prefill). Each OpenMP thread (torch's pool) dequantises its share of W's rows into
- * its own fp32 buffer and multiplies all of x by it, writing its columns of y (ldc = N), so
- * the sgemm must run single-threaded: no second thread pool competes with torch's, and each
- * thread's share is used while it is still in cache. Where the kernel is built with AVX-512
- * the product runs on its own GEMM instead (gguf_zmm_gemm.h: 1.06-1.09x the sgemm's speed on
- * SmolLM2's prefill shapes on a Zen 4 EPYC, one thread), and sgemm is not called. Returns 0,
- * -1 for an unknown type, -2 when a thread could not get its buffer (y is then incomplete). */
-int deepinfer_quant_linear_sgemm(void *sgemm, const float *x, int64_t M, int64_t x_stride,
-                                 const uint8_t *w, int64_t N, int64_t K, int64_t row_bytes,
-                                 int64_t qtype, const float *bias, float *y) {
+ * many rows (prefill), whatever the build. Each OpenMP thread (torch's pool) dequantises its
+ * share of W's rows into its own fp32 buffer and multiplies all of x by it, writing its columns
+ * of y (ldc = N), so the sgemm must run single-threaded: no second thread pool competes with
+ * torch's, and each thread's share is used while it is still in cache. Returns 0, -1 for an
+ * unknown type, -2 when a thread could not get its buffer (y is then incomplete). */
+int deepinfer_quant_linear_blas(void *sgemm, const float *x, int64_t M, int64_t x_stride,
+                                const uint8_t *w, int64_t N, int64_t K, int64_t row_bytes,
+                                int64_t qtype, const float *bias, float *y) {
     if (!known_type(qtype)) return -1;
-#ifdef ZMM_GEMM
-    (void)sgemm;
-    return zmm_gemm_linear(x, M, x_stride, w, N, K, row_bytes, (int)qtype, bias, y);
-#endif
     cblas_sgemm64_fn gemm = (cblas_sgemm64_fn)sgemm;
     int failed = 0;
 #pragma omp parallel reduction(| : failed)
@@ -98,6 +103,22 @@ int deepinfer_quant_linear_sgemm(void *sgemm, const float *x, int64_t M, int64_t
         }
     }
     return failed ? -2 : 0;
+}
+
+/* The many-row product as the engine runs it: where the kernel is built with AVX-512 (see
+ * deepinfer_quant_own_gemm) on its own GEMM instead of the sgemm (gguf_zmm_gemm.h: 1.06-1.09x
+ * the sgemm's speed on SmolLM2's prefill shapes on a Zen 4 EPYC, one thread; sgemm is not
+ * called), elsewhere deepinfer_quant_linear_blas. Same arguments and return codes. */
+int deepinfer_quant_linear_sgemm(void *sgemm, const float *x, int64_t M, int64_t x_stride,
+                                 const uint8_t *w, int64_t N, int64_t K, int64_t row_bytes,
+                                 int64_t qtype, const float *bias, float *y) {
+    if (!known_type(qtype)) return -1;
+#ifdef ZMM_GEMM
+    (void)sgemm;
+    return zmm_gemm_linear(x, M, x_stride, w, N, K, row_bytes, (int)qtype, bias, y);
+#else
+    return deepinfer_quant_linear_blas(sgemm, x, M, x_stride, w, N, K, row_bytes, qtype, bias, y);
+#endif
 }
 
 /* y[M, I] (contiguous) = silu(x Wg^T) * (x Wu^T), W's 2 I rows the gate's then the up's (one
