@@ -14,18 +14,26 @@ from ``vs_transformers.py``'s benchmark prompts:
   add a docstring, add type hints, simplify), the function in a fenced block, then
   "Here is the updated code:" and an open fence.
 
+``--prompts shaped`` (session 17) weights the prompts towards the two shapes the engine
+benchmarks decode: a list of tips in a chat answer and a code edit (including renames across a
+function and its caller), ``build_shaped_prompts``; the default ``stdlib`` set is the one the
+session-7/8 files were made from.
+
 Each line is ``{"input_ids": prompt + response, "prompt_len": n, "kind": ...}``; responses are
 greedy (what the benchmarks decode) except ``--sampled`` of them at temperature 0.7. Generation
 runs batched through the engine; ``--minutes`` bounds it, and the file is appended to, so a run
 can be resumed (prompts already written are skipped by index).
 
     .venv/bin/python recipes/dspark_smollm2/distill_corpus.py --out /tmp/distill.jsonl --minutes 20
+    .venv/bin/python recipes/dspark_smollm2/distill_corpus.py --out /tmp/distill.jsonl --minutes 22 \
+        --prompts shaped --seed 1 --sampled 0.1
 """
 
 from __future__ import annotations
 
 import argparse
 import ast
+import itertools
 import json
 import random
 import time
@@ -133,6 +141,81 @@ def build_prompts(chat_template: object, seed: int) -> list[tuple[str, str]]:
     return out
 
 
+TIP_COUNTS = ["3", "4", "5", "three", "four", "five"]
+TIP_FORMS = [
+    "Give me {n} tips for {topic}.",
+    "Give me {n} tips about {topic}.",
+    "What are {n} good habits for {topic}?",
+    "List {n} common mistakes in {topic} and how to avoid them.",
+]
+
+
+def _call_pairs(path: Path) -> Iterator[tuple[str, str]]:
+    """``(name, source)`` of two adjacent short top-level functions of a file where the second
+    calls the first: the shape of a rename that must also update a call."""
+    funcs = list(_functions(path))
+    for (name, src, _), (_, caller, _) in itertools.pairwise(funcs):
+        if f"{name}(" in caller:
+            yield name, f"{src}\n\n\n{caller}"
+
+
+def build_shaped_prompts(chat_template: object, seed: int) -> list[tuple[str, str]]:
+    """Prompts weighted towards the two shapes the engine benchmarks decode (an assistant's list
+    of tips; a code edit answered after "Here is the updated code:"), still from the stdlib's
+    training half and never the benchmark prompts themselves: about 45% code edits (a third of
+    them a rename across a function and its caller), 30% tips-style chat, 25% other chat."""
+    rng = random.Random(seed)
+
+    def chat(user: str) -> str:
+        system = rng.choice(SYSTEMS)
+        messages = ([{"role": "system", "content": system}] if system else []) + [
+            {"role": "user", "content": user}
+        ]
+        return str(chat_template.render(messages))  # type: ignore[attr-defined]
+
+    def edit(instruction: str, source: str) -> str:
+        return (
+            f"{instruction}\n\n```python\n{source}\n```\n\nHere is the updated code:\n\n```python\n"
+        )
+
+    tips = [
+        chat(form.format(n=n, topic=topic))
+        for topic in TOPICS
+        for n in TIP_COUNTS
+        for form in TIP_FORMS
+    ]
+    tips += [chat(f"Explain {topic} to a beginner.") for topic in TOPICS]
+    codes: list[str] = []
+    pairs: list[str] = []
+    other: list[str] = []
+    for path in corpus_files(held_out=False):
+        module = path.stem if path.stem != "__init__" else path.parent.name
+        other.append(chat(f"What is the Python module `{module}` used for?"))
+        for name, source, doc in _functions(path):
+            instruction = rng.choice(EDITS).format(name=name, new=f"{name.strip('_')}_v2")
+            codes.append(edit(instruction, source))
+            if len(doc) > 12:
+                task = doc[0].lower() + doc[1:]
+                other.append(chat(f"Write a Python function that does this: {task}."))
+            else:
+                ask = rng.choice(["What does this function do?", "Review this code."])
+                other.append(chat(f"```python\n{source}\n```\n{ask}"))
+        for name, source in _call_pairs(path):
+            new = rng.choice([f"{name.strip('_')}_v2", f"new_{name.strip('_')}"])
+            pairs.append(
+                edit(f"Rename the function `{name}` to `{new}` and update every call.", source)
+            )
+    pools = [("code", pairs), ("code", codes), ("chat", tips), ("chat", other)]
+    for _, pool in pools:
+        rng.shuffle(pool)
+    weights = [0.15, 0.30, 0.30, 0.25]
+    out: list[tuple[str, str]] = []
+    while all(pool for _, pool in pools):
+        kind, pool = rng.choices(pools, weights)[0]
+        out.append((kind, pool.pop()))
+    return out
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--out", type=Path, required=True, help="JSONL file (appended to)")
@@ -143,11 +226,18 @@ def main() -> None:
     p.add_argument("--sampled", type=float, default=0.25, help="fraction sampled at T=0.7")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--prompts",
+        choices=["stdlib", "shaped"],
+        default="stdlib",
+        help="stdlib: the session-8 prompt set; shaped: weighted towards the benchmarks' shapes",
+    )
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     loaded = load_model()
     tok = loaded.tokenizer
-    prompts = build_prompts(loaded.chat_template, args.seed)
+    build = build_shaped_prompts if args.prompts == "shaped" else build_prompts
+    prompts = build(loaded.chat_template, args.seed)
     done = sum(1 for line in args.out.open()) if args.out.exists() else 0
     llm = LLM(loaded, engine_config=EngineConfig(num_blocks=2048), enable_prefix_caching=True)
     rng = random.Random(args.seed + done)
