@@ -49,6 +49,10 @@ def test_eager_public_ops_do_not_import_the_compiler_stack() -> None:
             torch.randn(1, 2, 8), cache, cache, torch.tensor([[0, 1]], dtype=i32),
             torch.tensor([5], dtype=i32),
         )
+        from deepinfer_kernels.quant import QuantType, QuantWeight, dequantize_rows, quant_swiglu
+        w = QuantWeight(torch.zeros(40, 18, dtype=torch.uint8), QuantType.Q4_0, 32)
+        dequantize_rows(w, torch.tensor([1, 2])), dequantize_rows(w, torch.arange(30))
+        quant_swiglu(torch.randn(3, 32), w), quant_swiglu(torch.randn(30, 32), w)
         print("torch._dynamo" in sys.modules)
         """
     )
