@@ -58,7 +58,7 @@ class ModelRunner:
             offsets.append(offset)
             offset += len(toks)
 
-        def logits(rows: torch.Tensor) -> torch.Tensor:
+        def logits(rows: torch.Tensor | slice) -> torch.Tensor:
             with torch.inference_mode():
                 return self.model.compute_logits(hidden[rows])
 

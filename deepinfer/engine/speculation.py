@@ -38,13 +38,14 @@ class ForwardOutput:
     """One forward over a flat ragged batch.
 
     ``hidden [T, H]``: final hidden states; ``layers``: outputs of the layers asked for;
-    ``offsets[i]``: first row of chunk ``i``; ``logits(rows)``: the LM head over those rows.
+    ``offsets[i]``: first row of chunk ``i``; ``logits(rows)``: the LM head over those rows
+    (an index tensor, or a slice of consecutive rows).
     """
 
     hidden: torch.Tensor
     layers: list[torch.Tensor]
     offsets: list[int]
-    logits: Callable[[torch.Tensor], torch.Tensor]
+    logits: Callable[[torch.Tensor | slice], torch.Tensor]
 
 
 class Speculator(Protocol):

@@ -172,11 +172,20 @@ class DSparkSpeculator:
         them, and the filtered distributions of sampled rows."""
         if plan.block is None:
             return None, None
-        index = plan.verify_index(outputs.offsets).to(outputs.hidden.device)
-        num, width = index.shape
-        logits = outputs.logits(index.reshape(-1)).float()
+        flat = plan.verify_rows(outputs.offsets)
+        num, first = len(plan.drafting), flat[0]
+        # A batch-1 block (or any whose rows follow each other) is a range of the forward's
+        # rows: a view, not an index tensor and a gather.
+        rows: torch.Tensor | slice = slice(first, first + len(flat))
+        if flat != list(range(first, first + len(flat))):
+            rows = torch.tensor(flat, dtype=torch.int64, device=outputs.hidden.device)
+        logits = outputs.logits(rows)
+        if logits.dtype != torch.float32:
+            logits = logits.float()
+        logits = logits.reshape(num, len(flat) // num, logits.shape[-1])
+        if logits.device.type != "cpu":
+            logits = logits.cpu()
         vocab = logits.shape[-1]
-        logits = logits.reshape(num, width, vocab).cpu()
         # Penalties, bias, min_tokens bans, structured-output masks and logits processors act on
         # the target's distribution at every block position: verification then stays lossless
         # w.r.t. what plain sampling would draw.
@@ -184,6 +193,6 @@ class DSparkSpeculator:
         params = [s.params for s in seqs]
         if not any(p.temperature > 0 for p in params):
             return logits, None
-        flat = logits.reshape(-1, vocab)
-        target = sampling_probs(flat, *sampling_tensors(params, repeat=width))
+        width = logits.shape[1]
+        target = sampling_probs(logits.reshape(-1, vocab), *sampling_tensors(params, repeat=width))
         return logits, target.reshape(num, width, vocab)

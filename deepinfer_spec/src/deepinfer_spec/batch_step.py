@@ -36,7 +36,7 @@ import torch
 from deepinfer_spec.drafter import DSparkDrafter
 from deepinfer_spec.lazy_context import LazyContext
 from deepinfer_spec.scheduling import DraftGate, VerifyScheduler
-from deepinfer_spec.step import DraftBlock, draft_block, verify_block
+from deepinfer_spec.step import DraftBlock, draft_block, greedy_accepts, verify_block
 
 LogitsHook = Callable[[torch.Tensor, int, torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -103,22 +103,30 @@ class StepPlan:
     block: DraftBlock | None = None
     start: float = 0.0
 
+    @property
+    def width(self) -> int:
+        """Verify positions per drafting row (:attr:`DraftBlock.width`, from the drafts' lengths:
+        no tensor read)."""
+        return max(max((len(self.drafts[i]) for i in self.drafting), default=0), 1) + 1
+
+    def verify_rows(self, offsets: Sequence[int]) -> list[int]:
+        """:meth:`verify_index` as plain ints, row-major (empty when nothing drafted)."""
+        if self.block is None:
+            return []
+        width = self.width
+        return [
+            offsets[i] + self.rows[i].end - self.bases[i] - 1 + min(j, len(self.drafts[i]))
+            for i in self.drafting
+            for j in range(width)
+        ]
+
     def verify_index(self, offsets: Sequence[int]) -> torch.Tensor:
         """``[R, width]`` forward rows of each drafting row's anchor and drafts (short rows
         repeat their last draft), given ``offsets[i]``: row ``i``'s first forward row."""
         if self.block is None:
             return torch.empty(0, 1, dtype=torch.int64)
-        width = self.block.width
-        return torch.tensor(
-            [
-                [
-                    offsets[i] + self.rows[i].end - self.bases[i] - 1 + min(j, len(self.drafts[i]))
-                    for j in range(width)
-                ]
-                for i in self.drafting
-            ],
-            dtype=torch.int64,
-        )
+        index = torch.tensor(self.verify_rows(offsets), dtype=torch.int64)
+        return index.reshape(len(self.drafting), self.width)
 
 
 @dataclass(frozen=True)
@@ -244,8 +252,10 @@ class BatchSpeculator:
             logits_hook=logits_hook,
         )
         plan.block = block
-        for b, i in enumerate(plan.drafting):
-            plan.drafts[i] = block.drafts(b)
+        # One read of each tensor for all rows (DraftBlock.drafts reads three per row).
+        tokens = block.token_ids.tolist()
+        for b, (i, n) in enumerate(zip(plan.drafting, block.num_draft_tokens.tolist())):
+            plan.drafts[i] = tokens[b][:n]
 
     @torch.no_grad()
     def accept(
@@ -273,19 +283,33 @@ class BatchSpeculator:
         if plan.block is not None:
             if logits is None:
                 raise ValueError("logits: the plan drafted, the target's logits are needed")
-            rows = [plan.rows[i] for i in plan.drafting]
-            verdict = verify_block(
-                plan.block,
-                logits,
-                [r.temperature for r in rows],
-                target_probs=target_probs,
-                generator=generator,
-                check_values=check_values,
-            )
+            temperatures = [plan.rows[i].temperature for i in plan.drafting]
+            drafts = [plan.drafts[i] for i in plan.drafting]
+            if target_probs is None and not check_values and not any(temperatures):
+                # Greedy rows only: verify_block's rule on plain ints (the drafts are lists
+                # already; one argmax and one read of the target), no verdict tensors.
+                width = plan.width
+                if tuple(logits.shape[:2]) != (len(drafts), width):
+                    raise ValueError(
+                        f"logits: expected [{len(drafts)}, {width}, V], got {tuple(logits.shape)}"
+                    )
+                verdicts = greedy_accepts(drafts, torch.argmax(logits, dim=-1).tolist())
+            else:
+                verdict = verify_block(
+                    plan.block,
+                    logits,
+                    temperatures,
+                    target_probs=target_probs,
+                    generator=generator,
+                    check_values=check_values,
+                )
+                verdicts = [
+                    (int(verdict.num_accepted[b]), verdict.tokens(b)) for b in range(len(drafts))
+                ]
             self.stats.num_steps += 1
-            self.stats.verified_per_step.append(sum(len(plan.drafts[i]) for i in plan.drafting))
-            for b, i in enumerate(plan.drafting):
-                result = RowResult(int(verdict.num_accepted[b]), verdict.tokens(b))
+            self.stats.verified_per_step.append(sum(len(d) for d in drafts))
+            for i, (accepted, tokens) in zip(plan.drafting, verdicts):
+                result = RowResult(accepted, tokens)
                 results[i] = result
                 self.stats.num_rows += 1
                 self.stats.num_verified += len(plan.drafts[i])

@@ -75,7 +75,7 @@ class LazyContext:
             gap = base - count
             self._flush([slot])
             zeros = torch.zeros(1, gap, self.ring.feature_dim, device=self.device)
-            self.ring.append(torch.tensor([slot]), zeros, torch.tensor([gap]))
+            self.ring.append_slot(slot, zeros[0])
             self._counts[slot] += gap
         return base
 
@@ -97,7 +97,7 @@ class LazyContext:
         after projecting what they have pending (one projection for all of them)."""
         slots = [self._slots[k] for k in keys]
         self._flush(slots)
-        return self.ring.view(torch.tensor(slots, device=self.device))
+        return self.ring.view_slots(slots)
 
     def release(self, key: Hashable) -> None:
         """Forget ``key`` (finished or preempted: a preempted sequence re-reads its context)."""
@@ -126,16 +126,18 @@ class LazyContext:
         if not todo:
             return
         lengths = [sum(int(f.shape[0]) for f in chunks) for _, chunks in todo]
-        flat = torch.cat([f for _, chunks in todo for f in chunks]).to(self.device)
+        parts = [f for _, chunks in todo for f in chunks]
+        flat = (parts[0] if len(parts) == 1 else torch.cat(parts)).to(self.device)
         native = self.drafter.native
         if native is not None and not torch.is_grad_enabled():  # one compiled call
             entries = native.context_kv(flat)
         else:
             entries = self.drafter.context_kv(self.drafter.project_context(flat))
-        if len(todo) == 1:
-            ragged = entries[None]
-        else:  # pad the entries (not the wider raw rows) to [B, T, D]
-            ragged = entries.new_zeros(len(todo), max(lengths), entries.shape[-1])
-            for i, part in enumerate(torch.split(entries, lengths)):
-                ragged[i, : lengths[i]] = part
+        if len(todo) == 1:  # one slot's rows in order: no index tensors
+            self.ring.append_slot(todo[0][0], entries)
+            return
+        # Pad the entries (not the wider raw rows) to [B, T, D].
+        ragged = entries.new_zeros(len(todo), max(lengths), entries.shape[-1])
+        for i, part in enumerate(torch.split(entries, lengths)):
+            ragged[i, : lengths[i]] = part
         self.ring.append(torch.tensor([slot for slot, _ in todo]), ragged, torch.tensor(lengths))

@@ -71,15 +71,9 @@ def propose(
     if not isinstance(temperature, (int, float)) or temperature < 0:
         raise ValueError(f"temperature: expected a float >= 0, got {temperature!r}")
     vocab = drafter.vocab_size
-    if anchor_ids.numel() and (int(anchor_ids.min()) < 0 or int(anchor_ids.max()) >= vocab):
-        raise ValueError(f"anchor_ids: expected token ids in [0, {vocab})")
+    _check_anchors(anchor_ids, vocab)
     full = drafter.config.gamma
-    if num_tokens is not None and (
-        not isinstance(num_tokens, int)
-        or isinstance(num_tokens, bool)
-        or not 0 < num_tokens <= full
-    ):
-        raise ValueError(f"num_tokens: expected an int in [1, {full}] or None, got {num_tokens!r}")
+    _check_num_tokens(num_tokens, full)
     native = drafter.native
     if (
         native is not None
@@ -88,7 +82,12 @@ def propose(
         and context_is_kv
         and not torch.is_grad_enabled()
     ):
-        return _native_greedy(drafter, native, anchor_ids, context, context_valid, num_tokens)
+        tokens, conf = _native_tokens(
+            drafter, native, anchor_ids, context, context_valid, num_tokens
+        )
+        probs = torch.zeros(tokens.shape[0], tokens.shape[1], vocab)
+        probs.scatter_(2, tokens[..., None], 1.0)
+        return Draft(token_ids=tokens, probs=probs, confidence=conf)
     hidden = drafter.backbone(anchor_ids, context, context_valid, context_is_kv=context_is_kv)
     if num_tokens is not None and num_tokens < full:
         hidden = hidden[:, :num_tokens]
@@ -123,14 +122,52 @@ def propose(
     return Draft(token_ids=tokens, probs=probs, confidence=conf)
 
 
-def _native_greedy(
+def native_greedy(
+    drafter: DSparkDrafter,
+    anchor_ids: torch.Tensor,
+    context: torch.Tensor,
+    context_valid: torch.Tensor,
+    *,
+    context_is_kv: bool = False,
+    num_tokens: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """:func:`propose`'s greedy block without ``probs``: ``(token_ids, confidence)``, the
+    same tensors, when it would take the drafter's compiled call (``DSparkDrafter.use_native``,
+    ``context_is_kv``, no autograd), else ``None``. For callers that never read the one-hot
+    distributions of greedy rows (``draft_block``): a ``[B, G, vocab]`` zero fill and scatter
+    fewer per step."""
+    native = drafter.native
+    if native is None or not context_is_kv or torch.is_grad_enabled():
+        return None
+    _check_anchors(anchor_ids, drafter.vocab_size)
+    _check_num_tokens(num_tokens, drafter.config.gamma)
+    return _native_tokens(drafter, native, anchor_ids, context, context_valid, num_tokens)
+
+
+def _check_anchors(anchor_ids: torch.Tensor, vocab: int) -> None:
+    # A few ids read once as ints: one op, where min() and max() were two and two reads.
+    ids = anchor_ids.reshape(-1).tolist()
+    if ids and (min(ids) < 0 or max(ids) >= vocab):
+        raise ValueError(f"anchor_ids: expected token ids in [0, {vocab})")
+
+
+def _check_num_tokens(num_tokens: int | None, full: int) -> None:
+    if num_tokens is not None and (
+        not isinstance(num_tokens, int)
+        or isinstance(num_tokens, bool)
+        or not 0 < num_tokens <= full
+    ):
+        raise ValueError(f"num_tokens: expected an int in [1, {full}] or None, got {num_tokens!r}")
+
+
+def _native_tokens(
     drafter: DSparkDrafter,
     native: NativeDraft,
     anchor_ids: torch.Tensor,
     context: torch.Tensor,
     context_valid: torch.Tensor,
     num_tokens: int | None,
-) -> Draft:
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The greedy block as one compiled call (``DSparkDrafter.use_native``): the same tokens
     as the modules' path up to fp32 rounding of near-ties, the confidences to rounding."""
     gamma = drafter.config.gamma if num_tokens is None else num_tokens
@@ -138,7 +175,4 @@ def _native_greedy(
         raise ValueError(f"context_valid: expected bool {list(context.shape[:2])}")
     valid = None if bool(context_valid.all()) else context_valid
     anchor = drafter.target.embed(anchor_ids)
-    tokens, conf = native.greedy(anchor, anchor_ids, context, valid, gamma)
-    probs = torch.zeros(tokens.shape[0], gamma, drafter.vocab_size)
-    probs.scatter_(2, tokens[..., None], 1.0)
-    return Draft(token_ids=tokens, probs=probs, confidence=conf)
+    return native.greedy(anchor, anchor_ids, context, valid, gamma)

@@ -48,6 +48,11 @@ class ContextRing:
             max_requests, self.capacity, feature_dim, dtype=dtype, device=device
         )
         self._count = torch.zeros(max_requests, dtype=torch.int64, device=device)
+        # On the CPU the counts live as Python ints (the tensor stays at zero): every append and
+        # view reads them, and a tensor read is an op's dispatch each time.
+        self._host: list[int] | None = (
+            [0] * max_requests if self._buf.device.type == "cpu" else None
+        )
 
     @property
     def max_requests(self) -> int:
@@ -59,10 +64,16 @@ class ContextRing:
 
     def counts(self, slots: torch.Tensor) -> torch.Tensor:
         """Positions appended so far (= the absolute position of each slot's next token)."""
-        return self._count[self._check_slots(slots)].clone()
+        slots = self._check_slots(slots)
+        if self._host is not None:
+            return torch.tensor([self._host[s] for s in slots.tolist()], dtype=torch.int64)
+        return self._count[slots].clone()
 
     def reset(self, slots: torch.Tensor) -> None:
         slots = self._check_slots(slots)
+        if self._host is not None:
+            for s in slots.tolist():
+                self._host[s] = 0
         self._count[slots] = 0
         self._buf[slots] = 0
 
@@ -79,8 +90,8 @@ class ContextRing:
                 f"features: expected [{batch}, T, {self.feature_dim}], got {tuple(features.shape)}"
             )
         lengths = self._check_lengths(lengths, batch, int(features.shape[1]))
-        if self._buf.device.type == "cpu":
-            self._append_slices(slots, features, lengths)
+        if self._host is not None:
+            self._append_slices(slots.tolist(), features, lengths.tolist())
             return
         t = torch.arange(features.shape[1], device=self._buf.device)[None, :]
         # Only the last `capacity` tokens of a long append can survive in the ring.
@@ -95,6 +106,13 @@ class ContextRing:
         """Forget the last ``num_tokens[b]`` positions of each slot (at most ``slack``)."""
         slots = self._check_slots(slots)
         num_tokens = self._check_lengths(num_tokens, int(slots.shape[0]), self.slack)
+        if self._host is not None:
+            back = list(zip(slots.tolist(), num_tokens.tolist()))
+            if any(n > self._host[s] for s, n in back):
+                raise ValueError("num_tokens: cannot roll back past the start of a sequence")
+            for s, n in back:
+                self._host[s] -= n
+            return
         if bool((num_tokens > self._count[slots]).any()):
             raise ValueError("num_tokens: cannot roll back past the start of a sequence")
         self._count[slots] -= num_tokens
@@ -107,8 +125,8 @@ class ContextRing:
         is ``j - window`` positions before the slot's next token.
         """
         slots = self._check_slots(slots)
-        if self._buf.device.type == "cpu":
-            return self._view_slices(slots)
+        if self._host is not None:
+            return self._view_slices(slots.tolist())
         j = torch.arange(self.window, device=self._buf.device)[None, :]
         pos = self._count[slots][:, None] - self.window + j
         valid = pos >= 0
@@ -133,26 +151,60 @@ class ContextRing:
             runs.append((0, count - head, head))
         return runs
 
-    def _append_slices(
-        self, slots: torch.Tensor, features: torch.Tensor, lengths: torch.Tensor
-    ) -> None:
-        for b, (slot, count, length) in enumerate(
-            zip(slots.tolist(), self._count[slots].tolist(), lengths.tolist())
-        ):
+    def append_slot(self, slot: int, features: torch.Tensor) -> None:
+        """Append ``features [T, D]`` to ``slot``: :meth:`append` of one slot, without its
+        index tensors where the ring is on the CPU (a decode step's one-slot append)."""
+        if self._host is None:
+            self.append(torch.tensor([slot]), features[None], torch.tensor([features.shape[0]]))
+            return
+        self._check_slot(slot)
+        if features.ndim != 2 or features.shape[1] != self.feature_dim:
+            raise ValueError(
+                f"features: expected [T, {self.feature_dim}], got {tuple(features.shape)}"
+            )
+        self._append_slices([slot], features[None], [int(features.shape[0])])
+
+    def view_slots(self, slots: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`view` of ``slots`` given as ints (no index tensor where the ring is on the
+        CPU); they must be distinct."""
+        if self._host is None:
+            return self.view(torch.tensor(slots, device=self._buf.device))
+        for slot in slots:
+            self._check_slot(slot)
+        if len(set(slots)) != len(slots):
+            raise ValueError("slots: duplicate slots in one call")
+        return self._view_slices(slots)
+
+    def _check_slot(self, slot: int) -> None:
+        if not isinstance(slot, int) or isinstance(slot, bool) or not 0 <= slot < self.max_requests:
+            raise ValueError(f"slot: expected an int in [0, {self.max_requests}), got {slot!r}")
+
+    def _append_slices(self, slots: list[int], features: torch.Tensor, lengths: list[int]) -> None:
+        assert self._host is not None
+        for b, (slot, length) in enumerate(zip(slots, lengths)):
+            count = self._host[slot]
             keep = min(length, self.capacity)  # only the last `capacity` can survive
             skip = length - keep
             rows = features[b, skip:length]
             for lo, hi, off in self._runs(count + skip, keep):
-                self._buf[slot, lo:hi] = rows[off : off + hi - lo].to(self._buf.dtype)
-        self._count[slots] += lengths
+                self._buf[slot, lo:hi] = rows[off : off + hi - lo]
+            self._host[slot] = count + length
 
-    def _view_slices(self, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        feats = self._buf.new_zeros(int(slots.shape[0]), self.window, self.feature_dim)
-        valid = torch.zeros(int(slots.shape[0]), self.window, dtype=torch.bool)
-        for b, (slot, count) in enumerate(zip(slots.tolist(), self._count[slots].tolist())):
+    def _view_slices(self, slots: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        assert self._host is not None
+        counts = [self._host[s] for s in slots]
+        full = all(c >= self.window for c in counts)
+        batch = len(slots)
+        # A full window is written whole: no zero fill under it.
+        feats = (self._buf.new_empty if full else self._buf.new_zeros)(
+            batch, self.window, self.feature_dim
+        )
+        valid = torch.ones(batch, self.window, dtype=torch.bool)
+        for b, (slot, count) in enumerate(zip(slots, counts)):
             have = min(count, self.window)
             pad = self.window - have
-            valid[b, pad:] = True
+            if pad:
+                valid[b, :pad] = False
             for lo, hi, off in self._runs(count - have, have) if have else []:
                 feats[b, pad + off : pad + off + hi - lo] = self._buf[slot, lo:hi]
         return feats, valid

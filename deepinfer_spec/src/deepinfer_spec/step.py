@@ -19,6 +19,7 @@ Example::
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -27,7 +28,7 @@ import torch
 from deepinfer_kernels import greedy_verify, speculative_verify
 from deepinfer_spec.calibration import apply_temperatures
 from deepinfer_spec.drafter import DSparkDrafter
-from deepinfer_spec.propose import propose
+from deepinfer_spec.propose import native_greedy, propose
 from deepinfer_spec.scheduling import VerifyScheduler, draft_bound
 
 
@@ -111,37 +112,89 @@ def draft_block(
     temps = [float(t) for t in temperatures]
     groups = sorted(set(temps))
     for temp in groups:
-        rows = torch.tensor([i for i, t in enumerate(temps) if t == temp], device=device)
         # One group (the usual step: every row greedy) reads the inputs as they are; indexing
         # would copy every row's whole context window.
         whole = len(groups) == 1
-        d = propose(
-            drafter,
-            anchors if whole else anchors[rows],
-            context if whole else context[rows],
-            valid if whole else valid[rows],
-            temperature=temp,
-            generator=generator,
-            context_is_kv=context_is_kv,
-            logits_hook=_rows_hook(logits_hook, rows),
-            num_tokens=width,
-        )
+        drawn = None
+        if whole and temp == 0 and logits_hook is None:
+            # Greedy rows never read their one-hot probs: the compiled call's tokens alone.
+            drawn = native_greedy(
+                drafter, anchors, context, valid, context_is_kv=context_is_kv, num_tokens=width
+            )
+        if drawn is None:
+            rows = torch.tensor([i for i, t in enumerate(temps) if t == temp], device=device)
+            d = propose(
+                drafter,
+                anchors if whole else anchors[rows],
+                context if whole else context[rows],
+                valid if whole else valid[rows],
+                temperature=temp,
+                generator=generator,
+                context_is_kv=context_is_kv,
+                logits_hook=_rows_hook(logits_hook, rows),
+                num_tokens=width,
+            )
+            drawn = (d.token_ids, d.confidence)
+            if temp > 0:
+                if probs is None:
+                    probs = torch.zeros(batch, gamma, d.probs.shape[-1], device=device)
+                probs[slice(None) if whole else rows, :width] = d.probs
         # Undrawn positions keep token 0 and confidence 0: no scheduler admits them (and the
         # bound above says none could have).
-        at = slice(None) if whole else rows  # a slice writes in place of an index_put
-        tokens[at, :width] = d.token_ids
+        # A slice writes in place of an index_put (the native path ran only for one group).
+        at = slice(None) if whole else rows
+        tokens[at, :width] = drawn[0]
         sts = sts_greedy if temp == 0 else sts_sampling
-        conf[at, :width] = (
-            apply_temperatures(d.confidence, sts[:width]) if sts is not None else d.confidence
-        )
-        if temp > 0:
-            if probs is None:
-                probs = torch.zeros(batch, gamma, d.probs.shape[-1], device=device)
-            probs[at, :width] = d.probs
-    n = _checked_schedule(scheduler.schedule(conf), batch, gamma).cpu().clamp(max=width)
-    if max_drafts is not None:
-        n = torch.minimum(n, torch.tensor([int(m) for m in max_drafts], dtype=torch.int64))
-    return DraftBlock(tokens, conf, n.clamp(min=0), probs)
+        conf[at, :width] = calibrated(drawn[1], sts[:width]) if sts is not None else drawn[1]
+    n = _checked_schedule(scheduler.schedule(conf), batch, gamma)
+    caps = [width] * batch if max_drafts is None else [min(width, int(m)) for m in max_drafts]
+    counts = [max(0, min(v, cap)) for v, cap in zip(n, caps)]
+    return DraftBlock(tokens, conf, torch.tensor(counts, dtype=torch.int64), probs)
+
+
+# Confidence blocks up to this many values are calibrated on Python floats (a batch-1 step's
+# block is one to five): fewer than a tensor op's dispatch per value.
+SMALL_CALIBRATION = 64
+
+
+def calibrated(confidence: torch.Tensor, temperatures: torch.Tensor) -> torch.Tensor:
+    """``apply_temperatures(confidence, temperatures)`` for a ``[B, m]`` block; a small block
+    (:data:`SMALL_CALIBRATION` values) in float64 on Python floats, as the op computes it
+    (``sigmoid(logit(clamp(c, 1e-6, 1 - 1e-6)) / T)``, then float32): its ~15 tensor ops (value
+    checks, dtype casts) were ~0.25 ms of a ~18 ms batch-1 CPU drafting step. Same errors for
+    a confidence that is NaN or not a probability; equal to the op's values to float32
+    rounding of float64 functions (``math`` against torch's kernels)."""
+    if (
+        confidence.numel() > SMALL_CALIBRATION
+        or confidence.dim() != 2
+        or confidence.dtype != torch.float32
+        or tuple(temperatures.shape) != (confidence.shape[-1],)
+    ):
+        return apply_temperatures(confidence, temperatures)
+    temps = [float(t) for t in temperatures.tolist()]
+    if not all(math.isfinite(t) and t > 0 for t in temps):
+        raise ValueError("temperatures must be finite and > 0")
+    out = []
+    for row in confidence.tolist():
+        values = []
+        for c, t in zip(row, temps):
+            if c != c:
+                raise ValueError("confidence must not contain NaN")
+            if not 0.0 <= c <= 1.0:
+                raise ValueError("confidence must hold probabilities in [0, 1]")
+            p = min(max(c, _EPS), 1.0 - _EPS)
+            values.append(_sigmoid((math.log(p) - math.log1p(-p)) / t))
+        out.append(values)
+    got = torch.tensor(out, dtype=torch.float32, device=confidence.device)
+    return got if out else got.reshape(confidence.shape)
+
+
+_EPS = 1e-6  # apply_temperatures' clamp
+
+
+def _sigmoid(z: float) -> float:
+    # torch's formula; past -700 exp(-z) would overflow a float where torch gets 1 / inf = 0.
+    return 0.0 if z < -700.0 else 1.0 / (1.0 + math.exp(-z))
 
 
 def _rows_hook(
@@ -218,23 +271,39 @@ def _greedy_rows(
     num_emit: torch.Tensor,
 ) -> None:
     """``greedy_verify``'s rule for a batch of greedy rows whose operands the caller built
-    (no value checks): accept while the draft equals the target's argmax (ties: the lowest
-    id), then emit the argmax. One argmax and a loop over a few Python ints: the kernel's
-    general path (masks, gathers, its op dispatch) was ~1 ms of a ~30 ms CPU decode step."""
-    best = torch.argmax(logits, dim=-1).tolist()
-    for b, (row_drafts, row_best, count) in enumerate(zip(drafts.tolist(), best, n.tolist())):
-        acc = 0
-        while acc < count and row_drafts[acc] == row_best[acc]:
-            acc += 1
-        output_ids[b, : acc + 1] = torch.tensor([*row_drafts[:acc], row_best[acc]])
+    (no value checks), through :func:`greedy_accepts`: the kernel's general path (masks,
+    gathers, its op dispatch) was ~1 ms of a ~30 ms CPU decode step."""
+    counts = n.tolist()
+    rows = [d[:c] for d, c in zip(drafts.tolist(), counts)]
+    for b, (acc, tokens) in enumerate(greedy_accepts(rows, torch.argmax(logits, dim=-1).tolist())):
+        output_ids[b, : acc + 1] = torch.tensor(tokens)
         num_acc[b], num_emit[b] = acc, acc + 1
 
 
-def _checked_schedule(n: torch.Tensor, batch: int, gamma: int) -> torch.Tensor:
+def greedy_accepts(
+    drafts: Sequence[Sequence[int]], best: Sequence[Sequence[int]]
+) -> list[tuple[int, list[int]]]:
+    """Greedy verification on plain ints: per row, ``(accepted, emitted tokens)`` for its
+    verified ``drafts[b]`` against ``best[b]``, the target's argmax at the anchor and after
+    each draft (ties: the lowest id, as ``torch.argmax``). Accept while the draft equals the
+    argmax, then emit the argmax (the correction, or the bonus after all of them). A batch-1
+    step's verdict is a few ints: on them Python costs less than any tensor op's dispatch."""
+    out = []
+    for row_drafts, row_best in zip(drafts, best):
+        acc, count = 0, len(row_drafts)
+        while acc < count and row_drafts[acc] == row_best[acc]:
+            acc += 1
+        out.append((acc, [*row_drafts[:acc], row_best[acc]]))
+    return out
+
+
+def _checked_schedule(n: torch.Tensor, batch: int, gamma: int) -> list[int]:
+    """The scheduler's ``num_draft_tokens`` as ints, checked (one read of the tensor)."""
     if not isinstance(n, torch.Tensor) or tuple(n.shape) != (batch,):
         raise ValueError(f"scheduler: expected num_draft_tokens of shape [{batch}], got {n!r}")
     if n.dtype.is_floating_point or n.dtype == torch.bool:
         raise TypeError(f"scheduler: expected integer num_draft_tokens, got {n.dtype}")
-    if batch and (int(n.min()) < 0 or int(n.max()) > gamma):
+    values = [int(v) for v in n.tolist()]
+    if values and (min(values) < 0 or max(values) > gamma):
         raise ValueError(f"scheduler: num_draft_tokens must lie in [0, {gamma}], got {n}")
-    return n.to(torch.int64)
+    return values

@@ -312,7 +312,8 @@ class DSparkDraftKernel:
         if not isinstance(num_tokens, int) or not 1 <= num_tokens <= gamma:
             raise ValueError(f"num_tokens: expected an int in [1, {gamma}], got {num_tokens!r}")
         vocab = int(self._markov_in.shape[0])
-        if batch and (int(anchor_ids.min()) < 0 or int(anchor_ids.max()) >= vocab):
+        ids_list = anchor_ids.tolist()  # one read, where min() and max() were two
+        if ids_list and (min(ids_list) < 0 or max(ids_list) >= vocab):
             raise ValueError(f"anchor_ids: expected token ids in [0, {vocab})")
         if context.dtype != torch.float32 or context.stride(2) != 1 or context.stride(1) != entry:
             context = context.float().contiguous()
