@@ -4,11 +4,10 @@ Each node is one cached block. Because block hashes are chained, a hash names it
 so the tree is kept as parent/child links plus one dict from hash to node: ``match`` walks the
 hashes of a prompt and stops at the first block that is absent or expired.
 
-Layout: a node is a small integer id into flat columns (``array``s of parents, sibling links,
-tier masks, pins, expiry times, per-tier LRU links; keys in one ``bytearray``), found through
-one ``dict`` from hash to id. None of these is a container the cyclic garbage collector visits
-(a dict holding only bytes and ints is untracked; arrays hold no objects), so a full collection
-costs the same with a million blocks indexed as with none.
+The code is layered, one concept per module: ``index_columns.py`` (the flat storage),
+``index_lru.py`` (per-tier LRU lists), ``index_nodes.py`` (node lifecycle and expiry),
+``index_walk.py`` (finding a chain's leading blocks), ``index_records.py`` (``MatchResult``,
+``Dropped``); this module is the public ``PrefixIndex``.
 
 Invariants the store relies on:
 
@@ -27,45 +26,22 @@ Invariants the store relies on:
 
 from __future__ import annotations
 
-from array import array
-from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
-from itertools import compress
+from collections.abc import Iterable, Sequence
 from typing import cast
 
 import numpy as np
 
 from .clock import Clock, SystemClock
+from .index_columns import _NONE
+from .index_nodes import EXPIRY_BUCKET, IndexNodes
+from .index_records import Dropped, MatchResult
 from .index_walk import gather, leading_chain_ids
 from .retention import RetentionPolicy
 
-_NONE = -1
-_KEY = 16  # bytes per block hash
-EXPIRY_BUCKET = 60.0
+__all__ = ["EXPIRY_BUCKET", "Dropped", "MatchResult", "PrefixIndex"]
 
 
-@dataclass(frozen=True)
-class MatchResult:
-    """``num_blocks`` leading blocks are cached; ``tiers[i]`` is block i's tier bitmask."""
-
-    num_blocks: int
-    tiers: tuple[int, ...]
-
-    def blocks_in(self, tier: int) -> int:
-        """How many matched blocks are resident in ``tier``."""
-        bit = 1 << tier
-        return sum(1 for m in self.tiers if m & bit)
-
-
-@dataclass(frozen=True)
-class Dropped:
-    """A block removed from the index; ``tiers`` is the bitmask whose data must be freed."""
-
-    key: bytes
-    tiers: int
-
-
-class PrefixIndex:
+class PrefixIndex(IndexNodes):
     """Radix tree over block hashes (see the module docstring).
 
     >>> from deepinfer_cache.hashing import hash_token_blocks
@@ -91,40 +67,6 @@ class PrefixIndex:
         self.clock: Clock = clock if clock is not None else SystemClock()
         self.persist_granularity = float(persist_granularity)
         self._reset()
-
-    def _reset(self) -> None:
-        num_tiers = self.num_tiers
-        self._ids: dict[bytes, int] = {}  # insertion order: parents before children
-        self._keys = bytearray()  # id i's hash at [16 i, 16 i + 16)
-        self._alive = bytearray()
-        self._parent = array("q")
-        self._first_child = array("q")
-        self._next_sib = array("q")
-        self._prev_sib = array("q")
-        self._nchildren = array("l")
-        self._child_in = [array("l") for _ in range(num_tiers)]  # children resident per tier
-        self._tiers = bytearray()
-        self._pins = array("l")
-        self._expires = array("d")
-        self._stamp = array("d")  # the expiry last reported as persisted (see ``refresh``)
-        self._ret = array("H")  # retention class id into ``_classes``
-        self._classes: list[str] = []
-        self._class_id: dict[str, int] = {}
-        self._free_ids = array("q")
-        self._bucket_of = array("q")
-        self._buckets: dict[int, array[int]] = {}
-        # Per-tier LRU as doubly linked lists through the ids (head = least recently used).
-        self._lru_prev = [array("q") for _ in range(num_tiers)]
-        self._lru_next = [array("q") for _ in range(num_tiers)]
-        self._head = [_NONE] * num_tiers
-        self._tail = [_NONE] * num_tiers
-        self._count = [0] * num_tiers
-        # Per tier, a ``bytes.translate`` table from a bitmask to 1 if it holds the tier.
-        self._in_tier = [bytes(mask >> t & 1 for mask in range(256)) for t in range(num_tiers)]
-        # The tiers of each bitmask, precomputed so a touch does no bit arithmetic.
-        self._bits = [
-            tuple(i for i in range(num_tiers) if mask >> i & 1) for mask in range(1 << num_tiers)
-        ]
 
     # ------------------------------------------------------------------ queries
     def __len__(self) -> int:
@@ -403,39 +345,6 @@ class PrefixIndex:
             if i is not None:
                 self._pins[i] -= 1
 
-    def expire(self, now: float | None = None, *, limit: int | None = None) -> list[Dropped]:
-        """Drop unpinned blocks whose TTL has passed (with their subtrees). With ``limit``,
-        stop after about that many blocks (call again for more): work is proportional to what
-        expires, never a scan of the whole index."""
-        t = self.clock.now() if now is None else now
-        cur = int(t // EXPIRY_BUCKET)
-        dropped: list[Dropped] = []
-        expires, alive, pins, bucket_of = self._expires, self._alive, self._pins, self._bucket_of
-        for b in sorted(k for k in self._buckets if k <= cur):
-            entries = self._buckets.pop(b)
-            keep = array("q")
-            for j, i in enumerate(entries):
-                if limit is not None and len(dropped) >= limit:
-                    keep.extend(entries[j:])
-                    break
-                if not alive[i] or bucket_of[i] != b:
-                    continue  # dropped, or filed under a later bucket since
-                exp = expires[i]
-                if exp <= t:
-                    if pins[i]:
-                        keep.append(i)  # in use: retried on a later call
-                    else:
-                        dropped.extend(self._drop(i))
-                elif int(exp // EXPIRY_BUCKET) == b:
-                    keep.append(i)
-                else:
-                    self._file_expiry(i, exp)  # refreshed: move to its current bucket
-            if keep:
-                self._buckets.setdefault(b, array("q")).extend(keep)
-            if limit is not None and len(dropped) >= limit:
-                break
-        return dropped
-
     def drop(self, key: bytes) -> list[Dropped]:
         """Drop ``key`` and its subtree whatever its tiers and pins (a corrupt block)."""
         i = self._ids.get(key)
@@ -472,246 +381,4 @@ class PrefixIndex:
         """Drop every block (pins included); returns them all."""
         out = [Dropped(k, self._tiers[i]) for k, i in self._ids.items()]
         self._reset()
-        return out
-
-    # ------------------------------------------------------------------ internals
-    def _check_tier(self, tier: int) -> int:
-        if isinstance(tier, bool) or not isinstance(tier, int) or not 0 <= tier < self.num_tiers:
-            raise ValueError(f"tier must be an int in [0, {self.num_tiers}), got {tier!r}")
-        return tier
-
-    def _class(self, retention: str) -> int:
-        c = self._class_id.get(retention)
-        if c is None:
-            c = len(self._classes)
-            self._classes.append(retention)
-            self._class_id[retention] = c
-        return c
-
-    def _key(self, i: int) -> bytes:
-        return bytes(self._keys[_KEY * i : _KEY * i + _KEY])
-
-    def _new_node(self, key: bytes, parent: int, expires: float, retention: str) -> int:
-        if len(key) != _KEY:
-            raise ValueError(f"block hashes must be {_KEY} bytes, got {len(key)}")
-        cls = self._class(retention)
-        if self._free_ids:
-            i = self._free_ids.pop()
-            self._keys[_KEY * i : _KEY * i + _KEY] = key
-            self._alive[i] = 1
-            self._parent[i] = parent
-            self._first_child[i] = _NONE
-            self._next_sib[i] = _NONE
-            self._prev_sib[i] = _NONE
-            self._nchildren[i] = 0
-            for ci in self._child_in:
-                ci[i] = 0
-            self._tiers[i] = 0
-            self._pins[i] = 0
-            self._expires[i] = expires
-            self._stamp[i] = expires
-            self._ret[i] = cls
-        else:
-            i = len(self._alive)
-            self._keys += key
-            self._alive.append(1)
-            self._parent.append(parent)
-            self._first_child.append(_NONE)
-            self._next_sib.append(_NONE)
-            self._prev_sib.append(_NONE)
-            self._nchildren.append(0)
-            for ci in self._child_in:
-                ci.append(0)
-            self._tiers.append(0)
-            self._pins.append(0)
-            self._expires.append(expires)
-            self._stamp.append(expires)
-            self._ret.append(cls)
-            self._bucket_of.append(_NONE)
-            for t in range(self.num_tiers):
-                self._lru_prev[t].append(_NONE)
-                self._lru_next[t].append(_NONE)
-        self._ids[key] = i
-        if parent != _NONE:
-            head = self._first_child[parent]
-            self._next_sib[i] = head
-            if head != _NONE:
-                self._prev_sib[head] = i
-            self._first_child[parent] = i
-            self._nchildren[parent] += 1
-        self._file_expiry(i, expires)
-        return i
-
-    def _file_expiry(self, i: int, expires: float) -> None:
-        b = int(expires // EXPIRY_BUCKET)
-        self._bucket_of[i] = b
-        entries = self._buckets.get(b)
-        if entries is None:
-            self._buckets[b] = array("q", (i,))
-        else:
-            entries.append(i)
-
-    # ------------------------------------------------------------------ LRU lists
-    def _lru_ids(self, t: int) -> Iterator[int]:
-        nxt = self._lru_next[t]
-        i = self._head[t]
-        while i != _NONE:
-            n = nxt[i]  # read first: the caller may unlink i meanwhile
-            yield i
-            i = n
-
-    def _lru_append(self, t: int, i: int) -> None:
-        last = self._tail[t]
-        self._lru_prev[t][i] = last
-        self._lru_next[t][i] = _NONE
-        if last != _NONE:
-            self._lru_next[t][last] = i
-        else:
-            self._head[t] = i
-        self._tail[t] = i
-        self._count[t] += 1
-
-    def _lru_remove(self, t: int, i: int) -> None:
-        prev, nxt = self._lru_prev[t], self._lru_next[t]
-        p, n = prev[i], nxt[i]
-        if p != _NONE:
-            nxt[p] = n
-        else:
-            self._head[t] = n
-        if n != _NONE:
-            prev[n] = p
-        else:
-            self._tail[t] = p
-        self._count[t] -= 1
-
-    def _lru_move_to_end(self, t: int, i: int) -> None:
-        last = self._tail[t]
-        if last == i:
-            return
-        prev, nxt = self._lru_prev[t], self._lru_next[t]
-        p, n = prev[i], nxt[i]
-        if p != _NONE:
-            nxt[p] = n
-        else:
-            self._head[t] = n
-        prev[n] = p  # i is not the tail, so n exists
-        prev[i] = last
-        nxt[i] = _NONE
-        nxt[last] = i
-        self._tail[t] = i
-
-    def _extend(self, i: int, expires: float, retention: str) -> None:
-        if expires > self._expires[i]:
-            self._expires[i] = expires
-            self._ret[i] = self._class(retention)
-
-    def _set_tier(self, i: int, tier: int) -> None:
-        bit = 1 << tier
-        if not self._tiers[i] & bit:
-            self._tiers[i] |= bit
-            self._lru_append(tier, i)
-            p = self._parent[i]
-            if p != _NONE:
-                self._child_in[tier][p] += 1
-
-    def _clear_tier(self, i: int, tier: int) -> None:
-        self._tiers[i] &= ~(1 << tier)
-        self._lru_remove(tier, i)
-        p = self._parent[i]
-        if p != _NONE:
-            self._child_in[tier][p] -= 1
-
-    def _touch(self, path: list[int], masks: Sequence[int] | None = None) -> None:
-        # Deepest first: ancestors end up more recent than descendants, so LRU takes leaves.
-        # ``masks`` are the path's tier bitmasks when the caller has them already.
-        packed = bytes(masks) if masks is not None else bytes(map(self._tiers.__getitem__, path))
-        distinct = set(packed)  # usually one or two masks along a prompt
-        present = 0
-        for mask in distinct:
-            present |= mask
-        for t in range(self.num_tiers):
-            bit = 1 << t
-            if not self._count[t] or not present & bit:
-                continue
-            if all(mask & bit for mask in distinct):
-                mine = path
-            else:  # the blocks resident in t, picked in C (translate maps masks to 0/1)
-                mine = list(compress(path, packed.translate(self._in_tier[t])))
-            self._move_to_tail(t, mine)
-
-    def _move_to_tail(self, t: int, path: Sequence[int]) -> None:
-        """Make ``reversed(path)`` the most recent end of tier ``t``'s LRU list, the others
-        keeping their order. A path touched before usually still lies in the list as one
-        stretch (or a few), in reverse order: each stretch moves with one splice, so a repeat
-        lookup of a long prompt costs a C-level comparison, not a Python step per block."""
-        nxt = self._lru_next[t]
-        n = len(path)
-        succ = list(map(nxt.__getitem__, path))  # what follows each node in the list now
-        # A stretch breaks where path[k] is not directly followed by path[k - 1].
-        if succ[1:] == path[: n - 1]:
-            starts = [0]
-        elif len(set(path)) != n:  # a repeated id: stretches are ill-defined, go one by one
-            self._move_each_to_tail(t, path)
-            return
-        else:
-            starts = [0] + [k for k in range(1, n) if succ[k] != path[k - 1]]
-        prev = self._lru_prev[t]
-        head, tail = self._head[t], self._tail[t]
-        end = n
-        for s in reversed(starts):  # deepest stretch first
-            first, last = path[end - 1], path[s]  # oldest and newest node of the stretch
-            end = s
-            if last == tail:
-                continue  # already the most recent end
-            p, q = prev[first], nxt[last]  # q exists: ``last`` is not the tail
-            if p != _NONE:
-                nxt[p] = q
-            else:
-                head = q
-            prev[q] = p
-            nxt[tail] = first
-            prev[first] = tail
-            nxt[last] = _NONE
-            tail = last
-        self._head[t], self._tail[t] = head, tail
-
-    def _move_each_to_tail(self, t: int, path: Sequence[int]) -> None:
-        """``_move_to_tail`` one node at a time (the plain definition)."""
-        for i in reversed(path):
-            self._lru_move_to_end(t, i)
-
-    def _drop(self, i: int, force: bool = False) -> list[Dropped]:
-        if self._pins[i] and not force:
-            raise ValueError("cannot drop a pinned block")
-        # Unlink the subtree root from its parent, then free every node below it.
-        p = self._parent[i]
-        if p != _NONE:
-            for t in range(self.num_tiers):
-                if self._tiers[i] >> t & 1:
-                    self._child_in[t][p] -= 1
-            prev, nxt = self._prev_sib[i], self._next_sib[i]
-            if prev != _NONE:
-                self._next_sib[prev] = nxt
-            else:
-                self._first_child[p] = nxt
-            if nxt != _NONE:
-                self._prev_sib[nxt] = prev
-            self._nchildren[p] -= 1
-        out: list[Dropped] = []
-        stack = [i]
-        while stack:
-            n = stack.pop()
-            c = self._first_child[n]
-            while c != _NONE:
-                stack.append(c)
-                c = self._next_sib[c]
-            key = self._key(n)
-            mask = self._tiers[n]
-            out.append(Dropped(key, mask))
-            for t in self._bits[mask]:
-                self._lru_remove(t, n)
-            del self._ids[key]
-            self._alive[n] = 0
-            self._tiers[n] = 0
-            self._free_ids.append(n)
         return out

@@ -19,7 +19,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .index import _NONE, EXPIRY_BUCKET, PrefixIndex
+from .index import PrefixIndex
+from .index_columns import _NONE
+from .index_nodes import EXPIRY_BUCKET
 
 
 class RecoveredColumns:
