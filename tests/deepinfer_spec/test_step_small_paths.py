@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from deepinfer_spec import ContextRing
 from deepinfer_spec.calibration import apply_temperatures
-from deepinfer_spec.step import SMALL_CALIBRATION, calibrated, greedy_accepts
+from deepinfer_spec.step import SMALL_CALIBRATION, calibrated, greedy_accepts, target_argmax
 
 
 @settings(max_examples=60, deadline=None)
@@ -89,3 +89,20 @@ def test_one_slot_calls_name_bad_arguments() -> None:
         ring.view_slots([0, 0])
     with pytest.raises(ValueError, match="slot"):
         ring.view_slots([-1])
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 2**16), nan=st.booleans(), ties=st.booleans())
+def test_target_argmax_is_torch_argmax(seed: int, nan: bool, ties: bool) -> None:
+    gen = torch.Generator().manual_seed(seed)
+    logits = torch.randn(2, 3, 7, generator=gen)
+    if ties:  # equal maxima: the first wins
+        logits = logits.round()
+    if nan:  # NaN wins, the first of them
+        logits[1, 0, 5] = logits[1, 0, 2] = float("nan")
+    with torch.inference_mode():
+        frozen = logits.clone()
+    want = torch.argmax(logits, dim=-1).tolist()
+    assert target_argmax(logits) == want
+    assert target_argmax(frozen) == want  # the forward's logits are inference tensors
+    assert target_argmax(logits.double()) == want  # other dtypes: torch's own reduction

@@ -36,7 +36,13 @@ import torch
 from deepinfer_spec.drafter import DSparkDrafter
 from deepinfer_spec.lazy_context import LazyContext
 from deepinfer_spec.scheduling import DraftGate, VerifyScheduler
-from deepinfer_spec.step import DraftBlock, draft_block, greedy_accepts, verify_block
+from deepinfer_spec.step import (
+    DraftBlock,
+    draft_block,
+    greedy_accepts,
+    target_argmax,
+    verify_block,
+)
 
 LogitsHook = Callable[[torch.Tensor, int, torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -293,7 +299,7 @@ class BatchSpeculator:
                     raise ValueError(
                         f"logits: expected [{len(drafts)}, {width}, V], got {tuple(logits.shape)}"
                     )
-                verdicts = greedy_accepts(drafts, torch.argmax(logits, dim=-1).tolist())
+                verdicts = greedy_accepts(drafts, target_argmax(logits))
             else:
                 verdict = verify_block(
                     plan.block,
