@@ -13,15 +13,35 @@ from the same generations run without the profiler (CPU ms of the thread per dec
 ratio to keep.
 
     .venv/bin/python benchmarks/engine_spec_split.py --tokens 40 --drafts 1 --repeats 3
+
+``--baseline REV --rounds N`` instead compares revisions: child processes alternate the packages
+at ``REV`` (a ``git archive`` with its own C sources, ``decode_step_python_ab.revision_tree``)
+with the working tree (or ``--current REV``), ``N`` rounds each. A child times, without the
+profiler, ``--repeats`` alternated greedy generations of plain decoding and of ``--drafts``
+forced drafts (compiled block), each decode step by the thread's CPU clock at ``--threads 1``
+or the wall clock otherwise (the prefill step is not counted), then one profiled generation of
+each for the time inside the compiled kernels (the layer calls, the LM head, the drafter's
+calls). Printed per side: plain and drafting CPU (or wall) ms per step, the drafting step over
+the plain one (the figure to keep), and the ms per step outside the kernels:
+
+    .venv/bin/python benchmarks/engine_spec_split.py --baseline 8981c7e --rounds 4
+    .venv/bin/python benchmarks/engine_spec_split.py --baseline 8981c7e --threads 2 --rounds 6
 """
 
 from __future__ import annotations
 
 import argparse
 import cProfile
+import json
+import os
 import pstats
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
+from pathlib import Path
+from typing import Any
 
 import torch
 from vs_transformers import CHAT_MESSAGES
@@ -57,12 +77,138 @@ def cumulative_ms(stats: pstats.Stats, suffix: str, name: str) -> float:
     return 1e3 * total
 
 
+# (file suffix, function name) of the compiled kernels' Python entry points: the layer calls
+# and the drafter's (NativeFunction), the LM head (the quantised product).
+KERNELS = (
+    ("deepinfer_kernels/cpu/native.py", "__call__"),
+    ("deepinfer_kernels/quant/cpu.py", "linear"),
+)
+
+
+def _decode_steps(llm: LLM, ids: list[int], params: SamplingParams, clock: Any) -> list[float]:
+    """Seconds of each decode step of one generation (its first step, the prefill, untimed)."""
+    engine = llm.engine
+    engine.add_request(ids, params)
+    engine.step()
+    times = []
+    while engine.has_unfinished():
+        start = clock()
+        engine.step()
+        times.append(clock() - start)
+    return times
+
+
+def child(args: argparse.Namespace) -> None:
+    """One side of ``--baseline``: JSON of ms per decode step, plain and drafting."""
+    torch.set_num_threads(args.threads)
+    clock = time.thread_time if args.threads == 1 else time.perf_counter
+    loaded = load_model()
+    ids = loaded.tokenizer.encode(loaded.chat_template.render(CHAT_MESSAGES))
+    cfg = EngineConfig(num_blocks=1024, max_num_seqs=4)
+    params = SamplingParams(temperature=0, max_tokens=args.tokens, ignore_eos=True)
+    forced = SpeculativeConfig("dspark", num_speculative_tokens=args.drafts, draft_gate=False)
+    sides = {
+        "plain": LLM(loaded, engine_config=cfg, enable_prefix_caching=False),
+        "drafting": LLM(loaded, engine_config=cfg, enable_prefix_caching=False, speculative=forced),
+    }
+    for llm in sides.values():
+        _decode_steps(llm, ids, params, clock)  # warm-up: packed weights, bound steps
+    ms: dict[str, list[float]] = {name: [] for name in sides}
+    for r in range(args.repeats):
+        for name in list(sides) if r % 2 == 0 else list(reversed(sides)):
+            steps = _decode_steps(sides[name], ids, params, clock)
+            ms[name].append(1e3 * sum(steps) / len(steps))
+    kernels: dict[str, float] = {}
+    for name, llm in sides.items():
+        profile = cProfile.Profile(time.thread_time)
+        profile.enable()
+        steps = _decode_steps(llm, ids, params, time.thread_time)
+        profile.disable()
+        stats = pstats.Stats(profile)
+        inside = sum(cumulative_ms(stats, suffix, func) for suffix, func in KERNELS)
+        kernels[name] = inside / len(steps)
+        kernels[name + " profiled step"] = 1e3 * sum(steps) / len(steps)
+    print(json.dumps({"ms": ms, "kernels": kernels}))
+
+
+def compare(args: argparse.Namespace) -> None:
+    """Alternate the baseline's packages and the current ones in child processes."""
+    here = Path(__file__).resolve().parent
+    sys.path.insert(0, str(here))
+    from decode_step_python_ab import revision_tree
+
+    with tempfile.TemporaryDirectory(prefix="spec-split-ab-") as tmp:
+        sides: dict[str, str | None] = {
+            "baseline": revision_tree(args.baseline, Path(tmp) / "baseline"),
+            "current": revision_tree(args.current, Path(tmp) / "current") if args.current else None,
+        }
+        ratio: dict[str, list[float]] = {name: [] for name in sides}
+        drafting: dict[str, list[float]] = {name: [] for name in sides}
+        outside: dict[str, list[float]] = {name: [] for name in sides}
+        for r in range(args.rounds):
+            for name in list(sides) if r % 2 == 0 else list(reversed(sides)):
+                env = dict(os.environ)
+                if sides[name] is not None:
+                    env["PYTHONPATH"] = f"{sides[name]}{os.pathsep}{env.get('PYTHONPATH', '')}"
+                cmd = [sys.executable, str(Path(__file__).resolve()), "--child"]
+                cmd += ["--tokens", str(args.tokens), "--drafts", str(args.drafts)]
+                cmd += ["--repeats", str(args.repeats), "--threads", str(args.threads)]
+                # Outside the checkout, so the baseline's packages are not shadowed.
+                done = subprocess.run(
+                    cmd, env=env, capture_output=True, text=True, cwd=tempfile.gettempdir()
+                )
+                if done.returncode != 0:
+                    raise SystemExit(f"{name} child failed:\n{done.stderr[-4000:]}")
+                got = json.loads(done.stdout.strip().splitlines()[-1])
+                plain, draft = (statistics.median(got["ms"][k]) for k in ("plain", "drafting"))
+                k = got["kernels"]
+                own = k["drafting profiled step"] - k["drafting"]
+                base_own = k["plain profiled step"] - k["plain"]
+                ratio[name].append(draft / plain)
+                drafting[name].append(draft)
+                outside[name].append(own - base_own)
+                print(
+                    f"round {r + 1} {name:8s}: plain {plain:.2f}, drafting {draft:.2f} ms/step "
+                    f"({draft / plain:.3f}x); outside the kernels (profiled) plain "
+                    f"{base_own:.2f}, drafting {own:.2f} ms/step; load {os.getloadavg()[0]:.2f}",
+                    flush=True,
+                )
+    clock = "thread CPU" if args.threads == 1 else f"wall, {args.threads} threads"
+    for name in sides:
+        rev = args.baseline if name == "baseline" else args.current or "working tree"
+        r = ratio[name]
+        extra = outside[name]
+        print(
+            f"{name} ({rev}): drafting step / plain step {statistics.median(r):.3f}x "
+            f"({min(r):.3f}-{max(r):.3f}, {clock}); drafting's extra ms outside the kernels "
+            f"(profiled) {statistics.median(extra):.2f} ({min(extra):.2f}-{max(extra):.2f})"
+        )
+    saved = [b / c for b, c in zip(drafting["baseline"], drafting["current"], strict=True)]
+    print(
+        f"drafting step speed, current / baseline: {statistics.median(saved):.3f}x "
+        f"({min(saved):.3f}-{max(saved):.3f})"
+    )
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--tokens", type=int, default=40)
     p.add_argument("--drafts", type=int, default=1, help="drafts verified on every step")
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--baseline", help="git revision to compare with (see the module doc)")
+    p.add_argument("--current", help="with --baseline: a revision instead of the working tree")
+    p.add_argument("--rounds", type=int, default=4, help="child runs per side with --baseline")
+    p.add_argument("--threads", type=int, default=1, help="kernel threads with --baseline")
+    p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
+    if args.tokens < 3 or min(args.drafts, args.repeats, args.rounds, args.threads) < 1:
+        p.error("--tokens must be >= 3; --drafts, --repeats, --rounds and --threads >= 1")
+    if args.child:
+        child(args)
+        return
+    if args.baseline:
+        compare(args)
+        return
     torch.set_num_threads(1)
     loaded = load_model()
     ids = loaded.tokenizer.encode(loaded.chat_template.render(CHAT_MESSAGES))
