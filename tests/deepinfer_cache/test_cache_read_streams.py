@@ -10,7 +10,7 @@ import pytest
 import torch
 from _segment_tier_helpers import PAGE, fill, key, open_tier, page_of
 
-from deepinfer_cache.tiers import segment_read
+from deepinfer_cache.tiers import segment_read_requests
 
 
 def open_paths() -> list[str]:
@@ -44,7 +44,7 @@ def test_streams_read_the_same_blocks_with_or_without_own_descriptors(tmp_path, 
 
 
 def test_a_long_request_is_split_into_streams(tmp_path, monkeypatch) -> None:
-    monkeypatch.setattr(segment_read, "_STREAM_BYTES", 5 * 4096)
+    monkeypatch.setattr(segment_read_requests, "_STREAM_BYTES", 5 * 4096)
     tier = open_tier(tmp_path / "c", max_read_bytes=2 * 4096, segment_bytes=64 * 4096)
     fill(tier, range(12))
     streams = tier._streams([key(i) for i in range(12)])

@@ -23,7 +23,8 @@ tail scan can bring it back); segments whose records are mostly dead are compact
 ``put`` never waits on the disk (a full write queue refuses and counts ``writeback_dropped``).
 
 One concept per module: this one holds the tier's state, open and public protocol;
-``segment_write`` the appends and group commit, ``segment_read`` the coalesced reads,
+``segment_write`` the appends and group commit, ``segment_read`` the coalesced reads (with
+``segment_read_requests``, ``segment_read_descriptions`` and ``segment_read_quarantine``),
 ``segment_maintenance`` checkpoints and compaction, ``segment_open`` the reopen scan.
 """
 

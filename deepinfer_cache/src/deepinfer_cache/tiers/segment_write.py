@@ -67,8 +67,9 @@ class _Segment:
         self.dirty = False
         self.retired = False
         self.lock = threading.Lock()
-        # Idle read-only descriptions kept for the next read stream (``segment_read``): their
-        # readahead state goes on where the last stream ended.
+        # Idle read-only descriptions kept for the next read stream
+        # (``segment_read_descriptions``): their readahead state goes on where the last stream
+        # ended.
         self.spare: list[int] = []
 
 
