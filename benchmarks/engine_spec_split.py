@@ -22,7 +22,9 @@ forced drafts (compiled block), each decode step by the thread's CPU clock at ``
 or the wall clock otherwise (the prefill step is not counted), then one profiled generation of
 each for the time inside the compiled kernels (the layer calls, the LM head, the drafter's
 calls). Printed per side: plain and drafting CPU (or wall) ms per step, the drafting step over
-the plain one (the figure to keep), and the ms per step outside the kernels:
+the plain one (the figure to keep), the ms per step outside the kernels, and the floor: the
+ratio of a drafting step whose Python cost no more than the plain step's (kernels' thread CPU
+plus the plain step's Python, over the plain step; from the profiled generations):
 
     .venv/bin/python benchmarks/engine_spec_split.py --baseline 8981c7e --rounds 4
     .venv/bin/python benchmarks/engine_spec_split.py --baseline 8981c7e --threads 2 --rounds 6
@@ -63,6 +65,7 @@ PARTS = (
     ("speculator accept", "deepinfer/speculative/speculator.py", "accept"),
     ("  target logits at verified rows", "deepinfer/speculative/speculator.py", "_verify_logits"),
     ("  verify block", "deepinfer_spec/step.py", "verify_block"),
+    ("  greedy verdict's argmax", "deepinfer_spec/step.py", "target_argmax"),
     ("  context push", "deepinfer_spec/lazy_context.py", "push"),
 )
 
@@ -145,6 +148,7 @@ def compare(args: argparse.Namespace) -> None:
         ratio: dict[str, list[float]] = {name: [] for name in sides}
         drafting: dict[str, list[float]] = {name: [] for name in sides}
         outside: dict[str, list[float]] = {name: [] for name in sides}
+        floor: dict[str, list[float]] = {name: [] for name in sides}
         for r in range(args.rounds):
             for name in list(sides) if r % 2 == 0 else list(reversed(sides)):
                 env = dict(os.environ)
@@ -167,6 +171,9 @@ def compare(args: argparse.Namespace) -> None:
                 ratio[name].append(draft / plain)
                 drafting[name].append(draft)
                 outside[name].append(own - base_own)
+                # The kernels alone (plain's Python added to both sides): the ratio a step
+                # whose drafting added no Python at all would reach on these kernels.
+                floor[name].append((k["drafting"] + base_own) / k["plain profiled step"])
                 print(
                     f"round {r + 1} {name:8s}: plain {plain:.2f}, drafting {draft:.2f} ms/step "
                     f"({draft / plain:.3f}x); outside the kernels (profiled) plain "
@@ -177,11 +184,13 @@ def compare(args: argparse.Namespace) -> None:
     for name in sides:
         rev = args.baseline if name == "baseline" else args.current or "working tree"
         r = ratio[name]
-        extra = outside[name]
+        extra, low = outside[name], floor[name]
         print(
             f"{name} ({rev}): drafting step / plain step {statistics.median(r):.3f}x "
             f"({min(r):.3f}-{max(r):.3f}, {clock}); drafting's extra ms outside the kernels "
-            f"(profiled) {statistics.median(extra):.2f} ({min(extra):.2f}-{max(extra):.2f})"
+            f"(profiled) {statistics.median(extra):.2f} ({min(extra):.2f}-{max(extra):.2f}); "
+            f"with none, the kernels' floor {statistics.median(low):.3f}x "
+            f"({min(low):.3f}-{max(low):.3f}, thread CPU)"
         )
     saved = [b / c for b, c in zip(drafting["baseline"], drafting["current"], strict=True)]
     print(
