@@ -127,7 +127,9 @@ class LazyContext:
             return
         lengths = [sum(int(f.shape[0]) for f in chunks) for _, chunks in todo]
         parts = [f for _, chunks in todo for f in chunks]
-        flat = (parts[0] if len(parts) == 1 else torch.cat(parts)).to(self.device)
+        flat = parts[0] if len(parts) == 1 else torch.cat(parts)
+        if flat.device != self.device:
+            flat = flat.to(self.device)
         native = self.drafter.native
         if native is not None and not torch.is_grad_enabled():  # one compiled call
             entries = native.context_kv(flat)

@@ -330,8 +330,8 @@ class DSparkDraftKernel:
             raise ValueError(
                 f"hidden_out: expected contiguous fp32 [{batch}, {num_tokens}, {hidden}]"
             )
-        embed = anchor_embed.detach().float().contiguous()
-        ids = anchor_ids.to(torch.int64).contiguous()
+        embed = _operand(anchor_embed, torch.float32)
+        ids = _operand(anchor_ids, torch.int64)
         tokens = torch.empty(batch, num_tokens, dtype=torch.int64)
         conf = torch.empty(batch, num_tokens)
         half = w.head_dim // 2
@@ -377,7 +377,7 @@ class DSparkDraftKernel:
         width = int(c.shift.shape[0])
         if features.dim() != 2 or features.shape[1] != width:
             raise ValueError(f"features: expected [T, {width}], got {tuple(features.shape)}")
-        x = features.detach().float().contiguous()
+        x = _operand(features, torch.float32)
         hidden, entry = int(c.proj.shape[0]), int(c.kv.shape[0])
         out = torch.empty(x.shape[0], entry)
         if x.shape[0]:
@@ -389,6 +389,16 @@ class DSparkDraftKernel:
             if rc != 0:
                 raise MemoryError(f"deepinfer_dspark_context_kv failed ({rc})")
         return out
+
+
+def _operand(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``t`` as a contiguous ``dtype`` tensor for the C side, converted only when it is not one
+    already: a step's few-row operands usually are, and each conversion call is a tensor op's
+    dispatch (~10 us on a CPU right after the kernels). The C side only reads it, so autograd
+    history does not matter."""
+    if t.dtype == dtype and t.is_contiguous():
+        return t
+    return t.detach().to(dtype).contiguous()
 
 
 def _address(t: torch.Tensor | None) -> int | None:
