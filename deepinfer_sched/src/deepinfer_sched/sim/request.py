@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 from deepinfer_sched.traces.types import TraceRequest
 
 if TYPE_CHECKING:
-    from deepinfer_sched.sim.instance import Instance
+    from deepinfer_sched.sim.instance_state import InstanceState
 
 __all__ = ["SimRequest"]
 
@@ -63,7 +63,7 @@ class SimRequest:
         self.prefill_instance = -1
         self.decode_instance = -1
         self.epoch = 0
-        self.inst: Instance | None = None
+        self.inst: InstanceState | None = None
         self.gen_at_join = 0
         self.start_iter = 0
         self.finish_iter = 0
