@@ -1,4 +1,9 @@
-"""`LlamaConfig`: the shape of a Llama-family decoder (Llama, SmolLM2, Qwen2, Qwen3, Mistral)."""
+"""`LlamaConfig`: the shape of a Llama-family decoder (Llama, SmolLM2, Qwen2, Qwen3, Mistral).
+
+One concept per module: this one holds the config and its conversions; `rope_scaling` the RoPE
+scaling it carries, `hf_config` what a ``config.json`` may ask for and how its keys are read,
+`gguf_fields` the same for a GGUF file's metadata and tensors.
+"""
 
 from __future__ import annotations
 
@@ -10,121 +15,49 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-ROPE_SCALING_TYPES = ("llama3", "factors", "yarn")
+from deepinfer.models.gguf_fields import (
+    GGUF_GLOBAL_TENSORS,
+    GGUF_LAYER_TENSORS,
+    check_gguf_tensors,
+    gguf_metadata,
+)
+from deepinfer.models.gguf_fields import f32_decimal as _f32
+from deepinfer.models.hf_config import (
+    ARCHITECTURE_OF,
+    SUPPORTED_ACTIVATIONS,
+    SUPPORTED_ARCHITECTURES,
+    SUPPORTED_MODEL_TYPES,
+    check_hf_config,
+    hf_eos_ids,
+    hf_layer_windows,
+    hf_model_type,
+    hf_rope_scaling,
+    hf_rope_theta,
+)
+from deepinfer.models.rope_scaling import ROPE_SCALING_TYPES, RopeScaling, yarn_mscale
+from deepinfer.models.rope_scaling import rope_scaling_from_dict as _rope_scaling_from_dict
 
-
-@dataclass(frozen=True)
-class RopeScaling:
-    """Frequency-dependent RoPE scaling.
-
-    ``llama3`` (Hugging Face's): for each inverse frequency ``f`` with wavelength
-    ``w = 2*pi/f``: ``w < L/high`` keeps ``f``; ``w > L/low`` uses ``f/factor``; in between
-    ``f' = (1-s) f/factor + s f`` with ``s = (L/w - low)/(high - low)``, where ``L`` is
-    ``original_max_position_embeddings``.
-
-    ``factors`` (llama.cpp's): ``f'_i = f_i / factors[i]``, one divisor per frequency, as a
-    GGUF file's ``rope_freqs`` tensor stores Llama-3.1/3.2 scaling.
-
-    ``yarn`` (YaRN, as Hugging Face computes it; DeepSeek-V2/V3, long-context Qwen): each
-    frequency blends ``f/factor`` and ``f`` along a linear ramp between the correction
-    dimensions of ``beta_fast`` and ``beta_slow`` rotations; cos/sin are multiplied by
-    :attr:`attention_factor` (``mscale``/``mscale_all_dim`` give DeepSeek's form).
-    """
-
-    rope_type: str = "llama3"
-    factor: float = 8.0
-    low_freq_factor: float = 1.0
-    high_freq_factor: float = 4.0
-    original_max_position_embeddings: int = 8192
-    factors: tuple[float, ...] | None = None
-    beta_fast: float = 32.0
-    beta_slow: float = 1.0
-    mscale: float = 0.0
-    mscale_all_dim: float = 0.0
-    yarn_attention_factor: float | None = None
-    truncate: bool = True
-
-    def __post_init__(self) -> None:
-        if self.rope_type not in ROPE_SCALING_TYPES:
-            raise ValueError(
-                f"rope_scaling rope_type {self.rope_type!r} is not supported (supported: "
-                f"{', '.join(ROPE_SCALING_TYPES)})"
-            )
-        if self.rope_type == "factors":
-            if self.factors is None or not len(self.factors):
-                raise ValueError("rope_scaling of type 'factors' needs the factors")
-            values = tuple(float(f) for f in self.factors)
-            if not all(math.isfinite(f) and f > 0 for f in values):
-                raise ValueError("rope_scaling.factors must be finite and positive")
-            object.__setattr__(self, "factors", values)
-            return
-        if self.factors is not None:
-            raise ValueError(
-                f"rope_scaling.factors belong to type 'factors', not {self.rope_type!r}"
-            )
-        if not self.factor >= 1.0:
-            raise ValueError(f"rope_scaling.factor must be >= 1, got {self.factor}")
-        if self.original_max_position_embeddings <= 0:
-            raise ValueError("rope_scaling.original_max_position_embeddings must be positive")
-        if self.rope_type == "yarn":
-            if not 0 < self.beta_slow <= self.beta_fast:
-                raise ValueError(
-                    "rope_scaling (yarn) needs 0 < beta_slow <= beta_fast, got "
-                    f"{self.beta_slow} and {self.beta_fast}"
-                )
-            return
-        if not 0 < self.low_freq_factor < self.high_freq_factor:
-            raise ValueError(
-                "rope_scaling needs 0 < low_freq_factor < high_freq_factor, got "
-                f"{self.low_freq_factor} and {self.high_freq_factor}"
-            )
-        if self.original_max_position_embeddings <= 0:
-            raise ValueError("rope_scaling.original_max_position_embeddings must be positive")
-
-    @property
-    def attention_factor(self) -> float:
-        """What YaRN multiplies cos and sin by (1 for the other types)."""
-        if self.rope_type != "yarn":
-            return 1.0
-        if self.yarn_attention_factor is not None:
-            return self.yarn_attention_factor
-        if self.mscale and self.mscale_all_dim:
-            return yarn_mscale(self.factor, self.mscale) / yarn_mscale(
-                self.factor, self.mscale_all_dim
-            )
-        return yarn_mscale(self.factor)
-
-    def to_hf(self) -> dict[str, Any]:
-        if self.rope_type == "factors":  # not a Hugging Face type: read back by from_hf_config
-            return {"rope_type": "factors", "factors": list(self.factors or ())}
-        if self.rope_type == "yarn":
-            out: dict[str, Any] = {
-                "rope_type": "yarn",
-                "factor": self.factor,
-                "original_max_position_embeddings": self.original_max_position_embeddings,
-                "beta_fast": self.beta_fast,
-                "beta_slow": self.beta_slow,
-                "truncate": self.truncate,
-            }
-            if self.mscale:
-                out["mscale"] = self.mscale
-            if self.mscale_all_dim:
-                out["mscale_all_dim"] = self.mscale_all_dim
-            if self.yarn_attention_factor is not None:
-                out["attention_factor"] = self.yarn_attention_factor
-            return out
-        return {
-            "rope_type": self.rope_type,
-            "factor": self.factor,
-            "low_freq_factor": self.low_freq_factor,
-            "high_freq_factor": self.high_freq_factor,
-            "original_max_position_embeddings": self.original_max_position_embeddings,
-        }
-
-
-def yarn_mscale(scale: float, mscale: float = 1.0) -> float:
-    """YaRN's magnitude correction ``0.1 * mscale * ln(scale) + 1`` (1 when not scaled)."""
-    return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
+# Everything this module held before the split stays importable from here.
+__all__ = [
+    "ARCHITECTURE_OF",
+    "GGUF_GLOBAL_TENSORS",
+    "GGUF_LAYER_TENSORS",
+    "ROPE_SCALING_TYPES",
+    "SUPPORTED_ACTIVATIONS",
+    "SUPPORTED_ARCHITECTURES",
+    "SUPPORTED_MODEL_TYPES",
+    "LlamaConfig",
+    "RopeScaling",
+    "check_gguf_tensors",
+    "check_hf_config",
+    "gguf_metadata",
+    "hf_eos_ids",
+    "hf_layer_windows",
+    "hf_model_type",
+    "hf_rope_scaling",
+    "hf_rope_theta",
+    "yarn_mscale",
+]
 
 
 def _positive(name: str, value: int) -> None:
@@ -388,205 +321,3 @@ class LlamaConfig:
 
     def replace(self, **changes: Any) -> LlamaConfig:
         return dataclasses.replace(self, **changes)
-
-
-# What `LlamaModel` (and the Qwen3 variant in qwen.py) implements; the rest is refused by name.
-ARCHITECTURE_OF = {
-    "llama": "LlamaForCausalLM",
-    "qwen2": "Qwen2ForCausalLM",
-    "qwen3": "Qwen3ForCausalLM",
-    "mistral": "MistralForCausalLM",
-}
-SUPPORTED_MODEL_TYPES = tuple(ARCHITECTURE_OF)
-SUPPORTED_ARCHITECTURES = tuple(ARCHITECTURE_OF.values())
-SUPPORTED_ACTIVATIONS = ("silu", "swish")
-# Per-layer GGUF tensor kinds (``blk.N.<kind>.weight|bias``) and global tensors the loader maps.
-GGUF_LAYER_TENSORS = frozenset(
-    {
-        "attn_norm",
-        "attn_q",
-        "attn_k",
-        "attn_v",
-        "attn_output",
-        "ffn_norm",
-        "ffn_gate",
-        "ffn_up",
-        "ffn_down",
-    }
-)
-GGUF_GLOBAL_TENSORS = frozenset(
-    {"token_embd.weight", "output_norm.weight", "output.weight", "rope_freqs.weight"}
-)
-
-
-def check_hf_config(cfg: Mapping[str, Any]) -> None:
-    """Raise ``ValueError`` naming the first setting of a ``config.json`` that `LlamaModel`
-    does not implement."""
-    model_type = cfg.get("model_type")
-    if model_type is not None and model_type not in SUPPORTED_MODEL_TYPES:
-        raise ValueError(
-            f"model_type {model_type!r} is not supported (supported: "
-            f"{', '.join(SUPPORTED_MODEL_TYPES)})"
-        )
-    archs = [a for a in cfg.get("architectures") or [] if a not in SUPPORTED_ARCHITECTURES]
-    if archs:
-        raise ValueError(
-            f"architecture {archs[0]!r} is not supported (supported: "
-            f"{', '.join(SUPPORTED_ARCHITECTURES)})"
-        )
-    for key in ("hidden_act", "hidden_activation"):
-        act = cfg.get(key)
-        if act is not None and act not in SUPPORTED_ACTIVATIONS:
-            raise ValueError(f"{key} {act!r} is not supported (only silu)")
-    for key in ("mlp_bias",):
-        if cfg.get(key):
-            raise ValueError(f"{key} = true is not supported")
-    if cfg.get("quantization_config") is not None:
-        method = cfg["quantization_config"].get("quant_method", "?")
-        raise ValueError(f"quantization_config ({method}) is not supported; use a GGUF file")
-    partial = cfg.get("partial_rotary_factor", 1.0)
-    if partial != 1.0:
-        raise ValueError(f"partial_rotary_factor = {partial} is not supported (only 1.0)")
-
-
-def hf_model_type(cfg: Mapping[str, Any]) -> str:
-    """The family of a ``config.json``: its ``model_type``, else read from ``architectures``."""
-    model_type = cfg.get("model_type")
-    if model_type is not None:
-        return str(model_type)
-    known = {**ARCHITECTURE_OF, "deepseek_v2": "DeepseekV2ForCausalLM",
-             "deepseek_v3": "DeepseekV3ForCausalLM"}  # fmt: skip
-    for arch in cfg.get("architectures") or []:
-        for kind, name in known.items():
-            if arch == name:
-                return kind
-    return "llama"
-
-
-def hf_rope_theta(cfg: Mapping[str, Any], default: float = 10000.0) -> float:
-    """``rope_theta`` at the top level (transformers 4) or in ``rope_parameters`` (5)."""
-    params = cfg.get("rope_parameters")
-    if cfg.get("rope_theta") is not None:
-        return float(cfg["rope_theta"])
-    if isinstance(params, Mapping) and params.get("rope_theta") is not None:
-        return float(params["rope_theta"])
-    return default
-
-
-def hf_rope_scaling(cfg: Mapping[str, Any]) -> Any:
-    """The rope scaling dict: ``rope_scaling`` (transformers 4, model repos) or the scaling
-    keys of ``rope_parameters`` (transformers 5)."""
-    if cfg.get("rope_scaling") is not None:
-        return cfg["rope_scaling"]
-    params = cfg.get("rope_parameters")
-    if isinstance(params, Mapping):
-        return {k: v for k, v in params.items() if k != "rope_theta"}
-    return None
-
-
-def hf_eos_ids(cfg: Mapping[str, Any]) -> tuple[int, ...]:
-    eos = cfg.get("eos_token_id")
-    return () if eos is None else (int(eos),) if isinstance(eos, int) else tuple(eos)
-
-
-def hf_layer_windows(cfg: Mapping[str, Any], model_type: str) -> tuple[int, ...]:
-    """Per-layer sliding windows (0: full) as Hugging Face applies them: Mistral slides every
-    layer by ``sliding_window``; Qwen2/Qwen3 only with ``use_sliding_window``, on the layers
-    ``layer_types`` marks (by default those from ``max_window_layers`` on)."""
-    window = cfg.get("sliding_window")
-    layers = int(cfg["num_hidden_layers"])
-    if window is None or (model_type != "mistral" and not cfg.get("use_sliding_window", False)):
-        kinds = cfg.get("layer_types")
-        if kinds and any(k != "full_attention" for k in kinds):
-            raise ValueError(
-                f"layer_types {sorted(set(kinds))} without a sliding_window is not supported"
-            )
-        return ()
-    window = int(window)
-    if window <= 0:
-        raise ValueError(f"sliding_window must be positive, got {window}")
-    kinds = cfg.get("layer_types")
-    if kinds is None:
-        if model_type == "mistral":
-            return (window,) * layers
-        first = int(cfg.get("max_window_layers", layers))
-        return tuple(window if i >= first else 0 for i in range(layers))
-    if len(kinds) != layers:
-        raise ValueError(f"layer_types has {len(kinds)} entries for {layers} layers")
-    unknown = sorted(set(kinds) - {"full_attention", "sliding_attention"})
-    if unknown:
-        raise ValueError(f"layer type {unknown[0]!r} is not supported")
-    return tuple(window if k == "sliding_attention" else 0 for k in kinds)
-
-
-def check_gguf_tensors(names: set[str] | frozenset[str]) -> None:
-    """Raise ``ValueError`` naming GGUF tensors the loader would otherwise drop silently."""
-    unknown = []
-    for name in sorted(names):
-        if name in GGUF_GLOBAL_TENSORS:
-            continue
-        parts = name.split(".")
-        if len(parts) == 4 and parts[0] == "blk" and parts[2] in GGUF_LAYER_TENSORS:
-            continue
-        unknown.append(name)
-    if unknown:
-        raise ValueError(
-            f"GGUF tensor {unknown[0]!r} is not implemented by the Llama loader "
-            f"({len(unknown)} such tensors): this architecture variant is not supported"
-        )
-
-
-def _f32(value: Any) -> float:
-    """A float32 metadata value as the shortest decimal that rounds to it (1e-05, not
-    9.999999747378752e-06), which is what the original ``config.json`` held."""
-    return float(str(np.float32(value)))
-
-
-def _rope_scaling_from_dict(raw: Any) -> RopeScaling | None:
-    if raw is None or isinstance(raw, RopeScaling):
-        return raw
-    if not isinstance(raw, Mapping):
-        raise TypeError(f"rope_scaling must be a dict or None, got {type(raw).__name__}")
-    kind = raw.get("rope_type", raw.get("type"))
-    if kind in (None, "default", "none"):
-        return None
-    if kind == "factors":
-        return RopeScaling(rope_type="factors", factors=tuple(raw.get("factors") or ()))
-    if kind == "yarn":
-        if raw.get("factor") is None or raw.get("original_max_position_embeddings") is None:
-            raise ValueError(
-                "rope_scaling (yarn) needs factor and original_max_position_embeddings"
-            )
-        attention = raw.get("attention_factor")
-        return RopeScaling(
-            rope_type="yarn",
-            factor=float(raw["factor"]),
-            original_max_position_embeddings=int(raw["original_max_position_embeddings"]),
-            beta_fast=float(raw.get("beta_fast") or 32.0),
-            beta_slow=float(raw.get("beta_slow") or 1.0),
-            mscale=float(raw.get("mscale") or 0.0),
-            mscale_all_dim=float(raw.get("mscale_all_dim") or 0.0),
-            yarn_attention_factor=None if attention is None else float(attention),
-            truncate=bool(raw.get("truncate", True)),
-        )
-    return RopeScaling(
-        rope_type=str(kind),
-        factor=float(raw.get("factor", 8.0)),
-        low_freq_factor=float(raw.get("low_freq_factor", 1.0)),
-        high_freq_factor=float(raw.get("high_freq_factor", 4.0)),
-        original_max_position_embeddings=int(raw.get("original_max_position_embeddings", 8192)),
-    )
-
-
-def gguf_metadata(reader: Any, *, max_array_len: int = 256) -> dict[str, Any]:
-    """GGUF key/value metadata as plain Python values.
-
-    Arrays longer than ``max_array_len`` (the tokenizer's vocabulary and merges) are left out:
-    converting them costs time and only the tokenizer needs them.
-    """
-    out: dict[str, Any] = {}
-    for key, fld in reader.fields.items():
-        if key.startswith("GGUF.") or len(fld.data) > max_array_len:
-            continue
-        out[key] = fld.contents()
-    return out

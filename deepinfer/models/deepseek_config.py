@@ -12,14 +12,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from deepinfer.models.config import (
-    LlamaConfig,
-    _rope_scaling_from_dict,
-    hf_eos_ids,
-    hf_rope_scaling,
-    hf_rope_theta,
-    yarn_mscale,
-)
+from deepinfer.models.config import LlamaConfig
+from deepinfer.models.hf_config import hf_eos_ids, hf_rope_scaling, hf_rope_theta
+from deepinfer.models.rope_scaling import rope_scaling_from_dict as _rope_scaling_from_dict
+from deepinfer.models.rope_scaling import yarn_mscale
 
 DEEPSEEK_ARCHITECTURES = {
     "deepseek_v2": "DeepseekV2ForCausalLM",
