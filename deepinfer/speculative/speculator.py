@@ -148,9 +148,14 @@ class DSparkSpeculator:
         if plan is None or len(plan.rows) != len(batch.chunks):
             raise ValueError("drafts: expected this speculator's proposal for this batch")
         assert isinstance(drafts, DSparkDrafts)
-        features = torch.cat(outputs.layers, dim=-1)
+        layers = outputs.layers
+        features = layers[0] if len(layers) == 1 else torch.cat(layers, dim=-1)
+        total = int(features.shape[0])
+        # A row that is the whole forward (a batch-1 step) takes the features as they are.
         rows = [
-            features[off : off + row.end - base + len(d)]
+            features
+            if off == 0 and row.end - base + len(d) == total
+            else features[off : off + row.end - base + len(d)]
             for row, base, d, off in zip(plan.rows, plan.bases, plan.drafts, outputs.offsets)
         ]
         logits, target = self._verify_logits(plan, drafts.seqs, outputs)

@@ -324,7 +324,8 @@ class BatchSpeculator:
         for i, row in enumerate(plan.rows):
             done = results[i]
             known = row.end - plan.bases[i] + (0 if done is None else done.num_accepted)
-            self.context.push(row.key, features[i][:known])
+            rows = features[i]
+            self.context.push(row.key, rows if known == rows.shape[0] else rows[:known])
         if self._gate is not None and (plan.drafting or plan.gated):
             # Told at the next plan: a step ends after the caller has sampled its plain rows
             # (the LM head and sampling of a gated step happen after this call, a drafting

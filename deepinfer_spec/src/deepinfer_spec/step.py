@@ -106,11 +106,14 @@ def draft_block(
     if max_drafts is not None and batch:
         width = min(width, max(int(m) for m in max_drafts))
     width = max(width, 1)  # a zero-draft step still proposes one position (never verified)
-    tokens = torch.zeros(batch, gamma, dtype=torch.int64, device=device)
-    conf = torch.zeros(batch, gamma, dtype=torch.float32, device=device)
     probs: torch.Tensor | None = None
     temps = [float(t) for t in temperatures]
     groups = sorted(set(temps))
+    tokens: torch.Tensor | None = None
+    conf: torch.Tensor | None = None
+    if len(groups) > 1:  # each group writes its rows
+        tokens = torch.zeros(batch, gamma, dtype=torch.int64, device=device)
+        conf = torch.zeros(batch, gamma, dtype=torch.float32, device=device)
     for temp in groups:
         # One group (the usual step: every row greedy) reads the inputs as they are; indexing
         # would copy every row's whole context window.
@@ -141,11 +144,17 @@ def draft_block(
                 probs[slice(None) if whole else rows, :width] = d.probs
         # Undrawn positions keep token 0 and confidence 0: no scheduler admits them (and the
         # bound above says none could have).
-        # A slice writes in place of an index_put (the native path ran only for one group).
-        at = slice(None) if whole else rows
-        tokens[at, :width] = drawn[0]
         sts = sts_greedy if temp == 0 else sts_sampling
-        conf[at, :width] = calibrated(drawn[1], sts[:width]) if sts is not None else drawn[1]
+        drawn_conf = calibrated(drawn[1], sts[:width]) if sts is not None else drawn[1]
+        if tokens is None or conf is None:  # one group: its block padded to G columns
+            tokens = _pad_columns(drawn[0], gamma)
+            conf = _pad_columns(drawn_conf, gamma)
+        else:
+            tokens[rows, :width] = drawn[0]
+            conf[rows, :width] = drawn_conf
+    if tokens is None or conf is None:  # no rows at all
+        tokens = torch.zeros(batch, gamma, dtype=torch.int64, device=device)
+        conf = torch.zeros(batch, gamma, dtype=torch.float32, device=device)
     n = _checked_schedule(scheduler.schedule(conf), batch, gamma)
     caps = [width] * batch if max_drafts is None else [min(width, int(m)) for m in max_drafts]
     counts = [max(0, min(v, cap)) for v, cap in zip(n, caps)]
@@ -195,6 +204,14 @@ _EPS = 1e-6  # apply_temperatures' clamp
 def _sigmoid(z: float) -> float:
     # torch's formula; past -700 exp(-z) would overflow a float where torch gets 1 / inf = 0.
     return 0.0 if z < -700.0 else 1.0 / (1.0 + math.exp(-z))
+
+
+def _pad_columns(values: torch.Tensor, gamma: int) -> torch.Tensor:
+    """``values [B, m]`` with zero columns up to ``[B, gamma]`` (one op; as it is when full)."""
+    width = int(values.shape[1])
+    if width == gamma:
+        return values
+    return torch.nn.functional.pad(values, (0, gamma - width))
 
 
 def _rows_hook(
