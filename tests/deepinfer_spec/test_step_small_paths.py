@@ -76,6 +76,8 @@ def test_one_slot_append_and_view_equal_the_tensor_methods(chunks: list[int], wi
         total += n
         got, want = by_slot.view_slots([1, 0]), by_tensor.view(torch.tensor([1, 0]))
         assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+        got, want = by_slot.view_slots([1]), by_tensor.view(torch.tensor([1]))
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
     assert by_slot.counts(torch.tensor([1])).tolist() == [total]
 
 
@@ -106,3 +108,35 @@ def test_target_argmax_is_torch_argmax(seed: int, nan: bool, ties: bool) -> None
     assert target_argmax(logits) == want
     assert target_argmax(frozen) == want  # the forward's logits are inference tensors
     assert target_argmax(logits.double()) == want  # other dtypes: torch's own reduction
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    steps=st.lists(st.tuples(st.integers(0, 6), st.integers(0, 3)), min_size=1, max_size=12),
+    window=st.integers(1, 6),
+    slack=st.integers(0, 3),
+)
+def test_one_slot_view_is_a_slice_of_the_ring_through_rollbacks(
+    steps: list[tuple[int, int]], window: int, slack: int
+) -> None:
+    """Appends and rollbacks (at most ``slack``, past a reset too): the one-slot view, a slice
+    of the ring's storage, equals the copying view, zero padding and validity included."""
+    ring = ContextRing(1, window=window, feature_dim=2, slack=slack)
+    storage = ring.view_slots([0])[0].untyped_storage().data_ptr()  # a fresh slot: a slice
+    total = high = 0
+    for n, back in steps:
+        rows = (torch.arange(total, total + n, dtype=torch.float32) + 1)[:, None].repeat(1, 2)
+        ring.append_slot(0, rows)
+        total += n
+        high = max(high, total)
+        back = min(back, slack, total)
+        ring.rollback(torch.tensor([0]), torch.tensor([back]))
+        total -= back
+        got, want = ring.view_slots([0]), ring.view(torch.tensor([0]))
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+        # A slice of the ring unless rollbacks left rolled-back rows under a short window.
+        sliced = got[0].untyped_storage().data_ptr() == storage
+        assert sliced == (total >= window or high - total <= slack)
+        if n == 5:  # a reset in between: the slot starts over from zeros
+            ring.reset(torch.tensor([0]))
+            total = high = 0

@@ -94,7 +94,9 @@ class LazyContext:
 
     def view(self, keys: Sequence[Hashable]) -> tuple[torch.Tensor, torch.Tensor]:
         """``(context [B, window, context_kv_dim], valid [B, window])`` of tracked ``keys``,
-        after projecting what they have pending (one projection for all of them)."""
+        after projecting what they have pending (one projection for all of them). One key's
+        context may be a view of the ring (``ContextRing.view_slots``): read it before the
+        next :meth:`push` or :meth:`catch_up` of that key."""
         slots = [self._slots[k] for k in keys]
         self._flush(slots)
         return self.ring.view_slots(slots)

@@ -44,8 +44,16 @@ class ContextRing:
         self.window = window
         self.slack = slack
         self.capacity = window + slack
+        # On the CPU every position is written twice, at ring index i and i + capacity: the
+        # last `window` positions are then one run of the buffer whatever the wrap, so a
+        # one-slot view is a slice of it, not a copy (see view_slots).
+        mirrored = torch.device(device).type == "cpu"
         self._buf = torch.zeros(
-            max_requests, self.capacity, feature_dim, dtype=dtype, device=device
+            max_requests,
+            self.capacity * (2 if mirrored else 1),
+            feature_dim,
+            dtype=dtype,
+            device=device,
         )
         self._count = torch.zeros(max_requests, dtype=torch.int64, device=device)
         # On the CPU the counts live as Python ints (the tensor stays at zero): every append and
@@ -53,6 +61,8 @@ class ContextRing:
         self._host: list[int] | None = (
             [0] * max_requests if self._buf.device.type == "cpu" else None
         )
+        # Per slot on the CPU: the highest count since its reset (rollbacks go back from it).
+        self._high = [0] * max_requests
 
     @property
     def max_requests(self) -> int:
@@ -73,7 +83,7 @@ class ContextRing:
         slots = self._check_slots(slots)
         if self._host is not None:
             for s in slots.tolist():
-                self._host[s] = 0
+                self._host[s] = self._high[s] = 0
         self._count[slots] = 0
         self._buf[slots] = 0
 
@@ -166,14 +176,30 @@ class ContextRing:
 
     def view_slots(self, slots: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
         """:meth:`view` of ``slots`` given as ints (no index tensor where the ring is on the
-        CPU); they must be distinct."""
+        CPU); they must be distinct. On the CPU the features of one slot are a view of the
+        ring itself (no copy), valid until that slot's next append or reset."""
         if self._host is None:
             return self.view(torch.tensor(slots, device=self._buf.device))
         for slot in slots:
             self._check_slot(slot)
         if len(set(slots)) != len(slots):
             raise ValueError("slots: duplicate slots in one call")
-        return self._view_slices(slots)
+        count = self._host[slots[0]] if len(slots) == 1 else 0
+        # Positions count - window .. count - 1 lie at one run of the mirrored buffer; those
+        # before position 0 (a short sequence) at indices no append reached since the reset,
+        # which hold zeros, unless rollbacks went back more than `slack` from the highest
+        # count (then those indices hold rolled-back rows: copy, as for several slots).
+        if len(slots) != 1 or (
+            count < self.window and self._high[slots[0]] - count > self.capacity - self.window
+        ):
+            return self._view_slices(slots)
+        slot = slots[0]
+        start = (count - self.window) % self.capacity
+        feats = self._buf[slot : slot + 1, start : start + self.window]
+        valid = torch.ones(1, self.window, dtype=torch.bool)
+        if count < self.window:
+            valid[0, : self.window - count] = False
+        return feats, valid
 
     def _check_slot(self, slot: int) -> None:
         if not isinstance(slot, int) or isinstance(slot, bool) or not 0 <= slot < self.max_requests:
@@ -186,9 +212,12 @@ class ContextRing:
             keep = min(length, self.capacity)  # only the last `capacity` can survive
             skip = length - keep
             rows = features[b, skip:length]
+            cap = self.capacity
             for lo, hi, off in self._runs(count + skip, keep):
                 self._buf[slot, lo:hi] = rows[off : off + hi - lo]
+                self._buf[slot, lo + cap : hi + cap] = rows[off : off + hi - lo]
             self._host[slot] = count + length
+            self._high[slot] = max(self._high[slot], count + length)
 
     def _view_slices(self, slots: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
         assert self._host is not None
