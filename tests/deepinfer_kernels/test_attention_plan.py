@@ -298,9 +298,9 @@ def test_causal_prefill_past_the_score_budget_is_one_tile(
     whatever the score budget (cut into budget-sized chunks, the later ones ran an additive mask
     over every earlier key); with a soft cap the manual path materialises them and the budget
     still cuts the chunk. Both equal the reference."""
-    from deepinfer_kernels.attention import torch_path
+    from deepinfer_kernels.attention import tile_plan
 
-    monkeypatch.setattr(torch_path, "_SCORE_BUDGET", 1 << 16)  # 4 heads x 1324 keys: chunks of 12
+    monkeypatch.setattr(tile_plan, "_SCORE_BUDGET", 1 << 16)  # 4 heads x 1324 keys: chunks of 12
     q_len = 1024
     pages = -(-(prefix + q_len) // 16)
     layout = PagedLayout(

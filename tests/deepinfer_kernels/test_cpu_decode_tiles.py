@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import deepinfer_kernels as dk
-from deepinfer_kernels.attention import torch_path
+from deepinfer_kernels.attention import tile_plan, torch_path
 from deepinfer_kernels.cpu import BoundTiles, PagedAttentionTiles, compiler_available
 from deepinfer_kernels.cpu.decode_tiles import (
     SCORE_BUDGET,
@@ -32,7 +32,7 @@ def tiles(tmp_path_factory: pytest.TempPathFactory) -> PagedAttentionTiles:
 
 
 def test_budget_is_the_general_planners() -> None:
-    assert (SCORE_BUDGET, SHORT_TILE) == (torch_path._SCORE_BUDGET, torch_path._SHORT_TILE)
+    assert (SCORE_BUDGET, SHORT_TILE) == (tile_plan._SCORE_BUDGET, tile_plan._SHORT_TILE)
 
 
 def _batch(

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 
 import torch
 
-# The general planner's budget (``attention/torch_path.py``'s ``_SCORE_BUDGET`` and
-# ``_SHORT_TILE``; not imported: that module imports this package): short tiles share one batch
+# The general planner's budget (``attention/tile_plan.py``'s ``_SCORE_BUDGET`` and
+# ``_SHORT_TILE``; not imported: its package imports this one): short tiles share one batch
 # while ``tiles * span * num_q_heads * SHORT_TILE`` fp32 scores fit. A decode batch past it is
 # split there, so it is left to that planner here. The test checks the two agree.
 SCORE_BUDGET = 1 << 24
