@@ -12,8 +12,7 @@ from deepinfer import LLM, EngineConfig, SamplingParams
 from deepinfer.engine.cache_setup import PrefixCacheConfig
 from deepinfer.models import load_model
 from deepinfer.models.loader import LoadedModel
-from deepinfer_cache import BlockHashChain, KVCacheAdapter, TieredKVStore
-from deepinfer_cache import store as store_mod
+from deepinfer_cache import BlockHashChain, KVCacheAdapter, TieredKVStore, store_keys, store_reads
 
 BS = 8
 GREEDY = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
@@ -53,8 +52,8 @@ def test_engine_hashes_each_block_once_and_like_the_store(
         assert isinstance(store, TieredKVStore)
         # Every lookup, load, share and save must read the sequence's chain: the store's
         # own token hashing (hash_chunks for lookups, hash_token_blocks otherwise) is off.
-        monkeypatch.setattr(store_mod, "hash_chunks", no_hashing)
-        monkeypatch.setattr(store_mod, "hash_token_blocks", no_hashing)
+        monkeypatch.setattr(store_reads, "hash_chunks", no_hashing)
+        monkeypatch.setattr(store_keys, "hash_token_blocks", no_hashing)
         outs = [llm.generate([p], GREEDY)[0] for p in prompts]
         monkeypatch.undo()
         assert outs[1].metrics is not None and outs[1].metrics.num_cached_tokens == 40

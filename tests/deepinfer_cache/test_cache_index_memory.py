@@ -8,7 +8,7 @@ import gc
 import torch
 from _cache_helpers import BS, PAGE, PAGE_BYTES
 
-import deepinfer_cache.store as store_mod
+import deepinfer_cache.store_reads as store_mod
 from deepinfer_cache import HostTier, PrefixIndex, TieredKVStore, hash_token_blocks
 
 

@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import deepinfer_cache.hashing as hashing_mod
-import deepinfer_cache.store as store_mod
+import deepinfer_cache.store_reads as store_mod
 from deepinfer_cache import (
     DEFAULT_KEY_HASH,
     KEY_HASHES,
