@@ -13,6 +13,9 @@ disk: when the queue is full it refuses the block (``False``) and counts it in
 disk. Deletes and expiry updates (``touch``) are deferred to the writer threads as well. Until a
 write is durable the page stays in memory and is served from there. Reads verify both
 checksums; a corrupt file is moved to quarantine, counted and reported as a miss.
+
+One concept per module: ``DiskTier`` here holds construction and the write path over the
+layers of ``disk_state.py``.
 """
 
 from __future__ import annotations
@@ -24,45 +27,24 @@ import threading
 import time
 from collections import deque
 from collections.abc import Sequence
-from concurrent.futures import Future
-from dataclasses import dataclass
 
 import torch
 
-from ..disk_format import (
-    CorruptBlockError,
-    encode_header,
-    fsync_dir,
-    max_header_len,
-    page_bytes_view,
-    read_block_file,
-    read_header_file,
-    write_block_file,
-)
+from ..disk_format import encode_header, max_header_len, page_bytes_view, write_block_file
 from ..io_workers import IOWorkers
 from ..lockfile import DirectoryLock
 from ..meta import RecoveredBlock
 from .base import BlockMeta, check_key, check_page, check_page_shape, page_nbytes
-from .dir_hygiene import clear_tmp, ensure_dir, move_aside, quarantine_odd
+from .disk_deferred import DiskDeferred
 from .disk_formats import holds_segments_format, segments_format_refused
+from .disk_reads import DiskReads
+from .disk_recovery import DiskRecovery
+from .disk_state import DiskCounters
+
+__all__ = ["DiskCounters", "DiskTier"]
 
 
-@dataclass
-class DiskCounters:
-    bytes_written: int = 0
-    bytes_read: int = 0
-    write_seconds: float = 0.0
-    read_seconds: float = 0.0
-    blocks_written: int = 0
-    blocks_read: int = 0
-    write_errors: int = 0
-    corrupt_quarantined: int = 0
-    tmp_files_removed: int = 0
-    writeback_dropped: int = 0  # puts refused because the write queue was full
-    odd_entries_quarantined: int = 0  # directory entries that were not block files
-
-
-class DiskTier:
+class DiskTier(DiskRecovery, DiskReads, DiskDeferred):
     """Directory-backed tier with a byte capacity (``capacity_bytes``, file sizes counted).
 
     ``fsync=False`` trades durability of the latest writes for speed (benchmarks, tests); the
@@ -129,90 +111,6 @@ class DiskTier:
             self._dirlock.release()  # a failed open must not keep the directory locked
             raise
 
-    # ------------------------------------------------------------------ open
-    def _scan(self) -> None:
-        for d in (self._blocks, self._tmp, self._quarantine):
-            ensure_dir(d, self.counters)
-        clear_tmp(self._tmp, self._quarantine, self.counters)
-        for shard in range(256):
-            ensure_dir(os.path.join(self._blocks, f"{shard:02x}"), self.counters)
-        fsync_dir(self._blocks)
-        shard_dirs = [os.path.join(self._blocks, f"{shard:02x}") for shard in range(256)]
-        for sd in shard_dirs:
-            with os.scandir(sd) as it:
-                listed = list(it)
-            entries = []
-            for e in listed:
-                # Only regular files can be blocks; links, directories, FIFOs... are moved to
-                # quarantine without being opened (a FIFO would block, a link may loop).
-                if e.is_file(follow_symlinks=False):
-                    entries.append(e)
-                else:
-                    self._quarantine_odd(e.path, e.name)
-            for e in entries:
-                try:
-                    h = read_header_file(e.path)
-                    if h.key.hex() != e.name:
-                        raise CorruptBlockError("file name does not match the block hash")
-                    self._check_layout(h.dtype, h.shape, h.layout)
-                except (CorruptBlockError, OSError):
-                    self._quarantine_file(e.path, e.name)
-                    continue
-                self._files[h.key] = h.file_len
-                self._used += h.file_len
-                self._recovered.append(RecoveredBlock(h.key, h.meta, e.stat().st_mtime))
-
-    def _check_layout(self, dtype: torch.dtype, shape: tuple[int, ...], layout: str) -> None:
-        if dtype != self.dtype or shape != self.page_shape or layout != self.layout:
-            raise CorruptBlockError(
-                f"block is {dtype} {shape} {layout!r}, tier is {self.dtype} {self.page_shape} "
-                f"{self.layout!r}"
-            )
-
-    def recovered(self) -> list[RecoveredBlock]:
-        """Blocks found valid on open (header-checked), with the metadata to re-index them
-        (empty after ``drop_recovered``)."""
-        return list(self._recovered)
-
-    def drop_recovered(self) -> None:
-        """Free the recovered list once an index holds it (the store calls this after its
-        rebuild): a million small objects kept for nothing would tax every GC pass."""
-        self._recovered = []
-
-    def touch(self, key: bytes, expires_at: float) -> None:
-        """Persist an extended expiry cheaply: a block file's mtime holds its latest expiry
-        (set at write time, moved here), and a restart uses ``max(header expiry, mtime)``.
-        Deferred to a writer thread (never waits on the disk)."""
-        if key in self._files or key in self._pending:
-            with self._lock:
-                self._touches[key] = max(expires_at, self._touches.get(key, 0.0))
-            self._kick()
-
-    # ------------------------------------------------------------------ protocol
-    def __contains__(self, key: object) -> bool:
-        return key in self._files or key in self._pending
-
-    def __len__(self) -> int:
-        return len(self._files) + len(self._pending)
-
-    def used_bytes(self) -> int:
-        return self._used
-
-    def has_room(self, nbytes: int | None = None) -> bool:
-        need = self.file_bytes if nbytes is None else nbytes
-        return self._used + need <= self.capacity_bytes
-
-    def keys(self) -> list[bytes]:
-        with self._lock:
-            return list(self._files) + list(self._pending)
-
-    def is_durable(self, key: bytes) -> bool:
-        return key in self._files
-
-    def path_of(self, key: bytes) -> str:
-        hx = key.hex()
-        return os.path.join(self._blocks, hx[:2], hx)
-
     def put(
         self, key: bytes, page: torch.Tensor, meta: BlockMeta | None, *, block: bool = False
     ) -> bool:
@@ -262,66 +160,6 @@ class DiskTier:
         """True while the write queue is full (a ``put`` now would be refused)."""
         return self._workers.full()
 
-    def get(self, key: bytes) -> torch.Tensor | None:
-        with self._lock:
-            pend = self._pending.get(key)
-            if pend is not None:
-                return pend[1].clone()
-            if key not in self._files:
-                return None
-        path = self.path_of(key)
-        t0 = time.perf_counter()
-        try:
-            header, page = read_block_file(path)
-            if header.key != key:
-                raise CorruptBlockError("block hash in header does not match")
-            self._check_layout(header.dtype, header.shape, header.layout)
-        except FileNotFoundError:
-            with self._lock:
-                self._forget(key)
-            self._failed.append(key)
-            return None
-        except (CorruptBlockError, OSError):
-            with self._lock:
-                if key in self._files:
-                    self._forget(key)
-                    self._quarantine_file(path, key.hex())
-            self._failed.append(key)
-            return None
-        with self._lock:
-            self.counters.bytes_read += header.file_len
-            self.counters.blocks_read += 1
-            self.counters.read_seconds += time.perf_counter() - t0
-        return page
-
-    def get_async(self, key: bytes) -> Future[torch.Tensor | None]:
-        """``get`` on a reader thread, so many blocks are read (and checksummed) in parallel."""
-        return self._readers.submit(self.get, key)
-
-    def get_many(self, keys: Sequence[bytes]) -> list[torch.Tensor | None]:
-        """Read ``keys`` in parallel; entry i is None when block i is missing or corrupt."""
-        futs = [self.get_async(k) for k in keys]
-        return [f.result() for f in futs]
-
-    def delete(self, key: bytes) -> None:
-        with self._lock:
-            pend = self._pending.pop(key, None)
-            if pend is not None:
-                self._used -= pend[2]
-                return
-            if key in self._files:
-                self._forget(key)
-                self._touches.pop(key, None)
-                self._unlinks.append(key)
-        self._kick()
-
-    def pop_failed(self) -> list[bytes]:
-        """Blocks lost since the last call (write error, corrupt or vanished file)."""
-        out: list[bytes] = []
-        while self._failed:
-            out.append(self._failed.popleft())
-        return out
-
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until every queued write is durable (or failed) and deferred deletes and expiry
         updates are done; False on timeout."""
@@ -336,57 +174,6 @@ class DiskTier:
         self._readers.shutdown(wait=True)
         self._run_deferred()
         self._dirlock.release()
-
-    # ------------------------------------------------------------------ deferred metadata
-    def _kick(self) -> None:
-        """Have a writer thread run the deferred work soon (skipped when the queue is full:
-        the next write, ``flush`` or ``close`` runs it)."""
-        with self._lock:
-            if self._kicked:
-                return
-            self._kicked = True
-        try:
-            self._workers.submit(self._run_deferred, block=False)
-        except (queue.Full, RuntimeError):
-            with self._lock:
-                self._kicked = False
-
-    def _run_deferred(self) -> None:
-        while True:
-            with self._lock:
-                self._kicked = False
-                unlinks: list[str] = []
-                while self._unlinks:
-                    key = self._unlinks.popleft()
-                    # Re-stored meanwhile: its new file replaces (or replaced) the old one.
-                    if key not in self._files and key not in self._pending:
-                        unlinks.append(self.path_of(key))
-                # A block still being written keeps its touch until its file exists.
-                touches = [(k, t) for k, t in self._touches.items() if k in self._files]
-                for k, _ in touches:
-                    del self._touches[k]
-                self._touches = {k: t for k, t in self._touches.items() if k in self._pending}
-            if not unlinks and not touches:
-                return
-            for path in unlinks:
-                with contextlib.suppress(OSError):
-                    os.unlink(path)
-            for key, t in touches:
-                with contextlib.suppress(OSError):
-                    os.utime(self.path_of(key), (t, t))
-
-    # ------------------------------------------------------------------ internals
-    def _forget(self, key: bytes) -> None:
-        size = self._files.pop(key, None)
-        if size is not None:
-            self._used -= size
-
-    def _quarantine_odd(self, path: str, name: str) -> None:
-        quarantine_odd(self._quarantine, path, name, self.counters)
-
-    def _quarantine_file(self, path: str, name: str) -> None:
-        self.counters.corrupt_quarantined += 1
-        move_aside(self._quarantine, path, name)
 
     def _write(
         self, key: bytes, gen: int, page: torch.Tensor, meta: BlockMeta, reserved: int
