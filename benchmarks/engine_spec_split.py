@@ -19,12 +19,14 @@ at ``REV`` (a ``git archive`` with its own C sources, ``decode_step_python_ab.re
 with the working tree (or ``--current REV``), ``N`` rounds each. A child times, without the
 profiler, ``--repeats`` alternated greedy generations of plain decoding and of ``--drafts``
 forced drafts (compiled block), each decode step by the thread's CPU clock at ``--threads 1``
-or the wall clock otherwise (the prefill step is not counted), then one profiled generation of
-each for the time inside the compiled kernels (the layer calls, the LM head, the drafter's
-calls). Printed per side: plain and drafting CPU (or wall) ms per step, the drafting step over
-the plain one (the figure to keep), the ms per step outside the kernels, and the floor: the
-ratio of a drafting step whose Python cost no more than the plain step's (kernels' thread CPU
-plus the plain step's Python, over the plain step; from the profiled generations):
+or the wall clock otherwise (the prefill step is not counted), each followed by a profiled one
+for the time inside the compiled kernels (the layer calls, the LM head, the drafter's calls).
+Printed per side: plain and drafting CPU (or wall) ms per step, the drafting step over the
+plain one (the figure to keep), what drafting adds outside the kernels (from profiled
+generations, one after each timed one: the steps' difference less the kernels'), and the
+floor: the ratio a drafting step would reach if it added nothing outside the kernels (``1 +
+kernels' difference / plain step``). At ``--threads 2`` the kernels' time is the calling
+thread's, so read those two at ``--threads 1``:
 
     .venv/bin/python benchmarks/engine_spec_split.py --baseline 8981c7e --rounds 4
     .venv/bin/python benchmarks/engine_spec_split.py --baseline 8981c7e --threads 2 --rounds 6
@@ -117,20 +119,25 @@ def child(args: argparse.Namespace) -> None:
     for llm in sides.values():
         _decode_steps(llm, ids, params, clock)  # warm-up: packed weights, bound steps
     ms: dict[str, list[float]] = {name: [] for name in sides}
+    # Per profiled generation: ms per step inside the kernels, and the whole step's.
+    inside: dict[str, list[float]] = {name: [] for name in sides}
+    profiled: dict[str, list[float]] = {name: [] for name in sides}
     for r in range(args.repeats):
         for name in list(sides) if r % 2 == 0 else list(reversed(sides)):
             steps = _decode_steps(sides[name], ids, params, clock)
             ms[name].append(1e3 * sum(steps) / len(steps))
+            profile = cProfile.Profile(time.thread_time)
+            profile.enable()
+            steps = _decode_steps(sides[name], ids, params, time.thread_time)
+            profile.disable()
+            stats = pstats.Stats(profile)
+            kernel_ms = sum(cumulative_ms(stats, suffix, func) for suffix, func in KERNELS)
+            inside[name].append(kernel_ms / len(steps))
+            profiled[name].append(1e3 * sum(steps) / len(steps))
     kernels: dict[str, float] = {}
-    for name, llm in sides.items():
-        profile = cProfile.Profile(time.thread_time)
-        profile.enable()
-        steps = _decode_steps(llm, ids, params, time.thread_time)
-        profile.disable()
-        stats = pstats.Stats(profile)
-        inside = sum(cumulative_ms(stats, suffix, func) for suffix, func in KERNELS)
-        kernels[name] = inside / len(steps)
-        kernels[name + " profiled step"] = 1e3 * sum(steps) / len(steps)
+    for name in sides:
+        kernels[name] = statistics.median(inside[name])
+        kernels[name + " profiled step"] = statistics.median(profiled[name])
     print(json.dumps({"ms": ms, "kernels": kernels}))
 
 
@@ -166,18 +173,20 @@ def compare(args: argparse.Namespace) -> None:
                 got = json.loads(done.stdout.strip().splitlines()[-1])
                 plain, draft = (statistics.median(got["ms"][k]) for k in ("plain", "drafting"))
                 k = got["kernels"]
-                own = k["drafting profiled step"] - k["drafting"]
-                base_own = k["plain profiled step"] - k["plain"]
+                # What drafting adds inside the kernels and outside them, both from the
+                # profiled generations (the profiler inflates the Python outside a little).
+                inside = k["drafting"] - k["plain"]
                 ratio[name].append(draft / plain)
                 drafting[name].append(draft)
-                outside[name].append(own - base_own)
-                # The kernels alone (plain's Python added to both sides): the ratio a step
-                # whose drafting added no Python at all would reach on these kernels.
-                floor[name].append((k["drafting"] + base_own) / k["plain profiled step"])
+                added = k["drafting profiled step"] - k["plain profiled step"] - inside
+                outside[name].append(added)
+                # The ratio a drafting step would reach if it added no Python to the plain
+                # step's, on the same kernels.
+                floor[name].append(1.0 + inside / plain)
                 print(
                     f"round {r + 1} {name:8s}: plain {plain:.2f}, drafting {draft:.2f} ms/step "
-                    f"({draft / plain:.3f}x); outside the kernels (profiled) plain "
-                    f"{base_own:.2f}, drafting {own:.2f} ms/step; load {os.getloadavg()[0]:.2f}",
+                    f"({draft / plain:.3f}x); drafting adds {inside:.2f} inside the kernels, "
+                    f"{added:.2f} outside; load {os.getloadavg()[0]:.2f}",
                     flush=True,
                 )
     clock = "thread CPU" if args.threads == 1 else f"wall, {args.threads} threads"
@@ -187,10 +196,10 @@ def compare(args: argparse.Namespace) -> None:
         extra, low = outside[name], floor[name]
         print(
             f"{name} ({rev}): drafting step / plain step {statistics.median(r):.3f}x "
-            f"({min(r):.3f}-{max(r):.3f}, {clock}); drafting's extra ms outside the kernels "
-            f"(profiled) {statistics.median(extra):.2f} ({min(extra):.2f}-{max(extra):.2f}); "
+            f"({min(r):.3f}-{max(r):.3f}, {clock}); drafting adds outside the kernels "
+            f"{statistics.median(extra):.2f} ms/step ({min(extra):.2f}-{max(extra):.2f}); "
             f"with none, the kernels' floor {statistics.median(low):.3f}x "
-            f"({min(low):.3f}-{max(low):.3f}, thread CPU)"
+            f"({min(low):.3f}-{max(low):.3f})"
         )
     saved = [b / c for b, c in zip(drafting["baseline"], drafting["current"], strict=True)]
     print(
