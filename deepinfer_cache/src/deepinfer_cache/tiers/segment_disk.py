@@ -22,17 +22,18 @@ served. Deleting a block drops it from the next manifest and then zeroes its rec
 tail scan can bring it back); segments whose records are mostly dead are compacted (live records copied forward, then the segment is retired through the manifest).
 ``put`` never waits on the disk (a full write queue refuses and counts ``writeback_dropped``).
 
-One concept per module: this one holds the tier's state, open and public protocol;
-``segment_write`` the appends and group commit, ``segment_read`` the coalesced reads (with
-``segment_read_requests``, ``segment_read_descriptions`` and ``segment_read_quarantine``),
-``segment_maintenance`` checkpoints and compaction, ``segment_open`` the reopen scan.
+One concept per module: this one holds the tier's construction, public protocol and segment
+file descriptors; ``segment_recovery`` the open scan and recovered blocks, ``segment_deferred``
+expiry updates, deletes and deferred upkeep, ``segment_write`` the appends and group commit,
+``segment_read`` the coalesced reads (with ``segment_read_requests``,
+``segment_read_descriptions`` and ``segment_read_quarantine``), ``segment_maintenance``
+checkpoints and compaction, ``segment_open`` the reopen scan.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import queue
 import threading
 from collections import deque
 from collections.abc import Sequence
@@ -40,11 +41,9 @@ from dataclasses import dataclass
 
 import torch
 
-from ..disk_format import fsync_dir
-from ..index_bulk import RecoveredColumns, paused_gc
+from ..index_bulk import RecoveredColumns
 from ..io_workers import IOWorkers
 from ..lockfile import DirectoryLock
-from ..meta import RecoveredBlock
 from ..page_pool import PagePool
 from ..segment_format import (
     RECORD_HEADER_BYTES,
@@ -55,17 +54,17 @@ from ..segment_format import (
 )
 from ._locations import LocationTable
 from .base import BlockMeta, check_page_shape, page_nbytes
-from .dir_hygiene import clear_tmp, ensure_dir, move_aside, quarantine_odd
-from .disk import DiskCounters
 from .disk_formats import (
     MigrationReport,
     files_format_refused,
     holds_files_format,
     migrate_files_to_segments,
 )
+from .disk_state import DiskCounters
+from .segment_deferred import SegmentDeferred
 from .segment_maintenance import SegmentMaintenance
-from .segment_open import load_segments
 from .segment_read import SegmentReads
+from .segment_recovery import SegmentRecovery
 from .segment_write import SegmentWrites, _Segment
 
 
@@ -80,7 +79,9 @@ class SegmentCounters(DiskCounters):
     tail_records_scanned: int = 0
 
 
-class SegmentDiskTier(SegmentWrites, SegmentReads, SegmentMaintenance):
+class SegmentDiskTier(
+    SegmentWrites, SegmentReads, SegmentMaintenance, SegmentRecovery, SegmentDeferred
+):
     """Directory-backed tier storing blocks in segment files (see the module docstring).
 
     ``capacity_bytes`` counts live records (``record_bytes`` each); dead slots are reclaimed
@@ -200,69 +201,6 @@ class SegmentDiskTier(SegmentWrites, SegmentReads, SegmentMaintenance):
             self._dirlock.release()  # a failed open must not keep the directory locked
             raise
 
-    # ------------------------------------------------------------------ open
-    def _open(self) -> None:
-        for d in (self._segdir, self._tmp, self._quarantine):
-            ensure_dir(d, self.counters)
-        clear_tmp(self._tmp, self._quarantine, self.counters)
-        with paused_gc():
-            st = load_segments(
-                self._segdir,
-                self._manifest,
-                self.geometry,
-                self._quarantine_path,
-                self._quarantine_odd,
-            )
-        c = self.counters
-        c.torn_records += st.torn_records
-        c.stale_entries += st.stale_entries
-        c.corrupt_quarantined += st.corrupt
-        c.manifest_rejected += st.manifest_rejected
-        c.segments_retired += st.segments_retired
-        c.tail_records_scanned += st.tail_records
-        self._loc = st.table
-        self._next_segment = st.next_segment
-        for sid, n in st.slots.items():
-            self._segments[sid] = _Segment(sid, os.path.join(self._segdir, segment_name(sid)), n)
-        for sid, live in self._loc.live_per_segment().items():
-            self._segments[sid].live = live
-        self._columns = st.columns
-        self._recovered = list(self._loc)
-        # Every new write goes to a fresh segment; old ones (torn tails included) are sealed.
-        if st.tail_records or st.stale_entries or st.segments_retired or not st.manifest_found:
-            self._changed = 1
-        fsync_dir(self.directory)
-
-    def recovered(self) -> list[RecoveredBlock]:
-        """Blocks found on open with the metadata to re-index them (``mtime`` holds the
-        latest expiry persisted for each; empty after ``drop_recovered``)."""
-        out = []
-        for k in self._recovered or ():
-            r = self._loc.get(k)
-            if r is not None:
-                out.append(RecoveredBlock(k, BlockMeta(r[2], r[4], r[5], r[3]), r[5]))
-        return out
-
-    def recovered_columns(self) -> RecoveredColumns:
-        """``recovered()`` as parallel lists (what ``index_bulk.bulk_load`` takes): no object
-        per block, so a reopen of a million blocks stays within seconds."""
-        cols, self._columns = self._columns, None
-        if cols is not None and len(self._loc) == len(cols.keys) == len(self._recovered or ()):
-            return cols  # straight from the manifest (nothing deleted or added since open)
-        recs = [(k, r) for k in self._recovered or () if (r := self._loc.get(k)) is not None]
-        return RecoveredColumns(
-            [k for k, _ in recs],
-            [r[2] for _, r in recs],
-            [r[4] for _, r in recs],
-            [r[5] for _, r in recs],
-            [r[3] for _, r in recs],
-        )
-
-    def drop_recovered(self) -> None:
-        self._recovered = None
-        self._columns = None
-
-    # ------------------------------------------------------------------ protocol
     def __contains__(self, key: object) -> bool:
         return key in self._loc or key in self._pending
 
@@ -297,30 +235,6 @@ class SegmentDiskTier(SegmentWrites, SegmentReads, SegmentMaintenance):
     def backlogged(self) -> bool:
         return self._workers.full()
 
-    def touch(self, key: bytes, expires_at: float) -> None:
-        """Extend a block's expiry; persisted with the next manifest (``flush``)."""
-        with self._lock:
-            r = self._loc.get(key)
-            if r is not None:
-                if expires_at > r[5]:
-                    self._loc[key] = (*r[:5], expires_at, r[6])
-                    self._changed += 1
-            elif key in self._pending:
-                self._touches[key] = max(expires_at, self._touches.get(key, 0.0))
-
-    def delete(self, key: bytes) -> None:
-        with self._lock:
-            if self._pending.pop(key, None) is not None:
-                return  # the writer sees it gone and marks its slot dead
-            r = self._loc.pop(key, None)
-            if r is None:
-                return
-            self._touches.pop(key, None)
-            self._segments[r[0]].live -= 1
-            self._invalid.append((r[0], r[1]))
-            self._changed += 1
-        self._kick()
-
     def pop_failed(self) -> list[bytes]:
         out: list[bytes] = []
         while self._failed:
@@ -351,32 +265,6 @@ class SegmentDiskTier(SegmentWrites, SegmentReads, SegmentMaintenance):
         self.page_pool.clear()  # idle buffers only: pages callers hold stay theirs
         self._dirlock.release()
 
-    # ------------------------------------------------------------------ deferred work
-    def _kick(self) -> None:
-        with self._lock:
-            if self._kicked:
-                return
-            self._kicked = True
-        try:
-            self._workers.submit(self._run_deferred, block=False)
-        except (queue.Full, RuntimeError):
-            with self._lock:
-                self._kicked = False
-
-    def _run_deferred(self) -> None:
-        """Compact or retire sparse segments, and write a manifest (zeroing deleted records'
-        headers after it) once enough changed since the last one (writer threads, flush)."""
-        with self._lock:
-            self._kicked = False
-        seg = self._pick_sparse()
-        if seg is not None:
-            self._compact(seg)
-        if self._changed >= max(self.checkpoint_every, len(self._loc) // 4):
-            self._checkpoint()
-
-    # ------------------------------------------------------------------ reading
-
-    # ------------------------------------------------------------------ internals
     def _release_fd(self, s: _Segment, user: bool = False) -> None:
         with self._lock:
             if user:
@@ -399,12 +287,6 @@ class SegmentDiskTier(SegmentWrites, SegmentReads, SegmentMaintenance):
                 with contextlib.suppress(OSError):
                     os.close(s.fd)
                 s.fd = None
-
-    def _quarantine_odd(self, path: str, name: str) -> None:
-        quarantine_odd(self._quarantine, path, name, self.counters)
-
-    def _quarantine_path(self, path: str, name: str) -> None:
-        move_aside(self._quarantine, path, name)
 
 
 __all__ = ["SegmentCounters", "SegmentDiskTier"]
