@@ -58,7 +58,7 @@ from .tiers import (
     torch_scatter,
 )
 
-__version__ = "0.9.0"
+__version__ = "0.9.1"
 
 __all__ = [
     "DEFAULT_KEY_HASH",

@@ -39,7 +39,7 @@ from deepinfer_sched.traces import (
     synthetic_trace,
 )
 
-__version__ = "0.6.0"
+__version__ = "0.6.1"
 
 __all__ = [
     "SLO",
