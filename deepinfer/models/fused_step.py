@@ -152,15 +152,20 @@ class BoundStep:
         """The bound attention re-pointed at this step's pages: the decode runner for a decode
         step, the verification runner for a step of one sequence's last ``rows`` tokens; None
         for any other step (the caller plans it)."""
-        tiles = self.decode_tiles(attn)
-        if tiles is not None:
-            assert self.decode is not None
+        # The query offsets are read once and name the step's kind, so a verification step
+        # goes straight to its tile (it used to try the decode tiles first: ~100 us against
+        # ~56 for a decode step, in situ).
+        offsets = attn.cu_seqlens_q.tolist()
+        if self.decode is not None and offsets == list(range(self.rows + 1)):
+            tiles = self._decode_tiles(attn)
+            if tiles is None:
+                return None
             self.decode.retarget(tiles)
             return self.decode
-        if self.verify is None or attn.cu_seqlens_q.tolist() != [0, self.rows]:
+        if self.verify is None or offsets != [0, self.rows]:
             return None
         verify = plan_verify_tile(
-            attn.block_table[0].tolist(), int(attn.seq_lens[0]), self.rows,
+            attn.block_table.tolist()[0], attn.seq_lens.tolist()[0], self.rows,
             block_size=int(self.k_caches[0].shape[1]),
             num_blocks=int(self.k_caches[0].shape[0]), num_q_heads=self.shape.num_heads,
         )  # fmt: skip
@@ -175,13 +180,14 @@ class BoundStep:
         would split)."""
         if self.decode is None or attn.cu_seqlens_q.tolist() != list(range(self.rows + 1)):
             return None
-        lens = attn.seq_lens.tolist()
-        table = attn.block_table.tolist()
-        block = int(self.k_caches[0].shape[1])
+        return self._decode_tiles(attn)
+
+    def _decode_tiles(self, attn: AttentionMetadata) -> DecodeTiles | None:
+        # A step of one query per row: its pages and key lengths as decode tiles.
         return plan_decode_tiles(
-            table,
-            lens,
-            block_size=block,
+            attn.block_table.tolist(),
+            attn.seq_lens.tolist(),
+            block_size=int(self.k_caches[0].shape[1]),
             num_blocks=int(self.k_caches[0].shape[0]),
             num_q_heads=self.shape.num_heads,
         )
