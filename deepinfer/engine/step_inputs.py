@@ -10,7 +10,8 @@ For sequence ``b`` feeding ``tokens[b]`` at positions ``starts[b] ..`` over its 
 
 The paged-KV fields are ``AttentionMetadata.build``'s (one ``torch.tensor`` per field from
 Python lists, no device copy when the target is the CPU); this module adds the ids and positions
-and, for decode steps on the CPU, `DecodeInputBuffers`. At batch 1 on the CPU the step's few
+and, for decode steps on the CPU, `DecodeInputBuffers` (for a step of one sequence's few
+tokens, a speculative verification, `VerifyInputBuffers`). At batch 1 on the CPU the step's few
 small torch calls run right after ~10 ms of kernels have evicted the interpreter's working set,
 where each costs tens of microseconds rather than the few a warm loop measures.
 """
@@ -158,4 +159,90 @@ class DecodeInputBuffers:
             ),
         )
         self._shape = (rows, width)
+        return self._inputs
+
+
+# The most tokens a step of one sequence may feed through `VerifyInputBuffers`: a speculative
+# verification is the anchor and a few drafts; longer steps (a prefill chunk) build theirs.
+MAX_VERIFY_TOKENS = 16
+
+
+class VerifyInputBuffers:
+    """`StepInputs` of steps of ONE sequence feeding a few tokens on the CPU (a speculative
+    verification: the anchor and its drafts), kept between steps as `DecodeInputBuffers` keeps
+    a decode step's: values written into numpy views of tensors made for the step's shape
+    (tokens x block-table width), the same `StepInputs` object handed back while the shape
+    holds. The values are ``build_step_inputs``'s; the tensors are overwritten by the next
+    step, so a caller keeps nothing from one step to the next.
+    """
+
+    def __init__(self) -> None:
+        self._shape: tuple[int, int] | None = None
+        self._inputs: StepInputs | None = None
+        self._ids = self._positions = self._slots = np.zeros(0, dtype=np.int64)
+        self._seq_lens = np.zeros(1, dtype=np.int32)
+        self._table = np.zeros((1, 1), dtype=np.int32)
+
+    @staticmethod
+    def takes(tokens: Sequence[Sequence[int]]) -> bool:
+        """Whether a step feeding ``tokens`` (one list per sequence) is one these buffers
+        fill: one sequence of 1 to :data:`MAX_VERIFY_TOKENS` tokens."""
+        return len(tokens) == 1 and 1 <= len(tokens[0]) <= MAX_VERIFY_TOKENS
+
+    def fill(
+        self,
+        block_tables: Sequence[Sequence[int]],
+        starts: Sequence[int],
+        tokens: Sequence[Sequence[int]],
+        block_size: int,
+    ) -> StepInputs:
+        """This step's inputs (one sequence: ``tokens[0]`` at positions ``starts[0] ..``).
+        ``ValueError`` names the argument that is inconsistent."""
+        if not len(tokens) == len(block_tables) == len(starts) == 1:
+            raise ValueError(
+                f"block_tables, starts and tokens must each hold one sequence, got "
+                f"{len(block_tables)}, {len(starts)} and {len(tokens)}"
+            )
+        if block_size <= 0:
+            raise ValueError(f"block_size must be positive, got {block_size}")
+        blocks, start, toks = block_tables[0], starts[0], tokens[0]
+        count = len(toks)
+        if not 1 <= count <= MAX_VERIFY_TOKENS:
+            raise ValueError(f"tokens[0]: expected 1 to {MAX_VERIFY_TOKENS} tokens, got {count}")
+        end = start + count
+        if start < 0 or len(blocks) * block_size < end:
+            raise ValueError(
+                f"block_tables[0] has {len(blocks)} blocks of {block_size}: too few for "
+                f"positions starts[0]={start} .. {end - 1}"
+            )
+        width = len(blocks)  # at least one: the check above
+        inputs = self._inputs
+        if inputs is None or self._shape != (count, width):
+            inputs = self._allocate(count, width)
+        self._ids[:] = toks
+        self._positions[:] = range(start, end)
+        self._slots[:] = [blocks[p // block_size] * block_size + p % block_size
+                          for p in range(start, end)]  # fmt: skip
+        self._seq_lens[0] = end
+        self._table[0] = blocks
+        return inputs
+
+    def _allocate(self, count: int, width: int) -> StepInputs:
+        self._ids = np.zeros(count, dtype=np.int64)
+        self._positions = np.zeros(count, dtype=np.int64)
+        self._slots = np.zeros(count, dtype=np.int64)
+        self._seq_lens = np.zeros(1, dtype=np.int32)
+        # One row exactly as wide as the sequence's table: nothing to pad.
+        self._table = np.zeros((1, width), dtype=np.int32)
+        self._inputs = StepInputs(
+            input_ids=torch.from_numpy(self._ids),
+            positions=torch.from_numpy(self._positions),
+            attn=AttentionMetadata(
+                block_table=torch.from_numpy(self._table),
+                seq_lens=torch.from_numpy(self._seq_lens),
+                cu_seqlens_q=torch.tensor([0, count], dtype=torch.int32),
+                slot_mapping=torch.from_numpy(self._slots),
+            ),
+        )
+        self._shape = (count, width)
         return self._inputs

@@ -12,7 +12,13 @@ from hypothesis import strategies as st
 from deepinfer.engine.outputs import RequestMetrics
 from deepinfer.engine.sampling_params import SamplingParams
 from deepinfer.engine.sequence import Sequence
-from deepinfer.engine.step_inputs import DecodeInputBuffers, StepInputs, build_step_inputs
+from deepinfer.engine.step_inputs import (
+    MAX_VERIFY_TOKENS,
+    DecodeInputBuffers,
+    StepInputs,
+    VerifyInputBuffers,
+    build_step_inputs,
+)
 from deepinfer.models.attention_metadata import AttentionMetadata
 
 BLOCK = 4
@@ -127,6 +133,71 @@ def test_decode_buffers_name_the_bad_argument(
 ) -> None:
     with pytest.raises(ValueError, match=match):
         DecodeInputBuffers().fill(tables, starts, tokens, BLOCK)
+
+
+@st.composite
+def verify_steps(draw: st.DrawFn) -> tuple[list[list[int]], list[int], list[list[int]]]:
+    """One sequence feeding 1 to MAX_VERIFY_TOKENS tokens (a verification: anchor + drafts)."""
+    start = draw(st.integers(0, 40))
+    count = draw(st.integers(1, MAX_VERIFY_TOKENS))
+    need = -(-(start + count) // BLOCK)
+    extra = draw(st.integers(0, 2))
+    table = draw(st.lists(st.integers(0, 99), min_size=need + extra, max_size=need + extra))
+    return [table], [start], [draw(st.lists(st.integers(0, 500), min_size=count, max_size=count))]
+
+
+@settings(max_examples=60, deadline=None)
+@given(steps=st.lists(verify_steps(), min_size=1, max_size=6))
+def test_verify_buffers_match_build_over_successive_steps(
+    steps: list[tuple[list[list[int]], list[int], list[list[int]]]],
+) -> None:
+    """Successive one-sequence steps of any token counts and table widths through one buffer
+    set: each step's tensors are exactly what a fresh build gives."""
+    buffers = VerifyInputBuffers()
+    for batch in steps:
+        assert VerifyInputBuffers.takes(batch[2])
+        got = buffers.fill(*batch, block_size=BLOCK)
+        _assert_matches_build(got, *batch)
+        _assert_matches_build(build_step_inputs(*batch, block_size=BLOCK), *batch)
+
+
+def test_verify_buffers_reuse_tensors_while_the_shape_holds() -> None:
+    buffers = VerifyInputBuffers()
+    first = buffers.fill([[7, 8]], [3], [[11, 12]], BLOCK)
+    second = buffers.fill([[7, 9]], [5], [[13, 14]], BLOCK)
+    assert second is first  # same shape: same tensors, new values
+    assert second.attn.slot_mapping.tolist() == [9 * BLOCK + 1, 9 * BLOCK + 2]
+    assert second.attn.seq_lens.tolist() == [7] and second.positions.tolist() == [5, 6]
+    longer = buffers.fill([[7, 9]], [5], [[1, 2, 3]], BLOCK)
+    assert longer is not first and longer.attn.cu_seqlens_q.tolist() == [0, 3]
+    wider = buffers.fill([[7, 9, 4]], [5], [[1, 2, 3]], BLOCK)
+    assert wider is not longer and wider.attn.block_table.tolist() == [[7, 9, 4]]
+
+
+def test_verify_buffers_take_one_sequence_of_few_tokens() -> None:
+    assert VerifyInputBuffers.takes([[1]]) and VerifyInputBuffers.takes([[1] * MAX_VERIFY_TOKENS])
+    assert not VerifyInputBuffers.takes([[1] * (MAX_VERIFY_TOKENS + 1)])
+    assert not VerifyInputBuffers.takes([[1], [2]])
+    assert not VerifyInputBuffers.takes([[]]) and not VerifyInputBuffers.takes([])
+
+
+@pytest.mark.parametrize(
+    ("tables", "starts", "tokens", "block_size", "match"),
+    [
+        ([[1]], [0, 1], [[1]], BLOCK, "one sequence"),
+        ([[1], [2]], [0, 1], [[1], [2]], BLOCK, "one sequence"),
+        ([[1]], [0], [[1]], 0, "block_size"),
+        ([[1]], [0], [[]], BLOCK, "tokens\\[0\\]"),
+        ([[1]], [0], [[1] * (MAX_VERIFY_TOKENS + 1)], 64, "tokens\\[0\\]"),
+        ([[1]], [3], [[1, 2]], BLOCK, "block_tables\\[0\\]"),
+        ([[1]], [-1], [[1]], BLOCK, "starts\\[0\\]"),
+    ],
+)
+def test_verify_buffers_name_the_bad_argument(
+    tables: list[list[int]], starts: list[int], tokens: list[list[int]], block_size: int, match: str
+) -> None:
+    with pytest.raises(ValueError, match=match):
+        VerifyInputBuffers().fill(tables, starts, tokens, block_size)
 
 
 @settings(max_examples=80)
