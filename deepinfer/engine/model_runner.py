@@ -14,7 +14,11 @@ from deepinfer.engine.sampler import (
 )
 from deepinfer.engine.sequence import Sequence
 from deepinfer.engine.speculation import ForwardOutput
-from deepinfer.engine.step_inputs import DecodeInputBuffers, build_step_inputs
+from deepinfer.engine.step_inputs import (
+    DecodeInputBuffers,
+    VerifyInputBuffers,
+    build_step_inputs,
+)
 from deepinfer.models.kv_pool import KVPool
 from deepinfer.models.llama import LlamaModel
 from deepinfer_kernels.sampling import sample_with_generators
@@ -30,6 +34,8 @@ class ModelRunner:
         # Decode steps on the CPU write into tensors kept between steps (torch.from_numpy
         # views: no transfer for another device to wait on).
         self._decode_buffers = DecodeInputBuffers() if self.device.type == "cpu" else None
+        # Likewise a step of one sequence's few tokens: a speculative verification at batch 1.
+        self._verify_buffers = VerifyInputBuffers() if self.device.type == "cpu" else None
         self.num_steps = 0
         self.num_forward_tokens = 0
 
@@ -45,6 +51,8 @@ class ModelRunner:
         tables = [seq.block_ids for seq in seqs]
         if self._decode_buffers is not None and all(len(toks) == 1 for toks in tokens):
             inputs = self._decode_buffers.fill(tables, starts, tokens, self.pool.block_size)
+        elif self._verify_buffers is not None and VerifyInputBuffers.takes(tokens):
+            inputs = self._verify_buffers.fill(tables, starts, tokens, self.pool.block_size)
         else:
             inputs = build_step_inputs(tables, starts, tokens, self.pool.block_size, self.device)
         with torch.inference_mode():

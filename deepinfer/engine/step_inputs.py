@@ -148,15 +148,8 @@ class DecodeInputBuffers:
         self._seq_lens = np.zeros(rows, dtype=np.int32)
         self._table = np.zeros((rows, width), dtype=np.int32)
         cu = np.arange(rows + 1, dtype=np.int32)
-        self._inputs = StepInputs(
-            input_ids=torch.from_numpy(self._ids),
-            positions=torch.from_numpy(self._positions),
-            attn=AttentionMetadata(
-                block_table=torch.from_numpy(self._table),
-                seq_lens=torch.from_numpy(self._seq_lens),
-                cu_seqlens_q=torch.from_numpy(cu),
-                slot_mapping=torch.from_numpy(self._slots),
-            ),
+        self._inputs = _numpy_views(
+            self._ids, self._positions, self._table, self._seq_lens, cu, self._slots
         )
         self._shape = (rows, width)
         return self._inputs
@@ -234,15 +227,31 @@ class VerifyInputBuffers:
         self._seq_lens = np.zeros(1, dtype=np.int32)
         # One row exactly as wide as the sequence's table: nothing to pad.
         self._table = np.zeros((1, width), dtype=np.int32)
-        self._inputs = StepInputs(
-            input_ids=torch.from_numpy(self._ids),
-            positions=torch.from_numpy(self._positions),
-            attn=AttentionMetadata(
-                block_table=torch.from_numpy(self._table),
-                seq_lens=torch.from_numpy(self._seq_lens),
-                cu_seqlens_q=torch.tensor([0, count], dtype=torch.int32),
-                slot_mapping=torch.from_numpy(self._slots),
-            ),
+        cu = np.array([0, count], dtype=np.int32)
+        self._inputs = _numpy_views(
+            self._ids, self._positions, self._table, self._seq_lens, cu, self._slots
         )
         self._shape = (count, width)
         return self._inputs
+
+
+def _numpy_views(
+    ids: np.ndarray,
+    positions: np.ndarray,
+    table: np.ndarray,
+    seq_lens: np.ndarray,
+    cu_seqlens_q: np.ndarray,
+    slots: np.ndarray,
+) -> StepInputs:
+    """`StepInputs` whose tensors share memory with these arrays (kept between steps by the
+    buffers above, which write the next step's values into the arrays)."""
+    return StepInputs(
+        input_ids=torch.from_numpy(ids),
+        positions=torch.from_numpy(positions),
+        attn=AttentionMetadata(
+            block_table=torch.from_numpy(table),
+            seq_lens=torch.from_numpy(seq_lens),
+            cu_seqlens_q=torch.from_numpy(cu_seqlens_q),
+            slot_mapping=torch.from_numpy(slots),
+        ),
+    )
