@@ -51,7 +51,7 @@ _EXPORTS = {
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())
 
 
-__version__ = "0.16.0"
+__version__ = "0.17.0"
 
 __all__ = [
     "LLM",

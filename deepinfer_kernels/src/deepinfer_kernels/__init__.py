@@ -14,7 +14,7 @@ Example::
     tokens = sample(torch.randn(2, 50), temperature=0.7, top_k=20, top_p=0.9)
 """
 
-__version__ = "0.12.0"
+__version__ = "0.13.0"
 
 import sys
 from importlib import import_module

@@ -56,7 +56,7 @@ from deepinfer_spec.step import DraftBlock, Verdict, draft_block, verify_block
 from deepinfer_spec.target_profile import profile_target
 from deepinfer_spec.timing import fastest_linear, priced_gate, time_draft
 
-__version__ = "0.11.1"
+__version__ = "0.12.0"
 
 __all__ = [
     "__version__",
