@@ -23,187 +23,37 @@ Example::
 
 from __future__ import annotations
 
-import functools
-import math
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
-from deepinfer_kernels.cpu.bf16_weight_linear import bf16_panels, unpack_panels
+from deepinfer_kernels.cpu.bf16_weight_linear import bf16_panels
+from deepinfer_kernels.cpu.dspark_draft_op import address as _address
+from deepinfer_kernels.cpu.dspark_draft_op import dspark_greedy_draft_op, op_reference
+from deepinfer_kernels.cpu.dspark_reference import (
+    dspark_context_kv_reference,
+    dspark_greedy_draft_reference,
+)
+from deepinfer_kernels.cpu.dspark_weights import (
+    DraftBlockWeights,
+    DraftContextWeights,
+    DraftLayerWeights,
+)
 from deepinfer_kernels.cpu.native import NativeFunction
 from deepinfer_kernels.cpu.sources import DSPARK_DRAFT
-from deepinfer_kernels.quant.formats import QuantType, QuantWeight
-from deepinfer_kernels.quant.ops import dequantize
 
-
-@dataclass(frozen=True)
-class DraftLayerWeights:
-    """One backbone layer: norms ``[H]``; ``qkv [(hq + 2 hkv) d, H]`` (queries, keys, values
-    stacked), ``o [H, hq d]``, ``gate_up [2 I, H]`` (gate then up), ``down [H, I]``."""
-
-    input_norm: torch.Tensor
-    qkv: torch.Tensor
-    o: torch.Tensor
-    post_norm: torch.Tensor
-    gate_up: torch.Tensor
-    down: torch.Tensor
-
-
-@dataclass(frozen=True)
-class DraftBlockWeights:
-    """What a greedy proposal reads (fp32 CPU tensors unless said otherwise).
-
-    ``mask_embed [G-1, H]``; ``layers``; ``rope_cos``/``rope_sin [W + G, d/2]``, the rotation
-    of relative positions ``-W .. G-1``; ``head_norm [H]``/``head_eps``: the target's final
-    norm; ``head_rows``: the target's head rows of the draft vocabulary (any GGUF format);
-    ``markov_in [vocab, r]`` (W1), ``markov_out [V, r]`` (W2); ``vocab_ids [V]`` int64 (draft
-    index -> token id) or ``None`` (the identity); ``conf_w [H + r]``, ``conf_b``.
-    """
-
-    mask_embed: torch.Tensor
-    layers: tuple[DraftLayerWeights, ...]
-    num_heads: int
-    num_kv_heads: int
-    eps: float
-    rope_cos: torch.Tensor
-    rope_sin: torch.Tensor
-    head_norm: torch.Tensor
-    head_eps: float
-    head_rows: QuantWeight
-    markov_in: torch.Tensor
-    markov_out: torch.Tensor
-    vocab_ids: torch.Tensor | None
-    conf_w: torch.Tensor
-    conf_b: float
-
-    def __post_init__(self) -> None:
-        if not self.layers:
-            raise ValueError("layers: expected at least one backbone layer")
-        hidden = int(self.mask_embed.shape[-1])
-        if self.num_heads % self.num_kv_heads or hidden % self.num_heads:
-            raise ValueError(
-                f"num_heads: {self.num_heads} heads of {hidden} must group into "
-                f"num_kv_heads={self.num_kv_heads}"
-            )
-        if self.head_rows.cols != hidden:
-            raise ValueError(f"head_rows: expected {hidden} columns, got {self.head_rows.cols}")
-        if self.markov_out.shape[0] != self.head_rows.rows:
-            raise ValueError(
-                f"markov_out: expected {self.head_rows.rows} rows (one per head row), "
-                f"got {tuple(self.markov_out.shape)}"
-            )
-        if self.vocab_ids is not None and tuple(self.vocab_ids.shape) != (self.head_rows.rows,):
-            raise ValueError(f"vocab_ids: expected [{self.head_rows.rows}]")
-        if len({tuple(layer.down.shape) for layer in self.layers}) != 1:
-            raise ValueError("layers: expected every backbone layer to have the same shapes")
-
-    @property
-    def hidden_size(self) -> int:
-        return int(self.mask_embed.shape[-1])
-
-    @property
-    def gamma(self) -> int:
-        return int(self.mask_embed.shape[0]) + 1
-
-    @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_heads
-
-    @property
-    def intermediate_size(self) -> int:
-        return int(self.layers[0].down.shape[1])
-
-    @property
-    def window(self) -> int:
-        return int(self.rope_cos.shape[0]) - self.gamma
-
-
-@dataclass(frozen=True)
-class DraftContextWeights:
-    """The projection of raw target features ``[T, F]`` into context entries: standardise
-    (``shift``, ``scale [F]``), ``proj [H, F]``, RMSNorm (``norm [H]``, ``eps``), then every
-    layer's keys and values ``kv [L * 2 * kv_dim, H]`` (layer 0's keys, its values, ...)."""
-
-    shift: torch.Tensor
-    scale: torch.Tensor
-    proj: torch.Tensor
-    norm: torch.Tensor
-    eps: float
-    kv: torch.Tensor
-
-
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    x1, x2 = x[..., :half], x[..., half:]
-    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
-
-
-def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
-
-
-def dspark_greedy_draft_reference(
-    weights: DraftBlockWeights,
-    anchor_embed: torch.Tensor,
-    anchor_ids: torch.Tensor,
-    context: torch.Tensor,
-    valid: torch.Tensor | None,
-    num_tokens: int,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(tokens [B, m] int64, confidence [B, m], hidden [B, G, H])`` of the greedy block, in
-    plain torch (the definition; see ``csrc/dspark_draft.c``)."""
-    w = weights
-    batch, width = int(context.shape[0]), int(context.shape[1])
-    gamma, d = w.gamma, w.head_dim
-    hq, hkv = w.num_heads, w.num_kv_heads
-    kv = hkv * d
-    x = torch.cat((anchor_embed[:, None].float(), w.mask_embed[None].expand(batch, -1, -1)), 1)
-    cos, sin = w.rope_cos[-(width + gamma) :], w.rope_sin[-(width + gamma) :]
-    keep = torch.ones(batch, width + gamma, dtype=torch.bool)
-    if valid is not None:
-        keep[:, :width] = valid
-    for i, layer in enumerate(w.layers):
-        h = _rms(x, layer.input_norm, w.eps)
-        qkv = h @ layer.qkv.T
-        q, k, v = torch.split(qkv, [hq * d, kv, kv], dim=-1)
-        entries = context[..., 2 * i * kv : 2 * (i + 1) * kv].float()
-        keys = torch.cat((entries[..., :kv], k), 1).view(batch, -1, hkv, d).transpose(1, 2)
-        values = torch.cat((entries[..., kv:], v), 1).view(batch, -1, hkv, d).transpose(1, 2)
-        q = q.view(batch, gamma, hq, d).transpose(1, 2)
-        q, keys = _rotate(q, cos[width:], sin[width:]), _rotate(keys, cos, sin)
-        rep = hq // hkv
-        keys, values = keys.repeat_interleave(rep, 1), values.repeat_interleave(rep, 1)
-        scores = (q @ keys.transpose(-1, -2)) / math.sqrt(d)
-        scores = scores.masked_fill(~keep[:, None, None, :], float("-inf"))
-        att = (scores.softmax(-1) @ values).transpose(1, 2).reshape(batch, gamma, hq * d)
-        x = x + att @ layer.o.T
-        n = _rms(x, layer.post_norm, w.eps)
-        gate, up = (n @ layer.gate_up.T).chunk(2, dim=-1)
-        x = x + (F.silu(gate) * up) @ layer.down.T
-    head = dequantize(w.head_rows)
-    base = _rms(x[:, :num_tokens], w.head_norm, w.head_eps) @ head.T
-    tokens = torch.empty(batch, num_tokens, dtype=torch.int64)
-    conf = torch.empty(batch, num_tokens)
-    prev = anchor_ids.to(torch.int64)
-    for j in range(num_tokens):
-        e = w.markov_in[prev]
-        index = torch.argmax(base[:, j] + e @ w.markov_out.T, dim=-1)
-        prev = index if w.vocab_ids is None else w.vocab_ids[index]
-        tokens[:, j] = prev
-        z = torch.cat((x[:, j], e), -1) @ w.conf_w + w.conf_b
-        conf[:, j] = torch.sigmoid(z)
-    return tokens, conf, x
-
-
-def dspark_context_kv_reference(
-    weights: DraftContextWeights, features: torch.Tensor
-) -> torch.Tensor:
-    """Context entries ``[T, L * 2 * kv_dim]`` of raw features ``[T, F]``, in plain torch."""
-    w = weights
-    standard = (features.float() - w.shift) * w.scale
-    return _rms(standard @ w.proj.T, w.norm, w.eps) @ w.kv.T
+# The weights, the torch references and the registered op live in their own modules; their
+# import paths here are kept (deepinfer_spec.native_draft, the tests, register_torch_ops).
+__all__ = [
+    "DSparkDraftKernel",
+    "DraftBlockWeights",
+    "DraftContextWeights",
+    "DraftLayerWeights",
+    "dspark_context_kv_reference",
+    "dspark_greedy_draft_op",
+    "dspark_greedy_draft_reference",
+    "op_reference",
+]
 
 
 def _panels(name: str, weight: torch.Tensor) -> torch.Tensor:
@@ -399,135 +249,3 @@ def _operand(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     if t.dtype == dtype and t.is_contiguous():
         return t
     return t.detach().to(dtype).contiguous()
-
-
-def _address(t: torch.Tensor | None) -> int | None:
-    return None if t is None else t.data_ptr()
-
-
-def op_reference(
-    anchor_embed: torch.Tensor,
-    anchor_ids: torch.Tensor,
-    context: torch.Tensor,
-    valid: torch.Tensor | None,
-    num_tokens: int,
-    weights: list[torch.Tensor],
-    scalars: list[float],
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """``deepinfer::dspark_greedy_draft`` without the C function: the packed operands unpacked
-    into :func:`dspark_greedy_draft_reference`."""
-    layers, hq, hkv, inter, qtype, cols = (int(v) for v in scalars[:6])
-    eps, head_eps, conf_b = scalars[6:9]
-    per_layer = weights[: 6 * layers]
-    mask, cos, sin, head_norm, head_data, markov_in, markov_out, vocab, conf_w = weights[
-        6 * layers :
-    ]
-    hidden = int(mask.shape[1])
-    block = DraftBlockWeights(
-        mask_embed=mask,
-        layers=tuple(
-            DraftLayerWeights(
-                per_layer[6 * i],
-                unpack_panels(per_layer[6 * i + 1], (hq + 2 * hkv) * (hidden // hq)),
-                unpack_panels(per_layer[6 * i + 2], hidden),
-                per_layer[6 * i + 3],
-                unpack_panels(per_layer[6 * i + 4], 2 * inter),
-                unpack_panels(per_layer[6 * i + 5], hidden),
-            )
-            for i in range(layers)
-        ),
-        num_heads=hq,
-        num_kv_heads=hkv,
-        eps=eps,
-        rope_cos=cos,
-        rope_sin=sin,
-        head_norm=head_norm,
-        head_eps=head_eps,
-        head_rows=QuantWeight(head_data, QuantType(qtype), cols),
-        markov_in=markov_in,
-        markov_out=unpack_panels(markov_out, int(head_data.shape[0])),
-        vocab_ids=vocab if vocab.numel() else None,
-        conf_w=conf_w,
-        conf_b=conf_b,
-    )
-    tokens, conf, _ = dspark_greedy_draft_reference(
-        block, anchor_embed, anchor_ids, context, valid, num_tokens
-    )
-    return tokens, conf
-
-
-@functools.cache
-def _greedy_function() -> NativeFunction:
-    """The op's C function (built on first use, once per process)."""
-    return NativeFunction(DSPARK_DRAFT, "deepinfer_dspark_greedy_draft")
-
-
-@torch.library.custom_op("deepinfer::dspark_greedy_draft", mutates_args=())
-def dspark_greedy_draft_op(
-    anchor_embed: torch.Tensor,
-    anchor_ids: torch.Tensor,
-    context: torch.Tensor,
-    valid: torch.Tensor | None,
-    num_tokens: int,
-    weights: list[torch.Tensor],
-    scalars: list[float],
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The compiled greedy block as an op: ``(tokens [B, m], confidence [B, m])``.
-
-    ``weights, scalars = kernel.op_args()`` of a :class:`DSparkDraftKernel` (packed once).
-    Eager callers call :meth:`DSparkDraftKernel.greedy` directly (no dispatcher round trip);
-    the op exists for ``torch.compile`` (its fake gives the shapes) and other engines. Without
-    a C compiler it runs :func:`dspark_greedy_draft_reference` on the unpacked weights."""
-    layers, hq, hkv, inter, qtype = (int(v) for v in scalars[:5])
-    eps, head_eps, conf_b = scalars[6:9]
-    per_layer = weights[: 6 * layers]
-    mask, cos, sin, head_norm, head_data, markov_in, markov_out, vocab, conf_w = weights[
-        6 * layers :
-    ]
-    hidden = int(mask.shape[1])
-    fn = _greedy_function()
-    if fn.available():
-        batch, width, gamma, d = (
-            int(anchor_ids.shape[0]),
-            int(context.shape[1]),
-            int(mask.shape[0]) + 1,
-            hidden // hq,
-        )
-        ctx = context.float().contiguous()
-        ok = None if valid is None else valid.contiguous().view(torch.uint8)
-        embed = anchor_embed.float().contiguous()
-        ids = anchor_ids.to(torch.int64).contiguous()
-        table = torch.tensor([t.data_ptr() for t in per_layer], dtype=torch.int64)
-        tokens = torch.empty(batch, num_tokens, dtype=torch.int64)
-        conf = torch.empty(batch, num_tokens)
-        offset = (int(cos.shape[0]) - gamma - width) * (d // 2)
-        p = _address
-        rc = fn(
-            p(embed), p(mask), p(ctx), ctx.stride(0), p(ok), cos.data_ptr() + 4 * offset,
-            sin.data_ptr() + 4 * offset, p(table), p(head_norm), head_eps, p(head_data), qtype,
-            int(head_data.shape[1]), p(markov_in), p(markov_out),
-            p(vocab) if vocab.numel() else None, p(conf_w), conf_b, p(ids), p(tokens), p(conf),
-            None, eps, batch, gamma, width, num_tokens, layers, hidden, hq, hkv, d, inter,
-            int(head_data.shape[0]), int(markov_in.shape[1]),
-        )  # fmt: skip
-        if rc != 0:
-            raise MemoryError(f"deepinfer_dspark_greedy_draft failed ({rc})")
-        return tokens, conf
-    return op_reference(anchor_embed, anchor_ids, context, valid, num_tokens, weights, scalars)
-
-
-@dspark_greedy_draft_op.register_fake
-def _(
-    anchor_embed: torch.Tensor,
-    anchor_ids: torch.Tensor,
-    context: torch.Tensor,
-    valid: torch.Tensor | None,
-    num_tokens: int,
-    weights: list[torch.Tensor],
-    scalars: list[float],
-) -> tuple[torch.Tensor, torch.Tensor]:
-    batch = anchor_ids.shape[0]
-    return (
-        anchor_ids.new_empty(batch, num_tokens, dtype=torch.int64),
-        anchor_embed.new_empty(batch, num_tokens, dtype=torch.float32),
-    )
