@@ -106,10 +106,15 @@ class Replica:
         # a request's candidates still running (one-candidate requests keep their own id).
         self._candidate: dict[str, tuple[str, int]] = {}
         self._running: dict[str, set[str]] = {}
+        # Requests received since the last state message (its ``seen``): the front counts a
+        # request it routed here as queued until a report says it arrived.
+        self._seen: list[str] = []
 
     # ------------------------------------------------------------------ messages
     def on_message(self, message: dict[str, Any]) -> None:
         op = message["op"]
+        if op in ("add", "prefill", "decode"):
+            self._seen.append(str(message["request_id"]))
         if op == "add":
             self.add(message)
         elif op == "abort":
@@ -239,7 +244,8 @@ class Replica:
         load = self.load()
         key = tuple(load.values())
         stored, evicted, reset = self.cache_events()
-        if not force and key == self._last_load and not stored and not evicted and not reset:
+        unchanged = key == self._last_load and not stored and not evicted and not reset
+        if not force and unchanged and not self._seen:
             return
         self._last_load = key
         self._last_sent = now
@@ -260,8 +266,10 @@ class Replica:
                 "evicted": evicted,
                 "reset": reset,
                 "tier_hits": tier_hits,
+                "seen": self._seen,
             },
         )
+        self._seen = []
 
     def cache_events(self) -> tuple[list[int], list[int], bool]:
         """Blocks stored and removed since the last call (net, in event order), or the whole

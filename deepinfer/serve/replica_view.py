@@ -3,7 +3,10 @@
 It is fed by the replica's ``state`` messages (load, step-time fit, prefix-cache store/evict
 events) and by the front itself between two messages: a request just routed here counts as
 queued and its prompt blocks as soon-to-be held, so back-to-back routing decisions do not all
-see the same stale picture.
+see the same stale picture. A ``state`` message lists the requests the replica received since
+its previous one (``seen``); a request routed here and not yet listed still counts as queued on
+top of the reported load, so a report the replica sent before the request reached it does not
+make the replica look idle.
 """
 
 from __future__ import annotations
@@ -33,6 +36,8 @@ class ReplicaView:
         self.key_hash = DEFAULT_KEY_HASH  # the block-key scheme of the replica's cache
         self._routed: dict[str, tuple[int, ...]] = {}  # in flight here: its prompt blocks
         self._expiring: list[str] = []  # finished; dropped at the next authoritative report
+        # Routed here, not yet in a report's ``seen``: request id -> its new prompt tokens.
+        self._unseen: dict[str, int] = {}
 
     @property
     def kv_capacity_tokens(self) -> int:
@@ -65,6 +70,7 @@ class ReplicaView:
         self.max_batched_tokens = int(info.get("max_batched_tokens", self.max_batched_tokens))
         self.hash_model = bytes.fromhex(str(info.get("hash_model", "")))
         self.key_hash = str(info.get("key_hash", DEFAULT_KEY_HASH))
+        self._unseen.clear()  # a new incarnation of the replica: nothing is in flight to it
 
     def on_state(self, state: dict[str, Any]) -> None:
         self.num_waiting = int(state["num_waiting"])
@@ -81,12 +87,18 @@ class ReplicaView:
         for rid in self._expiring:
             self._routed.pop(rid, None)
         self._expiring.clear()
+        for rid in state.get("seen", ()):
+            self._unseen.pop(str(rid), None)
+        self.num_waiting += len(self._unseen)
+        self.waiting_tokens += sum(self._unseen.values())
 
     def on_routed(self, request_id: str, block_hashes: tuple[int, ...], new_tokens: int) -> None:
         self._routed[request_id] = block_hashes
+        self._unseen[request_id] = new_tokens
         self.num_waiting += 1
         self.waiting_tokens += new_tokens
 
     def on_finished(self, request_id: str) -> None:
+        self._unseen.pop(request_id, None)  # ended before a report listed it (an error, abort)
         if request_id in self._routed:
             self._expiring.append(request_id)

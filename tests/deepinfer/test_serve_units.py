@@ -369,3 +369,25 @@ def test_speculative_counters_feed_the_accepted_length_histogram() -> None:
     assert "deepinfer_spec_accepted_length_count 1.0" in text
     assert "deepinfer_spec_accepted_length_sum 2.5" in text
     assert "deepinfer_generation_tokens_total 12.0" in text
+
+
+def test_a_report_sent_before_a_routed_request_arrived_keeps_it_queued() -> None:
+    """A replica's ``state`` lists the requests it received since its last (``seen``); one
+    routed here and not yet listed stays counted on top of the reported load, so a report
+    the replica sent before the request reached it does not make it look idle."""
+    v = _view(0)
+    v.on_routed("r1", (), 16)
+    v.on_state(_state())  # sent before r1 arrived: reports an idle replica
+    assert (v.num_waiting, v.waiting_tokens) == (1, 16)
+    v.on_routed("r2", (), 8)
+    assert (v.num_waiting, v.waiting_tokens) == (2, 24)
+    # r1 arrived and is running; r2 still in flight to the replica.
+    v.on_state({**_state(), "num_running": 1, "seen": ["r1"]})
+    assert (v.num_waiting, v.waiting_tokens, v.num_running) == (1, 8, 1)
+    v.on_finished("r2")  # failed before the replica listed it: counted no longer
+    v.on_state({**_state(), "num_running": 1})
+    assert (v.num_waiting, v.waiting_tokens) == (0, 0)
+    v.on_routed("r3", (), 4)
+    v.on_ready({"block_size": 4, "capacity_blocks": 64})  # restarted: nothing in flight to it
+    v.on_state(_state())
+    assert v.num_waiting == 0
