@@ -192,7 +192,7 @@ def test_cli_prefix_affinity_holds_across_nodes(
         first = {}
         streams = []
         for tag in (1, 2):
-            c, s = open_stream(base, convo(tag), 24)
+            c, s = open_stream(base, convo(tag), 48)  # long enough to still run at the second
             first[tag] = int(s.headers["x-deepinfer-replica"])
             streams.append((c, s))
         for c, s in streams:
