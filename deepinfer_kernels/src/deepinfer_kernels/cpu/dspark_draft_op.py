@@ -5,6 +5,7 @@ kernel's packed operands (``op_args``), with its fake and its torch fallback."""
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 import torch
 
@@ -15,11 +16,44 @@ from deepinfer_kernels.cpu.native import NativeFunction
 from deepinfer_kernels.cpu.sources import DSPARK_DRAFT
 from deepinfer_kernels.quant.formats import QuantType, QuantWeight
 
-__all__ = ["address", "dspark_greedy_draft_op", "op_reference"]
+__all__ = ["PackedOperands", "address", "dspark_greedy_draft_op", "op_reference"]
 
 
 def address(t: torch.Tensor | None) -> int | None:
     return None if t is None else t.data_ptr()
+
+
+class PackedOperands(NamedTuple):
+    """The packed ``(weights, scalars)`` of ``DSparkDraftKernel.op_args`` read back: the
+    per-layer tensors (six a layer), the shared tensors and the shape, format and norms."""
+
+    layers: int
+    num_heads: int
+    num_kv_heads: int
+    intermediate: int
+    qtype: int
+    cols: int
+    eps: float
+    head_eps: float
+    conf_b: float
+    per_layer: list[torch.Tensor]
+    mask: torch.Tensor
+    cos: torch.Tensor
+    sin: torch.Tensor
+    head_norm: torch.Tensor
+    head_data: torch.Tensor
+    markov_in: torch.Tensor
+    markov_out: torch.Tensor
+    vocab: torch.Tensor
+    conf_w: torch.Tensor
+
+    @classmethod
+    def unpack(cls, weights: list[torch.Tensor], scalars: list[float]) -> PackedOperands:
+        layers, hq, hkv, inter, qtype, cols = (int(v) for v in scalars[:6])
+        eps, head_eps, conf_b = scalars[6:9]
+        per_layer = weights[: 6 * layers]
+        return cls(layers, hq, hkv, inter, qtype, cols, eps, head_eps, conf_b, per_layer,
+                   *weights[6 * layers :])  # fmt: skip
 
 
 def op_reference(
@@ -33,39 +67,35 @@ def op_reference(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``deepinfer::dspark_greedy_draft`` without the C function: the packed operands unpacked
     into :func:`dspark_greedy_draft_reference`."""
-    layers, hq, hkv, inter, qtype, cols = (int(v) for v in scalars[:6])
-    eps, head_eps, conf_b = scalars[6:9]
-    per_layer = weights[: 6 * layers]
-    mask, cos, sin, head_norm, head_data, markov_in, markov_out, vocab, conf_w = weights[
-        6 * layers :
-    ]
-    hidden = int(mask.shape[1])
+    o = PackedOperands.unpack(weights, scalars)
+    hq, hkv, per_layer = o.num_heads, o.num_kv_heads, o.per_layer
+    hidden = int(o.mask.shape[1])
     block = DraftBlockWeights(
-        mask_embed=mask,
+        mask_embed=o.mask,
         layers=tuple(
             DraftLayerWeights(
                 per_layer[6 * i],
                 unpack_panels(per_layer[6 * i + 1], (hq + 2 * hkv) * (hidden // hq)),
                 unpack_panels(per_layer[6 * i + 2], hidden),
                 per_layer[6 * i + 3],
-                unpack_panels(per_layer[6 * i + 4], 2 * inter),
+                unpack_panels(per_layer[6 * i + 4], 2 * o.intermediate),
                 unpack_panels(per_layer[6 * i + 5], hidden),
             )
-            for i in range(layers)
+            for i in range(o.layers)
         ),
         num_heads=hq,
         num_kv_heads=hkv,
-        eps=eps,
-        rope_cos=cos,
-        rope_sin=sin,
-        head_norm=head_norm,
-        head_eps=head_eps,
-        head_rows=QuantWeight(head_data, QuantType(qtype), cols),
-        markov_in=markov_in,
-        markov_out=unpack_panels(markov_out, int(head_data.shape[0])),
-        vocab_ids=vocab if vocab.numel() else None,
-        conf_w=conf_w,
-        conf_b=conf_b,
+        eps=o.eps,
+        rope_cos=o.cos,
+        rope_sin=o.sin,
+        head_norm=o.head_norm,
+        head_eps=o.head_eps,
+        head_rows=QuantWeight(o.head_data, QuantType(o.qtype), o.cols),
+        markov_in=o.markov_in,
+        markov_out=unpack_panels(o.markov_out, int(o.head_data.shape[0])),
+        vocab_ids=o.vocab if o.vocab.numel() else None,
+        conf_w=o.conf_w,
+        conf_b=o.conf_b,
     )
     tokens, conf, _ = dspark_greedy_draft_reference(
         block, anchor_embed, anchor_ids, context, valid, num_tokens
@@ -95,12 +125,11 @@ def dspark_greedy_draft_op(
     Eager callers call :meth:`DSparkDraftKernel.greedy` directly (no dispatcher round trip);
     the op exists for ``torch.compile`` (its fake gives the shapes) and other engines. Without
     a C compiler it runs :func:`dspark_greedy_draft_reference` on the unpacked weights."""
-    layers, hq, hkv, inter, qtype = (int(v) for v in scalars[:5])
-    eps, head_eps, conf_b = scalars[6:9]
-    per_layer = weights[: 6 * layers]
-    mask, cos, sin, head_norm, head_data, markov_in, markov_out, vocab, conf_w = weights[
-        6 * layers :
-    ]
+    o = PackedOperands.unpack(weights, scalars)
+    layers, hq, hkv, inter, qtype = o.layers, o.num_heads, o.num_kv_heads, o.intermediate, o.qtype
+    eps, head_eps, conf_b, per_layer = o.eps, o.head_eps, o.conf_b, o.per_layer
+    mask, cos, sin, head_norm, head_data = o.mask, o.cos, o.sin, o.head_norm, o.head_data
+    markov_in, markov_out, vocab, conf_w = o.markov_in, o.markov_out, o.vocab, o.conf_w
     hidden = int(mask.shape[1])
     fn = _greedy_function()
     if fn.available():
