@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import contextlib
 import os
-import queue
 
+from .deferred_kick import DeferredKick
 from .disk_state import DiskTierState
 
 
-class DiskDeferred(DiskTierState):
+class DiskDeferred(DiskTierState, DeferredKick):
     """Queue deletes and expiry updates; run them off the caller's thread."""
 
     def touch(self, key: bytes, expires_at: float) -> None:
@@ -34,19 +34,6 @@ class DiskDeferred(DiskTierState):
                 self._touches.pop(key, None)
                 self._unlinks.append(key)
         self._kick()
-
-    def _kick(self) -> None:
-        """Have a writer thread run the deferred work soon (skipped when the queue is full:
-        the next write, ``flush`` or ``close`` runs it)."""
-        with self._lock:
-            if self._kicked:
-                return
-            self._kicked = True
-        try:
-            self._workers.submit(self._run_deferred, block=False)
-        except (queue.Full, RuntimeError):
-            with self._lock:
-                self._kicked = False
 
     def _run_deferred(self) -> None:
         while True:

@@ -5,13 +5,13 @@ manifests run on a writer thread (``_kick``) or in ``flush``/``close``.
 
 from __future__ import annotations
 
-import queue
 import threading
 from typing import TYPE_CHECKING
 
 from ..io_workers import IOWorkers
 from ._locations import LocationTable
 from .base import BlockMeta
+from .deferred_kick import DeferredKick
 
 if TYPE_CHECKING:
     import torch
@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from .segment_write import _Segment
 
 
-class SegmentDeferred:
+class SegmentDeferred(DeferredKick):
     """Mixin: expiry updates, deletes and the deferred upkeep of ``SegmentDiskTier``
     (attributes are the tier's)."""
 
@@ -64,17 +64,6 @@ class SegmentDeferred:
             self._invalid.append((r[0], r[1]))
             self._changed += 1
         self._kick()
-
-    def _kick(self) -> None:
-        with self._lock:
-            if self._kicked:
-                return
-            self._kicked = True
-        try:
-            self._workers.submit(self._run_deferred, block=False)
-        except (queue.Full, RuntimeError):
-            with self._lock:
-                self._kicked = False
 
     def _run_deferred(self) -> None:
         """Compact or retire sparse segments, and write a manifest (zeroing deleted records'
